@@ -1,0 +1,300 @@
+"""The crawler's outside contract, defined once: topics, Redis keys, statuses, messages.
+
+Both processes import their names from here; see ``CONTRACT.md`` for the prose version.
+Every message type has ``to_json``/``from_json`` so its shape lives in one place, and
+decoding failures raise ``MalformedMessage`` with a reason fit for a log line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from datetime import UTC, datetime
+from typing import Any, Final
+
+# --- Kafka topics --------------------------------------------------------------------
+INBOUND_TOPIC: Final = "inbound_images"
+SOURCE_TOPIC_PREFIX: Final = "urls."
+METADATA_TOPIC: Final = "image_metadata_updates"
+LINK_ROT_TOPIC: Final = "link_rot"
+CRAWL_ERRORS_TOPIC: Final = "crawl_errors"
+
+SPLITTER_GROUP: Final = "splitter"
+WORKER_GROUP: Final = "image_handlers"
+
+# Kafka's own rule for topic names: at most 249 of [a-zA-Z0-9._-]. The prefix takes 5.
+_TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
+MAX_SOURCE_NAME_LENGTH: Final = 249 - len(SOURCE_TOPIC_PREFIX)
+
+
+def source_topic(source: str) -> str:
+    """The per-source queue for ``source`` (already lower-cased by the splitter)."""
+    return f"{SOURCE_TOPIC_PREFIX}{source}"
+
+
+def source_of_topic(topic: str) -> str | None:
+    """The source whose queue ``topic`` is, or None for any other topic."""
+    if topic.startswith(SOURCE_TOPIC_PREFIX) and len(topic) > len(SOURCE_TOPIC_PREFIX):
+        return topic[len(SOURCE_TOPIC_PREFIX) :]
+    return None
+
+
+def is_valid_source_name(source: str) -> bool:
+    """True when ``urls.{source}`` is a legal Kafka topic name."""
+    return len(source) <= MAX_SOURCE_NAME_LENGTH and bool(_TOPIC_NAME.match(source))
+
+
+# --- Redis keys ----------------------------------------------------------------------
+TOKENS_PREFIX: Final = "currtokens:"
+OVERRIDE_RATE_PREFIX: Final = "override_rate:"
+OVERRIDE_RATE_ALIAS_PREFIX: Final = "override-rate:"
+HALTED_SET: Final = "halted"
+TEMP_HALTED_SET: Final = "temp_halted"
+STATUS_60S_PREFIX: Final = "status60s:"
+STATUS_1HR_PREFIX: Final = "status1hr:"
+STATUS_12HR_PREFIX: Final = "status12hr:"
+LAST_50_PREFIX: Final = "statuslast50req:"
+NUM_RESIZED: Final = "num_resized"
+RESIZE_ERRORS: Final = "resize_errors"
+INBOUND_SOURCES_SET: Final = "inbound_sources"
+NUM_SPLIT: Final = "num_split"
+# Beyond the original: messages that could not be parsed, per consuming process.
+NUM_MALFORMED: Final = "num_malformed"
+
+LAST_N_STATUSES: Final = 50
+# (key prefix, window length in seconds) of the time-based sliding windows.
+STATUS_WINDOWS: Final[tuple[tuple[str, float], ...]] = (
+    (STATUS_60S_PREFIX, 60.0),
+    (STATUS_1HR_PREFIX, 3600.0),
+    (STATUS_12HR_PREFIX, 43200.0),
+)
+
+
+def tokens_key(source: str) -> str:
+    return f"{TOKENS_PREFIX}{source}"
+
+
+def last50_key(source: str) -> str:
+    return f"{LAST_50_PREFIX}{source}"
+
+
+def num_resized_key(source: str) -> str:
+    return f"{NUM_RESIZED}:{source}"
+
+
+def resize_errors_key(source: str, status: str | None = None) -> str:
+    if status is None:
+        return f"{RESIZE_ERRORS}:{source}"
+    return f"{RESIZE_ERRORS}:{source}:{status}"
+
+
+def window_member(status: str, unix_time_s: float) -> str:
+    """A sliding-window member, ``"{status}:{time}"``."""
+    return f"{status}:{unix_time_s:.6f}"
+
+
+def status_of_window_member(member: str) -> str:
+    return member.split(":", 1)[0]
+
+
+# --- Statuses ------------------------------------------------------------------------
+# Statuses are HTTP codes (as strings) or error names. These never trip a breaker.
+EXPECTED_STATUSES: Final = frozenset(
+    {"200", "300", "301", "302", "404", "UnidentifiedImageError", "NoRateToken"}
+)
+# Retried once, through ``inbound_images`` with ``attempts``.
+RETRYABLE_STATUSES: Final = frozenset({"400", "401", "403", "429", "500", "ServerDisconnected"})
+# A URL is attempted at most this many times in all.
+MAX_ATTEMPTS: Final = 2
+
+RAW_MESSAGE_CAP_BYTES: Final = 4096
+
+
+def utc_now_iso() -> str:
+    """Wall-clock time as ISO-8601 with an explicit UTC offset."""
+    return datetime.now(UTC).isoformat()
+
+
+# --- Messages ------------------------------------------------------------------------
+class MalformedMessage(ValueError):
+    """A message that cannot be decoded into the shape its topic promises."""
+
+
+def _decode_object(raw: bytes | str) -> dict[str, Any]:
+    try:
+        value = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise MalformedMessage(f"not JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise MalformedMessage(f"not a JSON object but {type(value).__name__}")
+    return value
+
+
+def _required_str(obj: dict[str, Any], field: str) -> str:
+    value = obj.get(field)
+    if not isinstance(value, str) or not value.strip():
+        raise MalformedMessage(f"field {field!r} is missing, empty or not a string")
+    return value.strip()
+
+
+def _attempts(obj: dict[str, Any]) -> int:
+    value = obj.get("attempts", 0)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise MalformedMessage("field 'attempts' is not a non-negative integer")
+    return value
+
+
+def _encode(obj: dict[str, Any]) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class InboundImage:
+    """A message of ``inbound_images``: one URL to crawl."""
+
+    url: str
+    uuid: str
+    source: str
+    attempts: int = 0
+
+    def to_json(self) -> bytes:
+        obj: dict[str, Any] = {"url": self.url, "uuid": self.uuid, "source": self.source}
+        if self.attempts:
+            obj["attempts"] = self.attempts
+        return _encode(obj)
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> InboundImage:
+        obj = _decode_object(raw)
+        return cls(
+            url=_required_str(obj, "url"),
+            uuid=_required_str(obj, "uuid"),
+            source=_required_str(obj, "source"),
+            attempts=_attempts(obj),
+        )
+
+    def to_source_task(self) -> SourceTask:
+        return SourceTask(url=self.url, uuid=self.uuid, attempts=self.attempts)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SourceTask:
+    """A message of ``urls.{source}``: the inbound message without its source field."""
+
+    url: str
+    uuid: str
+    attempts: int = 0
+
+    def to_json(self) -> bytes:
+        obj: dict[str, Any] = {"url": self.url, "uuid": self.uuid}
+        if self.attempts:
+            obj["attempts"] = self.attempts
+        return _encode(obj)
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> SourceTask:
+        obj = _decode_object(raw)
+        return cls(
+            url=_required_str(obj, "url"), uuid=_required_str(obj, "uuid"), attempts=_attempts(obj)
+        )
+
+    def with_source(self, source: str) -> InboundImage:
+        return InboundImage(url=self.url, uuid=self.uuid, source=source, attempts=self.attempts)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ResolutionMessage:
+    """Published to ``image_metadata_updates`` for every crawled image."""
+
+    identifier: str
+    width: int
+    height: int
+    filesize: int
+    compression_quality: int | None
+
+    def to_json(self) -> bytes:
+        return _encode(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> ResolutionMessage:
+        obj = _decode_object(raw)
+        return cls(**{f.name: obj[f.name] for f in dataclasses.fields(cls)})
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ExifMessage:
+    """Published to ``image_metadata_updates`` when an image has EXIF data.
+
+    ``exif`` maps lower-case hex tag ids (``"0x13b"``) to plain JSON values.
+    """
+
+    identifier: str
+    exif: dict[str, Any]
+
+    def to_json(self) -> bytes:
+        return _encode({"identifier": self.identifier, "exif": self.exif})
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> ExifMessage:
+        obj = _decode_object(raw)
+        return cls(identifier=obj["identifier"], exif=obj["exif"])
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LinkRotMessage:
+    """Published to ``link_rot`` for a URL that answered 404."""
+
+    identifier: str
+    timestamp: str
+
+    def to_json(self) -> bytes:
+        return _encode(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> LinkRotMessage:
+        obj = _decode_object(raw)
+        return cls(identifier=obj["identifier"], timestamp=obj["timestamp"])
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CrawlError:
+    """Published to ``crawl_errors`` for a URL that will not be tried again (not 404)."""
+
+    identifier: str
+    url: str
+    source: str
+    status: str
+    attempts: int
+    time: str
+
+    def to_json(self) -> bytes:
+        return _encode(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> CrawlError:
+        obj = _decode_object(raw)
+        return cls(**{f.name: obj[f.name] for f in dataclasses.fields(cls)})
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class UnparseableMessage:
+    """Published to ``crawl_errors`` for a message that could not be parsed."""
+
+    raw: str
+    error: str
+    topic: str
+    time: str
+
+    @classmethod
+    def from_raw(cls, raw: bytes | None, error: str, topic: str) -> UnparseableMessage:
+        text = (raw or b"")[:RAW_MESSAGE_CAP_BYTES].decode("utf-8", errors="replace")
+        return cls(raw=text, error=error, topic=topic, time=utc_now_iso())
+
+    def to_json(self) -> bytes:
+        return _encode(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> UnparseableMessage:
+        obj = _decode_object(raw)
+        return cls(**{f.name: obj[f.name] for f in dataclasses.fields(cls)})

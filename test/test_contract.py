@@ -1,0 +1,96 @@
+import json
+
+import pytest
+
+from image_crawler import contract as c
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        c.InboundImage(url="https://example.gov/a.jpg", uuid="u-1", source="example"),
+        c.InboundImage(url="https://example.gov/a.jpg", uuid="u-1", source="example", attempts=1),
+        c.SourceTask(url="https://example.gov/a.jpg", uuid="u-1"),
+        c.ResolutionMessage(
+            identifier="u", width=640, height=480, filesize=1234, compression_quality=75
+        ),
+        c.ResolutionMessage(
+            identifier="u", width=1, height=2, filesize=3, compression_quality=None
+        ),
+        c.ExifMessage(identifier="u", exif={"0x13b": "Alden Page", "0x9209": 0}),
+        c.LinkRotMessage(identifier="u", timestamp="2026-11-21T00:00:00+00:00"),
+        c.CrawlError(
+            identifier="u", url="http://x/y", source="s", status="500", attempts=2, time="t"
+        ),
+        c.UnparseableMessage(raw="{", error="not JSON", topic="urls.s", time="t"),
+    ],
+)
+def test_every_message_round_trips(message):
+    assert type(message).from_json(message.to_json()) == message
+
+
+def test_inbound_without_attempts_omits_the_field():
+    raw = c.InboundImage(url="u", uuid="i", source="s").to_json()
+    assert json.loads(raw) == {"url": "u", "uuid": "i", "source": "s"}
+
+
+def test_source_task_drops_the_source_and_keeps_attempts():
+    inbound = c.InboundImage(url="u", uuid="i", source="s", attempts=1)
+    assert json.loads(inbound.to_source_task().to_json()) == {
+        "url": "u",
+        "uuid": "i",
+        "attempts": 1,
+    }
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [
+        (b"not json", "not JSON"),
+        (b"\xff\xfe", "not JSON"),
+        (b"[1, 2]", "not a JSON object"),
+        (b'"a string"', "not a JSON object"),
+        (b'{"uuid": "i"}', "'url'"),
+        (b'{"url": "", "uuid": "i"}', "'url'"),
+        (b'{"url": "u", "uuid": 7}', "'uuid'"),
+        (b'{"url": "u", "uuid": "i", "attempts": -1}', "'attempts'"),
+        (b'{"url": "u", "uuid": "i", "attempts": true}', "'attempts'"),
+    ],
+)
+def test_malformed_source_tasks_say_why(raw, reason):
+    with pytest.raises(c.MalformedMessage, match=reason):
+        c.SourceTask.from_json(raw)
+
+
+def test_unparseable_message_caps_raw_at_4_kib():
+    message = c.UnparseableMessage.from_raw(b"x" * 10_000, "too big", "urls.s")
+    assert len(message.raw) == 4096
+
+
+@pytest.mark.parametrize(
+    ("source", "valid"),
+    [
+        ("flickr", True),
+        ("met-museum_2.0", True),
+        ("", False),
+        ("has space", False),
+        ("slash/y", False),
+        ("a" * 244, True),
+        ("a" * 245, False),
+        ("ünï", False),
+    ],
+)
+def test_source_names_must_make_legal_topic_names(source, valid):
+    assert c.is_valid_source_name(source) is valid
+
+
+def test_topic_and_source_names_invert():
+    assert c.source_of_topic(c.source_topic("flickr")) == "flickr"
+    assert c.source_of_topic("inbound_images") is None
+    assert c.source_of_topic("urls.") is None
+
+
+def test_window_members_carry_status_and_time():
+    member = c.window_member("500", 1700000000.25)
+    assert member == "500:1700000000.250000"
+    assert c.status_of_window_member(member) == "500"

@@ -1,0 +1,22 @@
+import pytest
+
+from worker.schedule import fair_share
+
+
+@pytest.mark.parametrize(
+    ("max_tasks", "sources", "share"),
+    [
+        (3000, 0, 0),
+        (3000, 1, 750),  # never more than a quarter of the worker
+        (3000, 4, 750),
+        (3000, 5, 600),
+        (5000, 30, 166),  # the article's example
+        (3000, 7, 428),  # rounded down
+        (3000, 3000, 1),
+        (3000, 10_000, 1),  # more sources than slots: still one each (the original gave 0)
+        (10, 1, 2),
+        (3, 1, 1),
+    ],
+)
+def test_fair_share(max_tasks, sources, share):
+    assert fair_share(max_tasks, sources) == share

@@ -1,0 +1,78 @@
+"""The worker's settings: one frozen dataclass, built once from the environment."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+
+from image_crawler.config import (
+    KafkaSettings,
+    RedisSettings,
+    S3Settings,
+    env_float,
+    env_int,
+    env_str,
+)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FetchSettings:
+    """Limits of one download. Times in seconds, sizes in bytes."""
+
+    connect_timeout_s: float = 10.0
+    read_timeout_s: float = 30.0
+    total_timeout_s: float = 120.0
+    max_body_bytes: int = 64 * 1024 * 1024
+    max_redirects: int = 5
+    max_connections: int = 1000
+    user_agent: str = "image-crawler/0.1 (+https://github.com/cc-archive/image-crawler)"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WorkerSettings:
+    kafka: KafkaSettings = dataclasses.field(default_factory=KafkaSettings)
+    redis: RedisSettings = dataclasses.field(default_factory=RedisSettings)
+    s3: S3Settings = dataclasses.field(default_factory=S3Settings)
+    fetch: FetchSettings = dataclasses.field(default_factory=FetchSettings)
+    # Task slots of this process, shared fairly among sources.
+    max_tasks: int = 3000
+    # Processes decoding and thumbnailing images; 0 means one per CPU.
+    image_processes: int = 0
+    # How often the set of sources is re-read from Redis.
+    sources_poll_s: float = 5.0
+    # How often finished offsets are committed.
+    commit_interval_s: float = 1.0
+    # Pause between token attempts once a source's bucket is empty.
+    token_retry_s: float = 1.0
+    # A URL still waiting for a token after this long logs `rate_limit_timeout`.
+    rate_limit_timeout_s: float = 6 * 3600.0
+    # On SIGTERM: how long in-flight work may take to finish before it is handed back.
+    shutdown_grace_s: float = 30.0
+    log_level: str = "INFO"
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> WorkerSettings:
+        env = os.environ if env is None else env
+        fetch = FetchSettings(
+            connect_timeout_s=env_float(env, "FETCH_CONNECT_TIMEOUT_S", 10.0, minimum=0.1),
+            read_timeout_s=env_float(env, "FETCH_READ_TIMEOUT_S", 30.0, minimum=0.1),
+            total_timeout_s=env_float(env, "FETCH_TOTAL_TIMEOUT_S", 120.0, minimum=0.1),
+            max_body_bytes=env_int(env, "MAX_BODY_BYTES", 64 * 1024 * 1024, minimum=1024),
+        )
+        return cls(
+            kafka=KafkaSettings.from_env(env),
+            redis=RedisSettings.from_env(env),
+            s3=S3Settings.from_env(env),
+            fetch=fetch,
+            max_tasks=env_int(env, "MAX_TASKS", 3000, minimum=1),
+            image_processes=env_int(env, "IMAGE_PROCESSES", 0),
+            sources_poll_s=env_float(env, "SOURCES_POLL_SECONDS", 5.0, minimum=0.05),
+            commit_interval_s=env_float(env, "COMMIT_INTERVAL_SECONDS", 1.0, minimum=0.01),
+            token_retry_s=env_float(env, "TOKEN_RETRY_SECONDS", 1.0, minimum=0.01),
+            rate_limit_timeout_s=env_float(
+                env, "RATE_LIMIT_TIMEOUT_SECONDS", 6 * 3600.0, minimum=0.01
+            ),
+            shutdown_grace_s=env_float(env, "SHUTDOWN_GRACE_SECONDS", 30.0),
+            log_level=env_str(env, "LOG_LEVEL", "INFO"),
+        )

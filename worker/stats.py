@@ -1,0 +1,120 @@
+"""Outcome statistics in Redis, exactly as the contract's key table says.
+
+Every outcome adds its status to the 60 s / 1 h / 12 h sliding windows (trimmed as they
+go) and to the last-50 list, and bumps the success or failure counters. Outcomes recorded
+at the same time share one pipelined round trip; ``record`` returns once its outcome is
+stored, so a caller may commit the message behind it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from image_crawler.contract import (
+    LAST_N_STATUSES,
+    NUM_MALFORMED,
+    NUM_RESIZED,
+    RESIZE_ERRORS,
+    STATUS_WINDOWS,
+    last50_key,
+    num_resized_key,
+    resize_errors_key,
+    window_member,
+)
+from image_crawler.logs import get_logger
+
+log = get_logger(__name__)
+
+SUCCESS_STATUS = "200"
+
+
+class StatsRecorder(Protocol):
+    async def record(self, source: str, status: str) -> None:
+        """Store one outcome of ``source``; status "200" is a success, anything else not."""
+        ...
+
+    async def record_malformed(self) -> None: ...
+
+
+class RedisStats:
+    """Batches outcomes into pipelined writes; retries while Redis is away."""
+
+    def __init__(self, redis: aioredis.Redis, *, clock: Callable[[], float] = time.time) -> None:
+        self._redis = redis
+        self._clock = clock
+        self._pending: list[tuple[str | None, str, asyncio.Future[None]]] = []
+        self._wake = asyncio.Event()
+        self._last_time = 0.0
+
+    async def record(self, source: str, status: str) -> None:
+        await self._enqueue(source, status)
+
+    async def record_malformed(self) -> None:
+        await self._enqueue(None, "")
+
+    async def _enqueue(self, source: str | None, status: str) -> None:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._pending.append((source, status, future))
+        self._wake.set()
+        await asyncio.shield(future)
+
+    async def run(self) -> None:
+        """Flush pending outcomes until cancelled."""
+        backoff_s = 0.1
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            batch, self._pending = self._pending, []
+            while True:
+                try:
+                    await self._flush(batch)
+                    backoff_s = 0.1
+                    break
+                except RedisError as e:
+                    log.warning("redis_unavailable", op="record_stats", error=repr(e))
+                    await asyncio.sleep(backoff_s)
+                    backoff_s = min(backoff_s * 2, 5.0)
+            for _, _, future in batch:
+                if not future.done():
+                    future.set_result(None)
+
+    def _timestamp(self) -> float:
+        # Window members are "{status}:{time}"; strictly increasing times keep two equal
+        # statuses of this process from collapsing into one sorted-set member.
+        now = max(self._clock(), self._last_time + 1e-6)
+        self._last_time = now
+        return now
+
+    async def _flush(self, batch: list[tuple[str | None, str, asyncio.Future[None]]]) -> None:
+        if not batch:
+            return
+        async with self._redis.pipeline(transaction=False) as pipe:
+            trimmed: set[str] = set()
+            for source, status, _ in batch:
+                if source is None:
+                    pipe.incr(NUM_MALFORMED)
+                    continue
+                now = self._timestamp()
+                for prefix, window_s in STATUS_WINDOWS:
+                    key = f"{prefix}{source}"
+                    pipe.zadd(key, {window_member(status, now): now})
+                    if key not in trimmed:
+                        trimmed.add(key)
+                        pipe.zremrangebyscore(key, "-inf", now - window_s)
+                pipe.rpush(last50_key(source), status)
+                if status == SUCCESS_STATUS:
+                    pipe.incr(NUM_RESIZED)
+                    pipe.incr(num_resized_key(source))
+                else:
+                    pipe.incr(RESIZE_ERRORS)
+                    pipe.incr(resize_errors_key(source))
+                    pipe.incr(resize_errors_key(source, status))
+            for source in {s for s, _, _ in batch if s is not None}:
+                pipe.ltrim(last50_key(source), -LAST_N_STATUSES, -1)
+            await pipe.execute()
