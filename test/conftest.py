@@ -1,0 +1,175 @@
+"""Fixtures that start real services on free loopback ports (see ``services.py``).
+
+Scopes: one redis-server and one S3 server per session (tests get a clean database and a
+fresh bucket); a fresh Kafka broker per test (``kafka``) because tansu's consumer groups
+carry state between tests, plus a shared one (``kafka_session``) for tests that only
+produce and read without groups; a fresh HTTP origin per test. Tests that use any of
+these are marked ``integration`` automatically. When a test fails, the tail of each
+service's log is attached to its report.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Generator, Iterator
+from pathlib import Path
+
+import pytest
+from redis.asyncio import Redis
+
+from test.origin import Origin
+from test.services import KafkaBroker, RedisServer, S3Server, create_bucket
+
+SERVICE_FIXTURES = frozenset(
+    {
+        "kafka",
+        "kafka_session",
+        "redis_server",
+        "fresh_redis_server",
+        "redis_url",
+        "redis",
+        "s3_server",
+        "s3_bucket",
+        "origin",
+    }
+)
+
+
+def _uses_a_service(item: pytest.Item) -> bool:
+    # Only the fixtures defined here count: a test module may define its own ``redis``
+    # fixture (e.g. fakeredis), which is not a real service.
+    definitions = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+    for name in SERVICE_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+        defs = definitions.get(name)
+        if not defs or getattr(defs[-1].func, "__module__", __name__) == __name__:
+            return True
+    return False
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if _uses_a_service(item):
+            item.add_marker(pytest.mark.integration)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report: pytest.TestReport = yield
+    if report.failed and call.when in ("setup", "call"):
+        funcargs = getattr(item, "funcargs", {})
+        for name, value in funcargs.items():
+            if isinstance(value, KafkaBroker | RedisServer | S3Server):
+                report.sections.append(
+                    (f"{name} log ({value.log_path})", value.log_tail() or "<empty>")
+                )
+            elif isinstance(value, Origin):
+                lines = [f"{t:.3f} {path}" for t, path in value.request_log[-50:]]
+                report.sections.append((f"{name} requests", "\n".join(lines) or "<none>"))
+    return report
+
+
+# --- Kafka ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def kafka(tmp_path: Path) -> Iterator[KafkaBroker]:
+    """A fresh tansu broker for this test alone (clean topics and consumer groups)."""
+    broker = KafkaBroker(log_dir=tmp_path / "kafka").start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
+    """One broker shared by the session: only for tests that do not use consumer groups.
+
+    Use unique topic names per test. A test that kills or pauses a broker uses ``kafka``.
+    """
+    broker = KafkaBroker(log_dir=tmp_path_factory.mktemp("kafka-session")).start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+# --- Redis ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """The session's redis-server. Fault tests use ``fresh_redis_server`` instead."""
+    server = RedisServer(log_dir=tmp_path_factory.mktemp("redis")).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def fresh_redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    """A redis-server for this test alone, free to be killed, paused or restarted."""
+    server = RedisServer(log_dir=tmp_path / "redis").start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> str:
+    """The session server's URL, emptied (FLUSHALL) before the test."""
+    # Heal the shared server if an earlier test left it stopped or paused.
+    if redis_server.paused:
+        redis_server.resume()
+    if not redis_server.running:
+        redis_server.restart()
+    redis_server.flushall()
+    return redis_server.url
+
+
+@pytest.fixture
+async def redis(redis_url: str) -> AsyncIterator[Redis]:
+    """An async client (``decode_responses=True``) on the emptied session server."""
+    client = Redis.from_url(redis_url, decode_responses=True)
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+# --- S3 ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """moto's S3 server for the session; ``.endpoint_url`` and ``.env`` for clients."""
+    server = S3Server(log_dir=tmp_path_factory.mktemp("s3")).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def s3_bucket(s3_server: S3Server) -> str:
+    """The name of a new, empty bucket on the session's S3 server."""
+    name = f"test-{uuid.uuid4().hex}"
+    create_bucket(s3_server.endpoint_url, name)
+    return name
+
+
+# --- HTTP origin ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def origin() -> Iterator[Origin]:
+    """A fresh HTTP origin with no routes (every path 404 until added)."""
+    server = Origin().start()
+    try:
+        yield server
+    finally:
+        server.stop()

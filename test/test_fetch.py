@@ -1,0 +1,107 @@
+"""The fetcher against a real HTTP origin on loopback."""
+
+import dataclasses
+
+import pytest
+from aiohttp import web
+
+from worker.fetch import Fetcher, new_session
+from worker.settings import FetchSettings
+
+SETTINGS = FetchSettings(
+    connect_timeout_s=1, read_timeout_s=0.5, total_timeout_s=3, max_body_bytes=100_000
+)
+
+
+@pytest.fixture
+async def fetch():
+    session = new_session(SETTINGS)
+    fetcher = Fetcher(session, SETTINGS)
+    yield fetcher.fetch
+    await session.close()
+
+
+async def test_a_200_returns_the_whole_body(origin, fetch):
+    body = bytes(range(256)) * 300
+    url = origin.add("/a.jpg", body, "image/jpeg")
+    result = await fetch(url)
+    assert (result.status, result.body) == ("200", body)
+    assert result.ok
+
+
+@pytest.mark.parametrize("status", [404, 500, 403, 429, 410])
+async def test_http_errors_are_their_status(origin, fetch, status):
+    result = await fetch(origin.add_status("/x", status))
+    assert (result.status, result.body, result.ok) == (str(status), None, False)
+
+
+async def test_a_dropped_connection_is_server_disconnected_after_exactly_one_request(origin, fetch):
+    url = origin.add_disconnect("/drop")
+    result = await fetch(url)
+    assert result.status == "ServerDisconnected"
+    # aiohttp would silently repeat the GET without a token; the session forbids it.
+    assert origin.requests("/drop") == 1
+
+
+async def test_a_silent_server_times_out(origin, fetch):
+    url = origin.add_slow("/slow", b"late", delay_s=5)
+    result = await fetch(url)
+    assert result.status == "Timeout"
+
+
+async def test_a_body_over_the_cap_is_refused_from_its_content_length(origin, fetch):
+    url = origin.add("/big", b"x" * (SETTINGS.max_body_bytes + 1), "image/jpeg")
+    result = await fetch(url)
+    assert result.status == "TooLarge" and "Content-Length" in result.detail
+
+
+async def test_a_streamed_body_over_the_cap_is_aborted(origin, fetch):
+    async def endless(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "image/jpeg"})
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        for _ in range(1000):
+            await response.write(b"x" * 10_000)
+        return response
+
+    url = origin.add_handler("/stream", endless)
+    result = await fetch(url)
+    assert result.status == "TooLarge"
+
+
+async def test_redirects_are_followed_up_to_the_limit(origin, fetch):
+    origin.add("/final.jpg", b"img", "image/jpeg")
+    origin.add("/r1", b"", "text/plain", status=302, headers={"Location": "/final.jpg"})
+    assert (await fetch(origin.url("/r1"))).body == b"img"
+    for i in range(10):
+        origin.add(
+            f"/loop{i}", b"", "text/plain", status=302, headers={"Location": f"/loop{i + 1}"}
+        )
+    result = await fetch(origin.url("/loop0"))
+    assert result.status == "TooManyRedirects"
+    assert origin.requests("/loop6") == 0
+
+
+@pytest.mark.parametrize(
+    ("url", "status"),
+    [
+        ("ftp://example.com/a.jpg", "Blocked"),
+        ("file:///etc/passwd", "Blocked"),
+        ("http://[::1/a", "InvalidURL"),
+        ("not a url", "Blocked"),
+    ],
+)
+async def test_urls_that_are_not_http_are_refused_without_a_request(fetch, url, status):
+    assert (await fetch(url)).status == status
+
+
+async def test_nothing_listening_is_a_connection_error(fetch):
+    from test.services import free_port
+
+    result = await fetch(f"http://127.0.0.1:{free_port()}/a.jpg")
+    assert result.status == "ConnectionError"
+
+
+def test_settings_are_frozen():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        SETTINGS.max_body_bytes = 1  # type: ignore[misc]
