@@ -56,7 +56,7 @@ class KafkaSettings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> KafkaSettings:
-        return cls(bootstrap_servers=env_str(env, "KAFKA_HOSTS", cls.bootstrap_servers))
+        return cls(bootstrap_servers=env_str(env, "KAFKA_HOSTS", "kafka:9092"))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -84,7 +84,7 @@ class S3Settings:
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> S3Settings:
         return cls(
-            bucket=env_str(env, "S3_BUCKET", cls.bucket),
+            bucket=env_str(env, "S3_BUCKET", "cc-image-analysis"),
             endpoint_url=env_optional(env, "S3_ENDPOINT_URL"),
             region=env_optional(env, "AWS_DEFAULT_REGION"),
         )

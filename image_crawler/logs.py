@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import MutableMapping
 from typing import Any
 
 import structlog
 
 
-def _rename_timestamp(_: Any, __: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+def _rename_timestamp(
+    _: Any, __: str, event_dict: MutableMapping[str, Any]
+) -> MutableMapping[str, Any]:
     event_dict["time"] = event_dict.pop("timestamp")
     return event_dict
 

@@ -481,7 +481,7 @@ async def read_records(
     bootstrap: str, topic: str, *, min_messages: int, timeout_s: float = 10.0
 ) -> list[Any]:
     """Like ``read_topic`` but returns aiokafka ``ConsumerRecord`` objects (key, partition...)."""
-    from aiokafka import AIOKafkaConsumer, TopicPartition
+    from aiokafka import AIOKafkaConsumer
 
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap,
@@ -494,27 +494,16 @@ async def read_records(
     try:
         deadline = time.monotonic() + timeout_s
 
-        async def partitions() -> set[int]:
-            if topic not in await consumer.topics():
-                return set()
-            return consumer.partitions_for_topic(topic) or set()
-
-        try:
-            found = await wait_for(partitions, timeout_s, interval_s=0.05, what=f"topic {topic}")
-        except TimeoutError:
-            raise TimeoutError(
-                f"topic {topic!r} does not exist after {timeout_s:g} s "
-                f"(wanted {min_messages} messages, got 0)"
-            ) from None
-        assigned = [TopicPartition(topic, p) for p in sorted(found)]
-        consumer.assign(assigned)
-        await consumer.seek_to_beginning(*assigned)
+        # Without a group, subscribing assigns every partition of the topic and keeps
+        # refreshing metadata until the topic exists; earliest offsets, no commits.
+        consumer.subscribe([topic])
         while len(records) < min_messages:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
+                exists = topic in await consumer.topics()
                 raise TimeoutError(
                     f"read {len(records)} of {min_messages} messages from {topic!r} "
-                    f"in {timeout_s:g} s"
+                    f"in {timeout_s:g} s" + ("" if exists else f" (topic {topic!r} does not exist)")
                 )
             batch = await consumer.getmany(timeout_ms=max(1, int(min(remaining, 0.2) * 1000)))
             for partition_records in batch.values():

@@ -1,0 +1,78 @@
+"""In-memory stand-ins for the worker's seams, for unit tests of pure logic."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import defaultdict
+from typing import Any
+
+from worker.fetch import FetchResult
+from worker.outputs import DependencyError
+
+
+class FakeTokens:
+    """Grants tokens of the sources in ``granted``; others wait forever."""
+
+    def __init__(self, granted: set[str] | None = None) -> None:
+        self.granted = granted
+        self.taken: list[str] = []
+        self.waiting: list[asyncio.Future[None]] = []
+
+    def acquire(self, source: str) -> asyncio.Future[None]:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if self.granted is None or source in self.granted:
+            self.taken.append(source)
+            future.set_result(None)
+        else:
+            self.waiting.append(future)
+        return future
+
+    def grant_all(self) -> None:
+        for future in self.waiting:
+            if not future.done():
+                future.set_result(None)
+
+
+class FakeFetcher:
+    def __init__(self, results: dict[str, FetchResult]) -> None:
+        self.results = results
+        self.requests: list[str] = []
+
+    async def fetch(self, url: str) -> FetchResult:
+        self.requests.append(url)
+        return self.results.get(url, FetchResult("404"))
+
+
+class FakeStore:
+    def __init__(self, failures: int = 0) -> None:
+        self.objects: dict[str, bytes] = {}
+        self.failures = failures
+
+    async def put(self, key: str, data: bytes) -> None:
+        if self.failures:
+            self.failures -= 1
+            raise DependencyError("s3", ConnectionError("S3 is away"))
+        self.objects[key] = data
+
+
+class FakeSink:
+    def __init__(self) -> None:
+        self.messages: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        self.keys: dict[str, list[bytes | None]] = defaultdict(list)
+
+    async def publish(self, topic: str, value: bytes, key: bytes | None = None) -> None:
+        self.messages[topic].append(json.loads(value))
+        self.keys[topic].append(key)
+
+
+class FakeStats:
+    def __init__(self) -> None:
+        self.outcomes: list[tuple[str, str]] = []
+        self.malformed = 0
+
+    async def record(self, source: str, status: str) -> None:
+        self.outcomes.append((source, status))
+
+    async def record_malformed(self) -> None:
+        self.malformed += 1

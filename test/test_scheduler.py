@@ -1,0 +1,219 @@
+"""The scheduler's fairness and commit rules, with an in-memory consumer."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections import Counter
+
+import fakeredis
+import pytest
+from aiokafka import TopicPartition
+
+from image_crawler.contract import INBOUND_SOURCES_SET, source_of_topic
+from worker.scheduler import Scheduler, SchedulerSettings
+
+
+@dataclasses.dataclass
+class Record:
+    offset: int
+    value: bytes
+
+
+class FakeConsumer:
+    """The slice of AIOKafkaConsumer the scheduler uses, over in-memory partitions."""
+
+    def __init__(self, messages: dict[TopicPartition, int]) -> None:
+        self.log = {
+            tp: [f"{tp.topic}:{i}".encode() for i in range(n)] for tp, n in messages.items()
+        }
+        self.position = dict.fromkeys(messages, 0)
+        self.assigned: set[TopicPartition] = set()
+        self.paused: set[TopicPartition] = set()
+        self.committed: dict[TopicPartition, int] = {}
+
+    def subscribe(self, topics, listener):
+        self.assigned = {tp for tp in self.log if tp.topic in topics}
+        asyncio.get_running_loop().create_task(listener.on_partitions_assigned(set(self.assigned)))
+
+    def assignment(self):
+        return frozenset(self.assigned)
+
+    def pause(self, *partitions):
+        self.paused.update(partitions)
+
+    def resume(self, *partitions):
+        self.paused.difference_update(partitions)
+
+    def seek(self, tp, offset):
+        self.position[tp] = offset
+
+    async def getmany(self, timeout_ms=0, max_records=None):
+        batches, budget = {}, max_records or 1_000_000
+        for tp in sorted(self.assigned - self.paused):
+            start = self.position[tp]
+            values = self.log[tp][start : start + budget]
+            if values:
+                batches[tp] = [Record(start + i, v) for i, v in enumerate(values)]
+                self.position[tp] += len(values)
+                budget -= len(values)
+            if not budget:
+                break
+        if not batches:
+            await asyncio.sleep(timeout_ms / 1000)
+        return batches
+
+    async def commit(self, offsets):
+        for tp, offset in offsets.items():
+            assert offset >= self.committed.get(tp, 0), "commits never move backwards"
+        self.committed.update(offsets)
+
+
+class Handler:
+    """Records concurrency per source; messages of held sources wait for release."""
+
+    def __init__(self) -> None:
+        self.running: Counter[str] = Counter()
+        self.peak: Counter[str] = Counter()
+        self.done: list[bytes] = []
+        self.held: set[bytes] = set()
+        self.release = asyncio.Event()
+        self.failing: set[bytes] = set()
+        self.failed: list[bytes] = []
+
+    async def __call__(self, source, value, topic):
+        assert source_of_topic(topic) == source
+        self.running[source] += 1
+        self.peak[source] = max(self.peak[source], self.running[source])
+        try:
+            if value in self.held or source in self.held:
+                await self.release.wait()
+            else:
+                await asyncio.sleep(0.001)
+            if value in self.failing:
+                raise RuntimeError("a bug")
+            self.done.append(value)
+        finally:
+            self.running[source] -= 1
+
+    async def on_failure(self, source, value, topic, error):
+        self.failed.append(value)
+
+
+async def wait(condition, timeout_s=5.0):
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.005)
+
+
+@pytest.fixture
+async def redis():
+    client = fakeredis.FakeAsyncRedis(decode_responses=True)
+    yield client
+    await client.aclose()
+
+
+async def start(redis, messages, handler, *, max_tasks=8, grace_s=5.0):
+    sources = {source_of_topic(tp.topic) for tp in messages}
+    await redis.sadd(INBOUND_SOURCES_SET, *sources)
+    consumer = FakeConsumer(messages)
+    settings = SchedulerSettings(
+        max_tasks=max_tasks,
+        sources_poll_s=0.01,
+        commit_interval_s=0.01,
+        poll_timeout_s=0.005,
+        shutdown_grace_s=grace_s,
+    )
+    scheduler = Scheduler(consumer, redis, handler, handler.on_failure, settings)
+    stop = asyncio.Event()
+    task = asyncio.create_task(scheduler.run(stop))
+    return consumer, scheduler, stop, task
+
+
+def tp(source, partition=0):
+    return TopicPartition(f"urls.{source}", partition)
+
+
+async def test_each_source_holds_at_most_its_fair_share(redis):
+    handler = Handler()
+    handler.held = {"a", "b"}
+    messages = {tp("a", 0): 10, tp("a", 1): 10, tp("b"): 10}
+    consumer, _scheduler, stop, task = await start(redis, messages, handler, max_tasks=8)
+    # Two sources of eight slots: min(8 // 2, 8 // 4) = 2 each.
+    await wait(lambda: handler.running["a"] == 2 and handler.running["b"] == 2)
+    await asyncio.sleep(0.05)  # give it the chance to overshoot
+    assert handler.peak == {"a": 2, "b": 2}
+    handler.release.set()
+    await wait(lambda: len(handler.done) == 30)
+    assert Counter(handler.done) == Counter(v for values in consumer.log.values() for v in values)
+    assert handler.peak == {"a": 2, "b": 2}
+    await wait(lambda: consumer.committed == {tp("a", 0): 10, tp("a", 1): 10, tp("b"): 10})
+    stop.set()
+    await task
+
+
+async def test_a_slow_source_does_not_take_the_slots_of_a_fast_one(redis):
+    handler = Handler()
+    handler.held = {"slow"}
+    consumer, _scheduler, stop, task = await start(redis, {tp("slow"): 50, tp("fast"): 50}, handler)
+    await wait(lambda: len(handler.done) == 50)
+    assert {v.split(b":")[0] for v in handler.done} == {b"urls.fast"}
+    assert handler.running["slow"] == 2
+    await wait(lambda: consumer.committed.get(tp("fast")) == 50)
+    assert tp("slow") not in consumer.committed
+    handler.release.set()
+    await wait(lambda: consumer.committed.get(tp("slow")) == 50)
+    stop.set()
+    await task
+
+
+async def test_the_commit_never_passes_an_unfinished_message(redis):
+    handler = Handler()
+    handler.held = {b"urls.a:3"}
+    consumer, _scheduler, stop, task = await start(redis, {tp("a"): 10}, handler, max_tasks=400)
+    await wait(lambda: len(handler.done) == 9)
+    await wait(lambda: consumer.committed.get(tp("a")) == 3)
+    await asyncio.sleep(0.05)
+    assert consumer.committed[tp("a")] == 3
+    handler.release.set()
+    await wait(lambda: consumer.committed.get(tp("a")) == 10)
+    stop.set()
+    await task
+
+
+async def test_a_handler_that_raises_is_dead_lettered_and_the_partition_moves_on(redis):
+    handler = Handler()
+    handler.failing = {b"urls.a:1"}
+    consumer, _scheduler, stop, task = await start(redis, {tp("a"): 4}, handler)
+    await wait(lambda: consumer.committed.get(tp("a")) == 4)
+    assert handler.failed == [b"urls.a:1"]
+    assert len(handler.done) == 3
+    stop.set()
+    await task
+
+
+async def test_stop_drains_then_hands_back_and_commits_the_finished_prefix(redis):
+    handler = Handler()
+    handler.held = {b"urls.a:2"}
+    consumer, _scheduler, stop, task = await start(
+        redis, {tp("a"): 5}, handler, max_tasks=400, grace_s=0.1
+    )
+    await wait(lambda: len(handler.done) == 4)
+    stop.set()
+    await asyncio.wait_for(task, 5)
+    assert consumer.committed == {tp("a"): 2}
+    assert handler.running["a"] == 0  # the held one was cancelled, not left running
+
+
+async def test_new_sources_are_picked_up_while_running(redis):
+    handler = Handler()
+    _consumer, scheduler, stop, task = await start(redis, {tp("a"): 3, tp("late"): 3}, handler)
+    await redis.srem(INBOUND_SOURCES_SET, "late")
+    await wait(lambda: scheduler.sources == {"a"})
+    await wait(lambda: len(handler.done) == 3)
+    await redis.sadd(INBOUND_SOURCES_SET, "late")
+    await wait(lambda: len(handler.done) == 6)
+    assert scheduler.sources == {"a", "late"}
+    stop.set()
+    await task

@@ -1,0 +1,163 @@
+"""``python -m worker``: one worker process.
+
+Every client is built here, once, entered through one ``AsyncExitStack`` and passed to the
+parts that use it. SIGTERM or SIGINT stops taking work, lets in-flight work finish for
+``SHUTDOWN_GRACE_SECONDS`` (handing back the rest), commits, flushes and exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import sys
+from collections.abc import AsyncIterator, Coroutine
+from typing import Any
+
+import aioboto3
+import redis.asyncio as aioredis
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+from image_crawler.config import ConfigError
+from image_crawler.contract import CRAWL_ERRORS_TOPIC, WORKER_GROUP, MalformedMessage, SourceTask
+from image_crawler.logs import configure_logging, get_logger
+from worker.fetch import Fetcher, close_session, new_session
+from worker.outputs import KafkaSink, S3ThumbnailStore
+from worker.pipeline import Pipeline
+from worker.processing import PoolProcessor
+from worker.scheduler import Scheduler, SchedulerSettings
+from worker.settings import WorkerSettings
+from worker.stats import RedisStats
+from worker.tokens import RedisTokenBucket
+
+log = get_logger("worker")
+
+
+@contextlib.asynccontextmanager
+async def _background(*coroutines: Coroutine[Any, Any, None]) -> AsyncIterator[None]:
+    """Run ``coroutines`` as tasks for the duration of the block, then cancel them."""
+    tasks = [asyncio.create_task(c) for c in coroutines]
+    try:
+        yield
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
+    """Run one worker until ``stop`` is set."""
+    async with contextlib.AsyncExitStack() as stack:
+        redis = aioredis.from_url(settings.redis.url, decode_responses=True)
+        stack.push_async_callback(redis.aclose)
+
+        producer = AIOKafkaProducer(
+            bootstrap_servers=settings.kafka.bootstrap_servers, acks="all", linger_ms=5
+        )
+        await producer.start()
+        stack.push_async_callback(producer.stop)  # flushes what is still buffered
+
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=settings.kafka.bootstrap_servers,
+            group_id=WORKER_GROUP,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            max_partition_fetch_bytes=256 * 1024,
+        )
+        await consumer.start()
+        stack.push_async_callback(consumer.stop)
+
+        s3 = await stack.enter_async_context(
+            aioboto3.Session().client(
+                "s3", endpoint_url=settings.s3.endpoint_url, region_name=settings.s3.region
+            )
+        )
+        http = new_session(settings.fetch)
+        stack.push_async_callback(close_session, http)
+        processor = PoolProcessor(settings.image_processes)
+        stack.callback(processor.close)
+
+        tokens = RedisTokenBucket(redis, retry_s=settings.token_retry_s)
+        stack.callback(tokens.close)
+        stats = RedisStats(redis)
+        pipeline = Pipeline(
+            tokens=tokens,
+            fetcher=Fetcher(http, settings.fetch),
+            processor=processor,
+            store=S3ThumbnailStore(s3, settings.s3.bucket),
+            sink=KafkaSink(producer),
+            stats=stats,
+            rate_limit_timeout_s=settings.rate_limit_timeout_s,
+        )
+
+        async def dead_letter(
+            source: str, raw: bytes | None, topic: str, error: BaseException
+        ) -> None:
+            try:
+                task = SourceTask.from_json(raw or b"")
+            except MalformedMessage:
+                await pipeline.reject(raw, f"InternalError: {error!r}", topic)
+            else:
+                await pipeline.dead_letter(source, task, "InternalError")
+
+        scheduler = Scheduler(
+            consumer,
+            redis,
+            pipeline.handle,
+            dead_letter,
+            SchedulerSettings(
+                max_tasks=settings.max_tasks,
+                sources_poll_s=settings.sources_poll_s,
+                commit_interval_s=settings.commit_interval_s,
+                shutdown_grace_s=settings.shutdown_grace_s,
+            ),
+        )
+        log.info(
+            "worker_started",
+            kafka=settings.kafka.bootstrap_servers,
+            max_tasks=settings.max_tasks,
+            image_processes=settings.image_processes or "cpu_count",
+            s3_bucket=settings.s3.bucket,
+            dead_letter_topic=CRAWL_ERRORS_TOPIC,
+        )
+        async with _background(tokens.run(), stats.run(), _report(scheduler, stop)):
+            await scheduler.run(stop)
+    log.info("worker_stopped", finished=scheduler.finished)
+
+
+async def _report(scheduler: Scheduler, stop: asyncio.Event, interval_s: float = 30.0) -> None:
+    last = 0
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), interval_s)
+        log.info(
+            "worker_progress",
+            finished=scheduler.finished,
+            finished_per_s=round((scheduler.finished - last) / interval_s, 2),
+            sources=len(scheduler.sources),
+            share=scheduler.share(),
+        )
+        last = scheduler.finished
+
+
+async def _main() -> int:
+    try:
+        settings = WorkerSettings.from_env()
+    except ConfigError as e:
+        print(f"worker: configuration error: {e}", file=sys.stderr)
+        return 2
+    configure_logging(settings.log_level)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await run(settings, stop)
+    return 0
+
+
+def main() -> None:
+    sys.exit(asyncio.run(_main()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,296 @@
+"""Taking work from the per-source queues fairly, and committing only what is finished.
+
+One Kafka consumer (group ``image_handlers``) reads every ``urls.{source}`` topic of the
+sources in Redis' ``inbound_sources``; the topic list is re-read as the crawl runs. Each
+source may hold at most ``fair_share`` unfinished tasks: a source at its share has its
+partitions paused, and records fetched beyond a source's share are given back by seeking
+its partition to the first record not taken. A partition's offset is committed only up
+to its first unfinished message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable
+
+import redis.asyncio as aioredis
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import KafkaError
+from redis.exceptions import RedisError
+
+from image_crawler.contract import INBOUND_SOURCES_SET, source_of_topic, source_topic
+from image_crawler.logs import get_logger
+from worker.offsets import OffsetTracker
+from worker.schedule import fair_share
+
+log = get_logger(__name__)
+
+# Processes one message (source, value, topic); returns when it is finished.
+Handler = Callable[[str, bytes | None, str], Awaitable[object]]
+# Called when a handler raised: dead-letter the message so it is not lost silently.
+FailureHandler = Callable[[str, bytes | None, str, BaseException], Awaitable[None]]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SchedulerSettings:
+    max_tasks: int = 3000
+    sources_poll_s: float = 5.0
+    commit_interval_s: float = 1.0
+    poll_timeout_s: float = 0.1
+    shutdown_grace_s: float = 30.0
+
+
+class Scheduler:
+    """Runs ``handler`` on messages of every source's queue within the fair shares."""
+
+    def __init__(
+        self,
+        consumer: AIOKafkaConsumer,
+        redis: aioredis.Redis,
+        handler: Handler,
+        on_failure: FailureHandler,
+        settings: SchedulerSettings = SchedulerSettings(),
+    ) -> None:
+        self._consumer = consumer
+        self._redis = redis
+        self._handler = handler
+        self._on_failure = on_failure
+        self._settings = settings
+        self._sources: frozenset[str] = frozenset()
+        self._trackers: dict[TopicPartition, OffsetTracker] = {}
+        self._in_flight: dict[TopicPartition, set[int]] = {}
+        self._committed: dict[TopicPartition, int] = {}
+        self._unfinished: Counter[str] = Counter()
+        self._paused: set[TopicPartition] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._listener = _Listener(self)
+        self.finished = 0
+
+    @property
+    def sources(self) -> frozenset[str]:
+        return self._sources
+
+    def unfinished(self, source: str) -> int:
+        return self._unfinished[source]
+
+    def share(self) -> int:
+        return fair_share(self._settings.max_tasks, len(self._sources))
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Schedule until ``stop`` is set, then drain (see ``_drain``) and return."""
+        watcher = asyncio.create_task(self._watch_sources(stop), name="watch_sources")
+        committer = asyncio.create_task(self._commit_periodically(), name="commit")
+        try:
+            while not stop.is_set():
+                if not self._sources:
+                    await _wait_event(stop, self._settings.sources_poll_s / 2)
+                    continue
+                await self._schedule_once()
+        finally:
+            watcher.cancel()
+            committer.cancel()
+            await asyncio.gather(watcher, committer, return_exceptions=True)
+            await self._drain()
+
+    async def _schedule_once(self) -> None:
+        share = self.share()
+        self._update_pauses(share)
+        free_total = sum(max(0, share - self._unfinished[s]) for s in self._assigned_sources())
+        try:
+            batches = await self._consumer.getmany(
+                timeout_ms=int(self._settings.poll_timeout_s * 1000), max_records=max(1, free_total)
+            )
+        except KafkaError as e:
+            log.warning("consume_failed", error=repr(e))
+            await asyncio.sleep(self._settings.poll_timeout_s)
+            return
+        for tp, records in batches.items():
+            source = source_of_topic(tp.topic)
+            if source is None:
+                continue
+            for record in records:
+                if self._unfinished[source] >= share:
+                    # Over this source's share: give the rest back to the queue.
+                    self._consumer.seek(tp, record.offset)
+                    self._pause([tp])
+                    break
+                self._start(source, tp, record.offset, record.value)
+
+    def _assigned_sources(self) -> set[str]:
+        return {s for tp in self._consumer.assignment() if (s := source_of_topic(tp.topic))}
+
+    def _update_pauses(self, share: int) -> None:
+        to_pause, to_resume = [], []
+        for tp in self._consumer.assignment():
+            source = source_of_topic(tp.topic)
+            full = source is None or self._unfinished[source] >= share
+            if full and tp not in self._paused:
+                to_pause.append(tp)
+            elif not full and tp in self._paused:
+                to_resume.append(tp)
+        self._pause(to_pause)
+        if to_resume:
+            self._consumer.resume(*to_resume)
+            self._paused.difference_update(to_resume)
+
+    def _pause(self, partitions: Iterable[TopicPartition]) -> None:
+        partitions = [tp for tp in partitions if tp not in self._paused]
+        if partitions:
+            self._consumer.pause(*partitions)
+            self._paused.update(partitions)
+
+    def _start(self, source: str, tp: TopicPartition, offset: int, value: bytes | None) -> None:
+        tracker = self._trackers.setdefault(tp, OffsetTracker())
+        if offset in tracker:
+            return
+        tracker.start(offset)
+        in_flight = self._in_flight.setdefault(tp, set())
+        if offset in in_flight:
+            # Still running from before a rebalance gave this partition back to us.
+            return
+        in_flight.add(offset)
+        log.debug("task_started", source=source, partition=tp.partition, offset=offset)
+        self._unfinished[source] += 1
+        task = asyncio.create_task(self._run_one(source, tp, offset, value))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run_one(
+        self, source: str, tp: TopicPartition, offset: int, value: bytes | None
+    ) -> None:
+        finished = False
+        try:
+            await self._handler(source, value, tp.topic)
+            finished = True
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            log.exception(
+                "message_failed",
+                source=source,
+                topic=tp.topic,
+                partition=tp.partition,
+                offset=offset,
+            )
+            try:
+                await self._on_failure(source, value, tp.topic, e)
+                finished = True
+            except Exception:
+                log.exception("dead_letter_failed", source=source, topic=tp.topic, offset=offset)
+        finally:
+            self._unfinished[source] -= 1
+            if self._unfinished[source] <= 0:
+                del self._unfinished[source]
+            self._in_flight.get(tp, set()).discard(offset)
+            if finished:
+                self.finished += 1
+                tracker = self._trackers.get(tp)
+                if tracker is not None:
+                    tracker.finish(offset)
+
+    async def _watch_sources(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                members = await self._redis.smembers(INBOUND_SOURCES_SET)
+            except RedisError as e:
+                log.warning("redis_unavailable", op="read_sources", error=repr(e))
+            else:
+                sources = frozenset(m.decode() if isinstance(m, bytes) else m for m in members)
+                if sources != self._sources:
+                    self._subscribe(sources)
+            await _wait_event(stop, self._settings.sources_poll_s)
+
+    def _subscribe(self, sources: frozenset[str]) -> None:
+        added = sorted(sources - self._sources)
+        log.info(
+            "sources_changed",
+            sources=len(sources),
+            added=added[:20],
+            share=fair_share(self._settings.max_tasks, len(sources)),
+        )
+        self._sources = sources
+        self._consumer.subscribe(
+            topics=sorted(source_topic(s) for s in sources), listener=self._listener
+        )
+
+    async def _commit_periodically(self) -> None:
+        while True:
+            await asyncio.sleep(self._settings.commit_interval_s)
+            try:
+                await self.commit()
+            except Exception:
+                log.exception("commit_loop_error")
+
+    async def commit(self, partitions: Iterable[TopicPartition] | None = None) -> None:
+        """Commit every finished prefix of the given (default: assigned) partitions."""
+        assigned = self._consumer.assignment()
+        chosen = assigned if partitions is None else set(partitions) & assigned
+        offsets: dict[TopicPartition, int] = {}
+        for tp in chosen:
+            tracker = self._trackers.get(tp)
+            offset = tracker.committable() if tracker is not None else None
+            if offset is not None and offset != self._committed.get(tp):
+                offsets[tp] = offset
+        if not offsets:
+            return
+        log.debug(
+            "committing", offsets={f"{tp.topic}:{tp.partition}": o for tp, o in offsets.items()}
+        )
+        try:
+            await self._consumer.commit(offsets)
+        except KafkaError as e:
+            # Not fatal: the offsets are committed by a later attempt, or the messages
+            # are processed again by whoever owns the partition next (at least once).
+            log.warning("commit_failed", error=repr(e), partitions=len(offsets))
+            return
+        self._committed.update(offsets)
+
+    async def on_revoked(self, revoked: Iterable[TopicPartition]) -> None:
+        revoked = set(revoked)
+        await self.commit(revoked)
+        for tp in revoked:
+            self._trackers.pop(tp, None)
+            self._committed.pop(tp, None)
+            self._paused.discard(tp)
+
+    async def on_assigned(self, assigned: Iterable[TopicPartition]) -> None:
+        assigned = set(assigned)
+        log.info(
+            "partitions_assigned",
+            partitions=len(assigned),
+            sources=len({source_of_topic(tp.topic) for tp in assigned}),
+        )
+        # A fresh assignment starts unpaused.
+        self._paused.difference_update(assigned)
+
+    async def _drain(self) -> None:
+        """Let in-flight work finish for the grace period, hand back the rest, commit."""
+        pending = set(self._tasks)
+        if pending:
+            log.info("draining", tasks=len(pending), grace_s=self._settings.shutdown_grace_s)
+            _, pending = await asyncio.wait(pending, timeout=self._settings.shutdown_grace_s)
+        if pending:
+            log.warning("handing_back", tasks=len(pending))
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        await self.commit()
+
+
+class _Listener(ConsumerRebalanceListener):
+    def __init__(self, scheduler: Scheduler) -> None:
+        self._scheduler = scheduler
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        await self._scheduler.on_revoked(revoked)
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        await self._scheduler.on_assigned(assigned)
+
+
+async def _wait_event(event: asyncio.Event, timeout_s: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(event.wait(), timeout_s)
