@@ -1,0 +1,17 @@
+# The few commands people type. `make test` is what CI runs (see .ci/run).
+.PHONY: install test lint format typecheck
+
+install:
+	python3 -m venv .venv && . .venv/bin/activate && pip install -q -e '.[test]'
+
+test:
+	. .venv/bin/activate && python -m pytest
+
+lint:
+	. .venv/bin/activate && ruff check . && ruff format --check .
+
+format:
+	. .venv/bin/activate && ruff format . && ruff check --fix .
+
+typecheck:
+	. .venv/bin/activate && mypy
