@@ -14,6 +14,7 @@ import uuid
 from collections.abc import AsyncIterator, Generator, Iterator
 from pathlib import Path
 
+import fakeredis
 import pytest
 from redis.asyncio import Redis
 
@@ -68,6 +69,19 @@ def pytest_runtest_makereport(
                 lines = [f"{t:.3f} {path}" for t, path in value.request_log[-50:]]
                 report.sections.append((f"{name} requests", "\n".join(lines) or "<none>"))
     return report
+
+
+# --- Fakes ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def fake_redis() -> AsyncIterator[fakeredis.FakeAsyncRedis]:
+    """An in-memory Redis (``decode_responses=True``) for unit tests of pure logic."""
+    client = fakeredis.FakeAsyncRedis(decode_responses=True)
+    try:
+        yield client
+    finally:
+        await client.aclose()
 
 
 # --- Kafka ------------------------------------------------------------------------------

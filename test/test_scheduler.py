@@ -6,8 +6,6 @@ import asyncio
 import dataclasses
 from collections import Counter
 
-import fakeredis
-import pytest
 from aiokafka import TopicPartition
 
 from image_crawler.contract import INBOUND_SOURCES_SET, source_of_topic
@@ -107,16 +105,10 @@ async def wait(condition, timeout_s=5.0):
         await asyncio.sleep(0.005)
 
 
-@pytest.fixture
-async def redis():
-    client = fakeredis.FakeAsyncRedis(decode_responses=True)
-    yield client
-    await client.aclose()
-
-
-async def start(redis, messages, handler, *, max_tasks=8, grace_s=5.0):
-    sources = {source_of_topic(tp.topic) for tp in messages}
-    await redis.sadd(INBOUND_SOURCES_SET, *sources)
+async def start(fake_redis, messages, handler, *, max_tasks=8, grace_s=5.0, sources=None):
+    if sources is None:
+        sources = {source_of_topic(tp.topic) for tp in messages}
+    await fake_redis.sadd(INBOUND_SOURCES_SET, *sources)
     consumer = FakeConsumer(messages)
     settings = SchedulerSettings(
         max_tasks=max_tasks,
@@ -125,7 +117,7 @@ async def start(redis, messages, handler, *, max_tasks=8, grace_s=5.0):
         poll_timeout_s=0.005,
         shutdown_grace_s=grace_s,
     )
-    scheduler = Scheduler(consumer, redis, handler, handler.on_failure, settings)
+    scheduler = Scheduler(consumer, fake_redis, handler, handler.on_failure, settings)
     stop = asyncio.Event()
     task = asyncio.create_task(scheduler.run(stop))
     return consumer, scheduler, stop, task
@@ -135,11 +127,11 @@ def tp(source, partition=0):
     return TopicPartition(f"urls.{source}", partition)
 
 
-async def test_each_source_holds_at_most_its_fair_share(redis):
+async def test_each_source_holds_at_most_its_fair_share(fake_redis):
     handler = Handler()
     handler.held = {"a", "b"}
     messages = {tp("a", 0): 10, tp("a", 1): 10, tp("b"): 10}
-    consumer, _scheduler, stop, task = await start(redis, messages, handler, max_tasks=8)
+    consumer, _scheduler, stop, task = await start(fake_redis, messages, handler, max_tasks=8)
     # Two sources of eight slots: min(8 // 2, 8 // 4) = 2 each.
     await wait(lambda: handler.running["a"] == 2 and handler.running["b"] == 2)
     await asyncio.sleep(0.05)  # give it the chance to overshoot
@@ -153,10 +145,12 @@ async def test_each_source_holds_at_most_its_fair_share(redis):
     await task
 
 
-async def test_a_slow_source_does_not_take_the_slots_of_a_fast_one(redis):
+async def test_a_slow_source_does_not_take_the_slots_of_a_fast_one(fake_redis):
     handler = Handler()
     handler.held = {"slow"}
-    consumer, _scheduler, stop, task = await start(redis, {tp("slow"): 50, tp("fast"): 50}, handler)
+    consumer, _scheduler, stop, task = await start(
+        fake_redis, {tp("slow"): 50, tp("fast"): 50}, handler
+    )
     await wait(lambda: len(handler.done) == 50)
     assert {v.split(b":")[0] for v in handler.done} == {b"urls.fast"}
     assert handler.running["slow"] == 2
@@ -168,10 +162,12 @@ async def test_a_slow_source_does_not_take_the_slots_of_a_fast_one(redis):
     await task
 
 
-async def test_the_commit_never_passes_an_unfinished_message(redis):
+async def test_the_commit_never_passes_an_unfinished_message(fake_redis):
     handler = Handler()
     handler.held = {b"urls.a:3"}
-    consumer, _scheduler, stop, task = await start(redis, {tp("a"): 10}, handler, max_tasks=400)
+    consumer, _scheduler, stop, task = await start(
+        fake_redis, {tp("a"): 10}, handler, max_tasks=400
+    )
     await wait(lambda: len(handler.done) == 9)
     await wait(lambda: consumer.committed.get(tp("a")) == 3)
     await asyncio.sleep(0.05)
@@ -182,10 +178,10 @@ async def test_the_commit_never_passes_an_unfinished_message(redis):
     await task
 
 
-async def test_a_handler_that_raises_is_dead_lettered_and_the_partition_moves_on(redis):
+async def test_a_handler_that_raises_is_dead_lettered_and_the_partition_moves_on(fake_redis):
     handler = Handler()
     handler.failing = {b"urls.a:1"}
-    consumer, _scheduler, stop, task = await start(redis, {tp("a"): 4}, handler)
+    consumer, _scheduler, stop, task = await start(fake_redis, {tp("a"): 4}, handler)
     await wait(lambda: consumer.committed.get(tp("a")) == 4)
     assert handler.failed == [b"urls.a:1"]
     assert len(handler.done) == 3
@@ -193,11 +189,11 @@ async def test_a_handler_that_raises_is_dead_lettered_and_the_partition_moves_on
     await task
 
 
-async def test_stop_drains_then_hands_back_and_commits_the_finished_prefix(redis):
+async def test_stop_drains_then_hands_back_and_commits_the_finished_prefix(fake_redis):
     handler = Handler()
     handler.held = {b"urls.a:2"}
     consumer, _scheduler, stop, task = await start(
-        redis, {tp("a"): 5}, handler, max_tasks=400, grace_s=0.1
+        fake_redis, {tp("a"): 5}, handler, max_tasks=400, grace_s=0.1
     )
     await wait(lambda: len(handler.done) == 4)
     stop.set()
@@ -206,13 +202,13 @@ async def test_stop_drains_then_hands_back_and_commits_the_finished_prefix(redis
     assert handler.running["a"] == 0  # the held one was cancelled, not left running
 
 
-async def test_new_sources_are_picked_up_while_running(redis):
+async def test_new_sources_are_picked_up_while_running(fake_redis):
     handler = Handler()
-    _consumer, scheduler, stop, task = await start(redis, {tp("a"): 3, tp("late"): 3}, handler)
-    await redis.srem(INBOUND_SOURCES_SET, "late")
+    _consumer, scheduler, stop, task = await start(fake_redis, {tp("a"): 3, tp("late"): 3}, handler)
+    await fake_redis.srem(INBOUND_SOURCES_SET, "late")
     await wait(lambda: scheduler.sources == {"a"})
     await wait(lambda: len(handler.done) == 3)
-    await redis.sadd(INBOUND_SOURCES_SET, "late")
+    await fake_redis.sadd(INBOUND_SOURCES_SET, "late")
     await wait(lambda: len(handler.done) == 6)
     assert scheduler.sources == {"a", "late"}
     stop.set()

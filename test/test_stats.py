@@ -1,6 +1,5 @@
 import asyncio
 
-import fakeredis
 import pytest
 
 from image_crawler import contract as c
@@ -8,16 +7,9 @@ from worker.stats import RedisStats
 
 
 @pytest.fixture
-async def redis():
-    client = fakeredis.FakeAsyncRedis(decode_responses=True)
-    yield client
-    await client.aclose()
-
-
-@pytest.fixture
-async def stats(redis):
+async def stats(fake_redis):
     now = [1_000_000.0]
-    stats = RedisStats(redis, clock=lambda: now[0])
+    stats = RedisStats(fake_redis, clock=lambda: now[0])
     stats.now = now
     task = asyncio.create_task(stats.run())
     yield stats
@@ -25,7 +17,7 @@ async def stats(redis):
     await asyncio.gather(task, return_exceptions=True)
 
 
-async def test_success_and_failures_are_counted_per_source_and_status(redis, stats):
+async def test_success_and_failures_are_counted_per_source_and_status(fake_redis, stats):
     await asyncio.gather(
         stats.record("a", "200"),
         stats.record("a", "200"),
@@ -33,7 +25,7 @@ async def test_success_and_failures_are_counted_per_source_and_status(redis, sta
         stats.record("b", "500"),
         stats.record("b", "UnidentifiedImageError"),
     )
-    values = await redis.mget(
+    values = await fake_redis.mget(
         c.NUM_RESIZED,
         c.num_resized_key("a"),
         c.RESIZE_ERRORS,
@@ -47,32 +39,32 @@ async def test_success_and_failures_are_counted_per_source_and_status(redis, sta
     assert values == ["2", "2", "3", "1", "1", "2", "1", "1", None]
 
 
-async def test_windows_hold_status_and_time_and_are_trimmed(redis, stats):
+async def test_windows_hold_status_and_time_and_are_trimmed(fake_redis, stats):
     await stats.record("a", "500")
     stats.now[0] += 61
     await stats.record("a", "200")
-    minute = await redis.zrange("status60s:a", 0, -1, withscores=True)
+    minute = await fake_redis.zrange("status60s:a", 0, -1, withscores=True)
     assert [c.status_of_window_member(m) for m, _ in minute] == ["200"]
     assert minute[0][1] == pytest.approx(1_000_061.0)
-    hour = await redis.zrange("status1hr:a", 0, -1)
+    hour = await fake_redis.zrange("status1hr:a", 0, -1)
     assert [c.status_of_window_member(m) for m in hour] == ["500", "200"]
-    assert await redis.zcard("status12hr:a") == 2
+    assert await fake_redis.zcard("status12hr:a") == 2
 
 
-async def test_equal_statuses_at_the_same_instant_are_all_kept(redis, stats):
+async def test_equal_statuses_at_the_same_instant_are_all_kept(fake_redis, stats):
     await asyncio.gather(*(stats.record("a", "200") for _ in range(20)))
-    assert await redis.zcard("status60s:a") == 20
+    assert await fake_redis.zcard("status60s:a") == 20
 
 
-async def test_last_50_keeps_the_newest_50(redis, stats):
+async def test_last_50_keeps_the_newest_50(fake_redis, stats):
     for i in range(60):
         await stats.record("a", "200" if i < 55 else "500")
-    last = await redis.lrange(c.last50_key("a"), 0, -1)
+    last = await fake_redis.lrange(c.last50_key("a"), 0, -1)
     assert len(last) == 50
     assert last[-5:] == ["500"] * 5
 
 
-async def test_malformed_messages_are_counted(redis, stats):
+async def test_malformed_messages_are_counted(fake_redis, stats):
     await stats.record_malformed()
     await stats.record_malformed()
-    assert await redis.get(c.NUM_MALFORMED) == "2"
+    assert await fake_redis.get(c.NUM_MALFORMED) == "2"

@@ -1,6 +1,5 @@
 import asyncio
 
-import fakeredis
 import pytest
 
 from image_crawler.contract import tokens_key
@@ -16,15 +15,8 @@ def test_decrby_grants_exactly_what_single_decrs_would(requested, result, grante
 
 
 @pytest.fixture
-async def redis():
-    client = fakeredis.FakeAsyncRedis(decode_responses=True)
-    yield client
-    await client.aclose()
-
-
-@pytest.fixture
-async def bucket(redis):
-    bucket = RedisTokenBucket(redis, retry_s=0.05)
+async def bucket(fake_redis):
+    bucket = RedisTokenBucket(fake_redis, retry_s=0.05)
     task = asyncio.create_task(bucket.run())
     yield bucket
     task.cancel()
@@ -32,40 +24,40 @@ async def bucket(redis):
     bucket.close()
 
 
-async def test_waiters_get_exactly_the_tokens_in_the_bucket(redis, bucket):
-    await redis.set(tokens_key("a"), 3)
+async def test_waiters_get_exactly_the_tokens_in_the_bucket(fake_redis, bucket):
+    await fake_redis.set(tokens_key("a"), 3)
     waiters = [bucket.acquire("a") for _ in range(5)]
     done, pending = await asyncio.wait(waiters, timeout=0.5)
     assert (len(done), len(pending)) == (3, 2)
-    assert int(await redis.get(tokens_key("a"))) < 0
+    assert int(await fake_redis.get(tokens_key("a"))) < 0
     # The next refill serves the rest, and no more than it holds.
-    await redis.set(tokens_key("a"), 1)
+    await fake_redis.set(tokens_key("a"), 1)
     done, pending = await asyncio.wait(pending, timeout=0.5)
     assert (len(done), len(pending)) == (1, 1)
-    await redis.set(tokens_key("a"), 5)
+    await fake_redis.set(tokens_key("a"), 5)
     await asyncio.wait_for(asyncio.gather(*pending), 1)
-    assert int(await redis.get(tokens_key("a"))) == 4
+    assert int(await fake_redis.get(tokens_key("a"))) == 4
 
 
-async def test_sources_do_not_share_buckets(redis, bucket):
-    await redis.set(tokens_key("fast"), 10)
+async def test_sources_do_not_share_buckets(fake_redis, bucket):
+    await fake_redis.set(tokens_key("fast"), 10)
     slow = bucket.acquire("slow")
     await asyncio.wait_for(asyncio.gather(*(bucket.acquire("fast") for _ in range(10))), 1)
     assert not slow.done()
-    assert int(await redis.get(tokens_key("fast"))) == 0
+    assert int(await fake_redis.get(tokens_key("fast"))) == 0
 
 
-async def test_no_bucket_means_no_token(redis, bucket):
+async def test_no_bucket_means_no_token(fake_redis, bucket):
     future = bucket.acquire("unknown")
     done, _ = await asyncio.wait([future], timeout=0.3)
     assert not done
-    assert int(await redis.get(tokens_key("unknown"))) < 0
+    assert int(await fake_redis.get(tokens_key("unknown"))) < 0
 
 
-async def test_a_cancelled_waiter_takes_nothing(redis, bucket):
+async def test_a_cancelled_waiter_takes_nothing(fake_redis, bucket):
     first = bucket.acquire("a")
     second = bucket.acquire("a")
     first.cancel()
-    await redis.set(tokens_key("a"), 1)
+    await fake_redis.set(tokens_key("a"), 1)
     await asyncio.wait_for(second, 1)
-    assert int(await redis.get(tokens_key("a"))) == 0
+    assert int(await fake_redis.get(tokens_key("a"))) == 0
