@@ -61,6 +61,9 @@ INBOUND_SOURCES_SET: Final = "inbound_sources"
 NUM_SPLIT: Final = "num_split"
 # Beyond the original: messages that could not be parsed, per consuming process.
 NUM_MALFORMED: Final = "num_malformed"
+# Beyond the original: the monitor's current rate (req/s) per source, a hash rewritten
+# every loop, for operators (`redis-cli hgetall crawl_rates`) and `image-crawler status`.
+RATES_HASH: Final = "crawl_rates"
 
 LAST_N_STATUSES: Final = 50
 # (key prefix, window length in seconds) of the time-based sliding windows.
