@@ -1,0 +1,212 @@
+"""``python -m crawl_monitor``: the crawl monitor.
+
+Runs four loops concurrently: the source list refresher, the regulator (token buckets and
+circuit breakers, every second), the monitoring log, and the splitter. Every client is
+built here, once, entered through one ``AsyncExitStack`` and passed to the loops.
+
+Kafka and Redis may be away at start or later: each loop logs it and retries with
+backoff; the regulator keeps ticking without Kafka, and without Redis no source gets a
+token. SIGTERM or SIGINT stops the loops (the splitter finishes and commits its batch),
+then the consumer leaves its group, the producer flushes, and the process exits 0. A loop
+that dies of an unexpected error stops the process with exit status 1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from typing import Any
+
+import aiohttp
+import redis.asyncio as aioredis
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaError
+
+from crawl_monitor.monitoring import MonitoringLog
+from crawl_monitor.regulator import Regulator, RegulatorSettings
+from crawl_monitor.settings import MonitorSettings
+from crawl_monitor.sources import SourceCatalog
+from crawl_monitor.splitter import Splitter, TopicCreator
+from crawl_monitor.store import RedisRegulatorStore
+from image_crawler.config import ConfigError
+from image_crawler.contract import INBOUND_TOPIC, SPLITTER_GROUP
+from image_crawler.logs import configure_logging, get_logger
+
+log = get_logger("crawl_monitor")
+
+# On stop, how long the splitter may take to finish its batch before it is cancelled.
+SHUTDOWN_GRACE_S = 30.0
+KAFKA_MAX_BACKOFF_S = 10.0
+
+
+async def _start_kafka(
+    starts: Sequence[tuple[str, Callable[[], Awaitable[None]]]], stop: asyncio.Event
+) -> bool:
+    """Start each Kafka client, retrying while Kafka is away; False if stopped first."""
+    for name, start in starts:
+        backoff_s = 0.5
+        while True:
+            if stop.is_set():
+                return False
+            try:
+                await start()
+                break
+            except KafkaError as e:
+                log.warning("kafka_unavailable", op=f"start_{name}", error=repr(e))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), backoff_s)
+                backoff_s = min(backoff_s * 2, KAFKA_MAX_BACKOFF_S)
+    return True
+
+
+async def run(settings: MonitorSettings, stop: asyncio.Event) -> int:
+    """Run the monitor until ``stop`` is set (0) or a loop crashes (1)."""
+    async with contextlib.AsyncExitStack() as stack:
+        redis = aioredis.from_url(
+            settings.redis.url,
+            decode_responses=True,
+            socket_timeout=settings.redis_timeout_s,
+            socket_connect_timeout=settings.redis_timeout_s,
+        )
+        stack.push_async_callback(redis.aclose)
+        http = None
+        if settings.sources_url is not None:
+            http = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=settings.sources_timeout_s)
+            )
+            stack.push_async_callback(http.close)
+
+        bootstrap = settings.kafka.bootstrap_servers
+        # Stopping a client that never started is harmless, so all are registered now.
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+        stack.push_async_callback(admin.close)
+        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+        stack.push_async_callback(producer.stop)  # flushes what is still buffered
+        consumer = AIOKafkaConsumer(
+            INBOUND_TOPIC,
+            bootstrap_servers=bootstrap,
+            group_id=SPLITTER_GROUP,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+        )
+        stack.push_async_callback(consumer.stop)  # after the splitter's last commit
+
+        catalog = SourceCatalog(
+            file=settings.sources_file,
+            url=settings.sources_url,
+            http=http,
+            refresh_s=settings.sources_refresh_s,
+        )
+        regulator = Regulator(
+            RedisRegulatorStore(redis),
+            lambda: catalog.rates,
+            RegulatorSettings(
+                period_s=settings.refill_period_s, token_ttl_ms=settings.token_ttl_ms
+            ),
+        )
+        monitoring = MonitoringLog(redis, lambda: regulator.snapshot, settings.log_frequency_s)
+        splitter = Splitter(
+            consumer,
+            producer,
+            redis,
+            TopicCreator(
+                admin,
+                partitions=settings.source_topic_partitions,
+                replication_factor=settings.source_topic_replication_factor,
+            ),
+            batch_size=settings.splitter_batch_size,
+        )
+
+        async def split() -> None:
+            started = await _start_kafka(
+                [
+                    ("admin", admin.start),
+                    ("producer", producer.start),
+                    ("consumer", consumer.start),
+                ],
+                stop,
+            )
+            if started:
+                log.info("splitter_started", topic=INBOUND_TOPIC, group=SPLITTER_GROUP)
+                await splitter.run(stop)
+            log.info("splitter_stopped", split=splitter.split, malformed=splitter.malformed)
+
+        log.info(
+            "monitor_started",
+            kafka=bootstrap,
+            sources_file=str(settings.sources_file) if settings.sources_file else None,
+            sources_url=settings.sources_url,
+            token_ttl_ms=settings.token_ttl_ms,
+            log_frequency_s=settings.log_frequency_s,
+        )
+        status = await _supervise(
+            {
+                "sources": catalog.run(stop),
+                "regulator": regulator.run(stop),
+                "monitoring": monitoring.run(stop),
+                "splitter": split(),
+            },
+            stop,
+        )
+    log.info("monitor_stopped", status=status)
+    return status
+
+
+async def _supervise(loops: dict[str, Coroutine[Any, Any, None]], stop: asyncio.Event) -> int:
+    """Run ``loops`` until ``stop``; a loop that raises stops the rest (status 1)."""
+    tasks: dict[asyncio.Task[Any], str] = {
+        asyncio.create_task(coro, name=name): name for name, coro in loops.items()
+    }
+    stopping: asyncio.Task[Any] = asyncio.create_task(stop.wait())
+    status = 0
+    pending: set[asyncio.Task[Any]] = set(tasks)
+    while pending and not stop.is_set():
+        done, pending = await asyncio.wait(
+            pending | {stopping}, return_when=asyncio.FIRST_COMPLETED
+        )
+        pending.discard(stopping)
+        for task in done - {stopping}:
+            error = task.exception()
+            if error is not None:
+                log.error("loop_crashed", loop=tasks[task], exc_info=error)
+                status = 1
+                stop.set()
+    stopping.cancel()
+    await asyncio.gather(stopping, return_exceptions=True)
+    if pending:
+        finished, late = await asyncio.wait(pending, timeout=SHUTDOWN_GRACE_S)
+        for task in finished:
+            if (error := task.exception()) is not None:
+                log.error("loop_crashed", loop=tasks[task], exc_info=error)
+                status = 1
+        for task in late:
+            log.warning("loop_cancelled", loop=tasks[task])
+            task.cancel()
+        await asyncio.gather(*late, return_exceptions=True)
+    return status
+
+
+async def _main() -> int:
+    try:
+        settings = MonitorSettings.from_env()
+    except ConfigError as e:
+        print(f"crawl_monitor: configuration error: {e}", file=sys.stderr)
+        return 2
+    configure_logging(settings.log_level)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    return await run(settings, stop)
+
+
+def main() -> None:
+    sys.exit(asyncio.run(_main()))
+
+
+if __name__ == "__main__":
+    main()

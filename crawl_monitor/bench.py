@@ -1,0 +1,169 @@
+"""How long one regulator loop takes with many sources, against a real Redis.
+
+``measure_loop(redis, n_sources)`` seeds ``n_sources`` sources (every one with a full
+last-50 list and a busy 60 s window, some halted, one failing, one overridden), runs the
+regulator's loop a few times and reports the duration and Redis round trips of a loop.
+It overwrites keys of the ``bench-*`` sources only. From a shell::
+
+    REDIS_URL=redis://127.0.0.1:6379/0 python -m crawl_monitor.bench 1000 10000
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import statistics
+import sys
+import time
+from typing import Final
+
+import redis.asyncio as aioredis
+
+from crawl_monitor.rates import compute_crawl_rate
+from crawl_monitor.regulator import Regulator, RegulatorSettings, RegulatorSnapshot
+from crawl_monitor.store import RedisRegulatorStore
+from image_crawler.contract import (
+    HALTED_SET,
+    OVERRIDE_RATE_PREFIX,
+    STATUS_60S_PREFIX,
+    TEMP_HALTED_SET,
+    last50_key,
+    window_member,
+)
+
+WINDOW_SAMPLES: Final = 20
+SEED_CHUNK: Final = 500
+
+
+def bench_source(i: int) -> str:
+    return f"bench-{i:06d}"
+
+
+def bench_image_count(i: int) -> int:
+    # Rates from 0.2/s up to ~100/s, most with a fractional part.
+    return 5_000 + i * 25_013
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BenchSources:
+    """Which of the seeded sources were set up to be special."""
+
+    image_counts: dict[str, int]
+    halted: frozenset[str]
+    failing: str  # 50 failures in a row: trips the permanent halt
+    erroring: str  # errors in its 60 s window: trips the temporary halt
+    overridden: str
+    override_rps: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LoopMeasurement:
+    sources: int
+    loops: int
+    # Median and slowest loop, first one (which loads the scripts) excluded.
+    median_s: float
+    slowest_s: float
+    first_s: float
+    round_trips_per_loop: float
+    snapshot: RegulatorSnapshot
+    seeded: BenchSources
+
+
+async def seed(
+    redis: aioredis.Redis, n_sources: int, now_s: float, *, busy_every: int = 1
+) -> BenchSources:
+    """Write the bench sources' statuses, halts and override.
+
+    Every ``busy_every``-th source (and the special ones) has statuses: a full last-50
+    list and ``WINDOW_SAMPLES`` statuses in its 60 s window; the others have none.
+    """
+    names = [bench_source(i) for i in range(n_sources)]
+    halted = frozenset(names[i] for i in range(0, n_sources, 100))
+    failing = names[1]
+    erroring = names[2]
+    overridden = names[3]
+    await redis.delete(HALTED_SET, TEMP_HALTED_SET)
+    for start in range(0, n_sources, SEED_CHUNK):
+        async with redis.pipeline(transaction=False) as pipe:
+            for i, name in enumerate(names[start : start + SEED_CHUNK], start):
+                pipe.delete(last50_key(name), f"{STATUS_60S_PREFIX}{name}")
+                if i % busy_every and name not in (failing, erroring):
+                    continue
+                status = "500" if name == failing else "200"
+                pipe.rpush(last50_key(name), *[status] * 50)
+                window_status = "500" if name == erroring else "200"
+                pipe.zadd(
+                    f"{STATUS_60S_PREFIX}{name}",
+                    {
+                        window_member(window_status, now_s - k): now_s - k
+                        for k in range(WINDOW_SAMPLES)
+                    },
+                )
+            await pipe.execute()
+    await redis.sadd(HALTED_SET, *halted)
+    await redis.set(f"{OVERRIDE_RATE_PREFIX}{overridden}", "7.5")
+    return BenchSources(
+        image_counts={name: bench_image_count(i) for i, name in enumerate(names)},
+        halted=halted,
+        failing=failing,
+        erroring=erroring,
+        overridden=overridden,
+        override_rps=7.5,
+    )
+
+
+async def measure_loop(
+    redis: aioredis.Redis, n_sources: int, *, loops: int = 5, busy_every: int = 1
+) -> LoopMeasurement:
+    """Seed ``n_sources`` sources and time ``loops`` regulator loops (run back to back).
+
+    By default every source is busy (see ``seed``): the worst case for the loop, whose
+    cost grows with the number of statuses it reads.
+    """
+    seeded = await seed(redis, n_sources, time.time(), busy_every=busy_every)
+    rates = {name: compute_crawl_rate(n) for name, n in seeded.image_counts.items()}
+    store = RedisRegulatorStore(redis)
+    regulator = Regulator(store, lambda: rates, RegulatorSettings())
+    durations = []
+    snapshot = None
+    for _ in range(loops):
+        started = time.perf_counter()
+        snapshot = await regulator.tick()
+        durations.append(time.perf_counter() - started)
+    assert snapshot is not None
+    steady = durations[1:] or durations
+    return LoopMeasurement(
+        sources=n_sources,
+        loops=loops,
+        median_s=statistics.median(steady),
+        slowest_s=max(steady),
+        first_s=durations[0],
+        round_trips_per_loop=store.round_trips / loops,
+        snapshot=snapshot,
+        seeded=seeded,
+    )
+
+
+async def _bench(url: str, sizes: list[int]) -> None:
+    redis = aioredis.from_url(url, decode_responses=True)
+    try:
+        for n, busy_every in [(size, b) for size in sizes for b in (1, 10, size)]:
+            m = await measure_loop(redis, n, busy_every=busy_every)
+            print(
+                f"{n:>6} sources, 1 in {busy_every} busy: median "
+                f"{m.median_s * 1000:.1f} ms, slowest "
+                f"{m.slowest_s * 1000:.1f} ms, first {m.first_s * 1000:.1f} ms, "
+                f"{m.round_trips_per_loop:g} round trips per loop"
+            )
+    finally:
+        await redis.aclose()
+
+
+if __name__ == "__main__":
+    asyncio.run(
+        _bench(
+            os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"),
+            [int(a) for a in sys.argv[1:]] or [1000, 10000],
+        )
+    )

@@ -1,0 +1,194 @@
+"""The monitoring log: a ``monitoring_update`` event every ``LOG_FREQUENCY_SECONDS``.
+
+Its keys are those of the original README's example::
+
+    general:  global_max_rps, error_rps, processing_rate, success_rps,
+              circuit_breaker_tripped, num_resized, resize_errors, split_rate
+    specific: {source: {successful, error, last_50_statuses, rate_limit}}
+
+Counters come from Redis (one pipelined round trip); rates, halts and the last-50
+histograms from the regulator's latest snapshot. ``*_rps`` and ``*_rate`` values are the
+counters' growth over the measured interval, per second. ``global_max_rps`` sums the rates
+of the known sources that are not halted. ``specific`` lists the sources with any success,
+error or recent status, and every halted one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from crawl_monitor.rates import next_tick_at
+from crawl_monitor.regulator import RegulatorSnapshot
+from image_crawler.contract import (
+    NUM_RESIZED,
+    NUM_SPLIT,
+    RESIZE_ERRORS,
+    num_resized_key,
+    resize_errors_key,
+)
+from image_crawler.logs import get_logger
+
+log = get_logger(__name__)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Counters:
+    """The crawl's counters at one instant."""
+
+    num_resized: int = 0
+    resize_errors: int = 0
+    num_split: int = 0
+    successful: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    errors: Mapping[str, int] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MonitoringUpdate:
+    general: dict[str, Any]
+    specific: dict[str, dict[str, Any]]
+
+
+def _per_second(now: int, before: int | None, elapsed_s: float) -> float:
+    if before is None or elapsed_s <= 0:
+        return 0.0
+    # A counter that went down was reset (Redis flushed): count from zero.
+    return round(max(0, now - before) / elapsed_s, 6)
+
+
+def build_update(
+    now: Counters,
+    before: Counters | None,
+    elapsed_s: float,
+    snapshot: RegulatorSnapshot | None,
+) -> MonitoringUpdate:
+    """The event's contents from two readings ``elapsed_s`` apart and the regulator's view.
+
+    Without an earlier reading, rates are 0.
+    """
+    success_rps = _per_second(now.num_resized, before.num_resized if before else None, elapsed_s)
+    error_rps = _per_second(now.resize_errors, before.resize_errors if before else None, elapsed_s)
+    split_rate = _per_second(now.num_split, before.num_split if before else None, elapsed_s)
+    rates: Mapping[str, float] = snapshot.rates if snapshot else {}
+    tripped = (snapshot.halted | snapshot.temp_halted) if snapshot else frozenset()
+    last_statuses: Mapping[str, Mapping[str, int]] = snapshot.last_statuses if snapshot else {}
+    general = {
+        "global_max_rps": round(
+            sum((rate for source, rate in rates.items() if source not in tripped), 0.0), 6
+        ),
+        "error_rps": error_rps,
+        "processing_rate": round(success_rps + error_rps, 6),
+        "success_rps": success_rps,
+        "circuit_breaker_tripped": sorted(tripped),
+        "num_resized": now.num_resized,
+        "resize_errors": now.resize_errors,
+        "split_rate": split_rate,
+    }
+    specific: dict[str, dict[str, Any]] = {}
+    for source in sorted(set(rates) | tripped | set(now.successful) | set(now.errors)):
+        successful = now.successful.get(source, 0)
+        error = now.errors.get(source, 0)
+        last = dict(sorted(last_statuses.get(source, {}).items()))
+        if not (successful or error or last or source in tripped):
+            continue
+        specific[source] = {
+            "successful": successful,
+            "error": error,
+            "last_50_statuses": last,
+            "rate_limit": rates.get(source, 0.0),
+        }
+    return MonitoringUpdate(general=general, specific=specific)
+
+
+def _int(value: object) -> int:
+    if value is None:
+        return 0
+    try:
+        return int(str(value))
+    except ValueError:
+        return 0
+
+
+async def read_counters(redis: aioredis.Redis, sources: list[str]) -> Counters:
+    """Global and per-source counters in one pipelined round trip."""
+    async with redis.pipeline(transaction=False) as pipe:
+        pipe.get(NUM_RESIZED)
+        pipe.get(RESIZE_ERRORS)
+        pipe.get(NUM_SPLIT)
+        if sources:
+            pipe.mget([num_resized_key(s) for s in sources])
+            pipe.mget([resize_errors_key(s) for s in sources])
+        replies = await pipe.execute()
+    successful: dict[str, int] = {}
+    errors: dict[str, int] = {}
+    if sources:
+        successful = {s: n for s, v in zip(sources, replies[3], strict=True) if (n := _int(v))}
+        errors = {s: n for s, v in zip(sources, replies[4], strict=True) if (n := _int(v))}
+    return Counters(
+        num_resized=_int(replies[0]),
+        resize_errors=_int(replies[1]),
+        num_split=_int(replies[2]),
+        successful=successful,
+        errors=errors,
+    )
+
+
+class MonitoringLog:
+    """Logs ``monitoring_update`` every ``interval_s`` until stopped."""
+
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        snapshot: Callable[[], RegulatorSnapshot | None],
+        interval_s: float,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._redis = redis
+        self._snapshot = snapshot
+        self._interval_s = interval_s
+        self._clock = clock
+        self._before: Counters | None = None
+        self._before_at = 0.0
+
+    async def report(self) -> MonitoringUpdate:
+        """Read the counters, log one ``monitoring_update`` and return its contents."""
+        snapshot = self._snapshot()
+        sources: set[str] = set()
+        if snapshot is not None:
+            sources = set(snapshot.rates) | snapshot.halted | snapshot.temp_halted
+        now = await read_counters(self._redis, sorted(sources))
+        at = self._clock()
+        update = build_update(now, self._before, at - self._before_at, snapshot)
+        self._before, self._before_at = now, at
+        log.info("monitoring_update", general=update.general, specific=update.specific)
+        return update
+
+    async def baseline(self) -> None:
+        """Take the first reading, so that the first event's rates cover one interval."""
+        self._before = await read_counters(self._redis, [])
+        self._before_at = self._clock()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        with contextlib.suppress(RedisError):
+            await self.baseline()
+        origin = time.monotonic()
+        while True:
+            wake_at = next_tick_at(origin, time.monotonic(), self._interval_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), wake_at - time.monotonic())
+            if stop.is_set():
+                return
+            try:
+                await self.report()
+            except RedisError as e:
+                log.warning("redis_unavailable", op="monitoring_update", error=repr(e))
+            except Exception:
+                log.exception("monitoring_error")

@@ -1,0 +1,241 @@
+"""The rate regulator: every second, refill each known source's token bucket and run its
+circuit breakers.
+
+One loop (``tick``) reads the state of every known source in one round trip, decides in
+Python (``rates``, ``breakers``) and writes every bucket and halt in one more. Buckets are
+SET with a short expiry (``token_ttl_ms``), so that when the monitor dies or cannot reach
+Redis no source keeps a token for long: crawling fails closed.
+
+Per source and second:
+
+- the rate is the computed one (from its image count) unless an operator override
+  (``override_rate:``, or ``override-rate:``) holds a valid rate; overrides are read
+  every loop, so a change applies within a second;
+- a source in ``halted`` or ``temp_halted`` gets a bucket of 0; others get their
+  ``TokenSchedule``'s share of the second;
+- the breakers trip on the 60 s window and the last 50 statuses (see ``breakers``); each
+  trip logs one ``crawl_halted`` event.
+
+Resuming after a permanent halt: the operator's procedure (``smembers halted``; ``set
+override_rate:{source} N``; ``del statuslast50req:{source}``; ``srem halted {source}``)
+leaves the 60 s window full of the errors that caused the halt, which would trip a
+temporary halt again for up to a minute. So when a source that was in ``halted`` in the
+previous loop is not any more, the regulator deletes its ``status60s:`` window (the
+operator's resume starts its error windows afresh), lifts any temporary halt, and logs
+``crawl_resumed``; the source gets tokens at its (possibly overridden) rate in that same
+loop. A resume made while no monitor was running is not seen this way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import time
+from collections.abc import Callable, Mapping
+
+from redis.exceptions import RedisError
+
+from crawl_monitor.breakers import WINDOW_S, BreakerDecision, HaltType, decide, halt_message
+from crawl_monitor.rates import TokenSchedule, choose_rate, next_tick_at
+from crawl_monitor.store import EMPTY_SOURCE, ObservedState, RegulatorStore, Writes
+from image_crawler.contract import OVERRIDE_RATE_ALIAS_PREFIX, OVERRIDE_RATE_PREFIX
+from image_crawler.logs import get_logger
+
+log = get_logger(__name__)
+
+MAX_BACKOFF_S = 8.0
+_NO_CHANGE = BreakerDecision(
+    temp_halted=False, trips_temporary=False, lifts_temporary=False, trips_permanent=False
+)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RegulatorSettings:
+    period_s: float = 1.0
+    token_ttl_ms: int = 1500
+    window_s: float = WINDOW_S
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RegulatorSnapshot:
+    """What the last completed loop saw and decided (read by the monitoring log)."""
+
+    # Effective rate (requests/s) of every known source, overrides applied.
+    rates: Mapping[str, float]
+    # Bucket value given to each known source this second.
+    tokens: Mapping[str, int]
+    halted: frozenset[str]
+    temp_halted: frozenset[str]
+    # Histogram of each source's last 50 statuses (sources with none left out).
+    last_statuses: Mapping[str, Mapping[str, int]]
+
+
+class Regulator:
+    """Refills buckets and runs breakers for the sources ``computed_rates()`` returns."""
+
+    def __init__(
+        self,
+        store: RegulatorStore,
+        computed_rates: Callable[[], Mapping[str, float]],
+        settings: RegulatorSettings = RegulatorSettings(),
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._store = store
+        self._computed_rates = computed_rates
+        self._settings = settings
+        # Wall clock: window scores are Unix times written by every worker host.
+        self._clock = clock
+        self._schedules: dict[str, TokenSchedule] = {}
+        self._previously_halted: frozenset[str] | None = None
+        self._reported_overrides: dict[str, str] = {}
+        self._reported_key_errors: set[str] = set()
+        self.snapshot: RegulatorSnapshot | None = None
+
+    async def tick(self) -> RegulatorSnapshot:
+        """One loop: read, decide, write. Raises ``RedisError`` when Redis is away."""
+        computed = dict(self._computed_rates())
+        sources = sorted(computed)
+        observed = await self._store.read(sources, self._clock() - self._settings.window_s)
+        self._report_key_errors(observed)
+
+        resumed: frozenset[str] = frozenset()
+        if self._previously_halted is not None:
+            resumed = self._previously_halted - observed.halted
+
+        rates: dict[str, float] = {}
+        tokens: dict[str, int] = {}
+        decisions: dict[str, BreakerDecision] = {}
+        for source in sources:
+            state = observed.sources.get(source)
+            if state is None and source not in observed.temp_halted:
+                # Nothing in Redis about it (the common case): no override, no trip.
+                rate = computed[source]
+                decision = _NO_CHANGE
+                self._report_override(source, {})
+            else:
+                state = state or EMPTY_SOURCE
+                choice = choose_rate(computed[source], state.override, state.override_alias)
+                self._report_override(source, choice.ignored)
+                rate = choice.rate_rps
+                decision = decide(
+                    {} if source in resumed else state.window,
+                    state.last_statuses,
+                    temp_halted=source in observed.temp_halted,
+                    halted=source in observed.halted,
+                )
+            rates[source] = rate
+            decisions[source] = decision
+            schedule = self._schedules.get(source)
+            if schedule is None:
+                schedule = self._schedules[source] = TokenSchedule()
+            if source in observed.halted or decision.trips_permanent or decision.temp_halted:
+                schedule.reset()
+                tokens[source] = 0
+            else:
+                tokens[source] = schedule.next_refill(rate, self._settings.period_s)
+        for gone in self._schedules.keys() - computed.keys():
+            del self._schedules[gone]
+
+        halt = {s for s, d in decisions.items() if d.trips_permanent}
+        temp_halt = {s for s, d in decisions.items() if d.trips_temporary}
+        lift = {s for s, d in decisions.items() if d.lifts_temporary}
+        # Temporary halts of sources no longer known (they get no tokens anyway).
+        lift |= observed.temp_halted - computed.keys()
+        await self._store.write(
+            Writes(
+                tokens=tokens,
+                rates=rates,
+                halt=halt,
+                temp_halt=temp_halt,
+                lift_temp_halt=lift,
+                clear_window=resumed,
+            ),
+            self._settings.token_ttl_ms,
+        )
+
+        # Reported only once written: a failed write is decided (and reported) again.
+        for source in sorted(resumed):
+            log.info("crawl_resumed", source=source, rate_rps=rates.get(source))
+        for source in sorted(temp_halt):
+            self._report_halt(source, "temporary", observed.of(source).window)
+        for source in sorted(halt):
+            self._report_halt(source, "permanent", observed.of(source).last_statuses)
+        for source in sorted(lift):
+            log.info("temporary_halt_lifted", source=source)
+
+        halted_now = observed.halted | halt
+        self._previously_halted = halted_now
+        self.snapshot = RegulatorSnapshot(
+            rates=rates,
+            tokens=tokens,
+            halted=halted_now,
+            temp_halted=(observed.temp_halted | temp_halt) - lift,
+            last_statuses={
+                s: state.last_statuses
+                for s, state in observed.sources.items()
+                if state.last_statuses
+            },
+        )
+        return self.snapshot
+
+    @staticmethod
+    def _report_halt(source: str, halt_type: HaltType, histogram: Mapping[str, int]) -> None:
+        log.warning(
+            "crawl_halted",
+            type=halt_type,
+            source=source,
+            msg=halt_message(source, halt_type, histogram),
+        )
+
+    def _report_override(self, source: str, ignored: Mapping[str, str]) -> None:
+        if not ignored and not self._reported_overrides:
+            return
+        for prefix in (OVERRIDE_RATE_PREFIX, OVERRIDE_RATE_ALIAS_PREFIX):
+            key = f"{prefix}{source}"
+            raw = ignored.get(prefix)
+            if raw is None:
+                self._reported_overrides.pop(key, None)
+            elif self._reported_overrides.get(key) != raw:
+                self._reported_overrides[key] = raw
+                log.warning("override_ignored", key=key, value=raw, reason="not a rate >= 0")
+
+    def _report_key_errors(self, observed: ObservedState) -> None:
+        for state in observed.sources.values():
+            for error in state.errors:
+                if error not in self._reported_key_errors:
+                    self._reported_key_errors.add(error)
+                    log.warning("redis_key_unreadable", error=error)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Tick on a fixed grid of ``period_s`` (monotonic clock) until ``stop`` is set.
+
+        While Redis is away no bucket is refilled (they expire: fail closed); attempts back
+        off up to ``MAX_BACKOFF_S``. Any other error is logged with its traceback and the
+        loop goes on.
+        """
+        period_s = self._settings.period_s
+        origin = time.monotonic()
+        failures = 0
+        while not stop.is_set():
+            started = time.monotonic()
+            try:
+                await self.tick()
+            except RedisError as e:
+                failures += 1
+                log.warning("redis_unavailable", op="regulate", error=repr(e), failures=failures)
+            except Exception:
+                failures += 1
+                log.exception("regulator_error", failures=failures)
+            else:
+                failures = 0
+            took_s = time.monotonic() - started
+            if took_s > period_s:
+                log.warning("regulator_slow", took_s=round(took_s, 3), period_s=period_s)
+            # Normally the next tick of the grid; after failures, a tick 1, 2, 4, 8 s away.
+            backoff_s = min(period_s * 2 ** (failures - 1), MAX_BACKOFF_S) if failures else 0.0
+            skip_s = max(0.0, backoff_s - period_s)
+            wake_at = next_tick_at(origin, time.monotonic() + skip_s, period_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), max(0.0, wake_at - time.monotonic()))

@@ -1,0 +1,95 @@
+"""The monitor's settings: one frozen dataclass, built once from the environment.
+
+| variable | default | meaning |
+| --- | --- | --- |
+| ``KAFKA_HOSTS`` | ``kafka:9092`` | bootstrap servers |
+| ``REDIS_URL`` / ``REDIS_HOST`` / ``REDIS_PORT`` | ``redis:6379`` | see ``RedisSettings`` |
+| ``SOURCES_FILE`` | unset | JSON list of ``{"source_name", "image_count"}`` (must exist) |
+| ``SOURCES_URL`` | unset | http(s) endpoint with the same list (``media_count`` accepted) |
+| ``SOURCES_REFRESH_SECONDS`` | ``1800`` | how often the source list is re-read |
+| ``SOURCES_TIMEOUT_SECONDS`` | ``30`` | limit of one request to ``SOURCES_URL`` |
+| ``LOG_FREQUENCY_SECONDS`` | ``5`` | interval of ``monitoring_update`` events |
+| ``SOURCE_TOPIC_PARTITIONS`` | ``4`` | partitions of a new ``urls.{source}`` topic |
+| ``SOURCE_TOPIC_REPLICATION_FACTOR`` | ``1`` | its replication factor |
+| ``SPLITTER_BATCH_SIZE`` | ``500`` | most inbound messages split per batch |
+| ``TOKEN_TTL_MS`` | ``1500`` | expiry of each token bucket SET; no monitor, no tokens after this |
+| ``REDIS_TIMEOUT_SECONDS`` | ``5`` | socket timeout of Redis commands |
+| ``LOG_LEVEL`` | ``INFO`` | |
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from image_crawler.config import (
+    ConfigError,
+    KafkaSettings,
+    RedisSettings,
+    env_float,
+    env_int,
+    env_optional,
+    env_str,
+)
+
+# The contract: buckets are refilled every second.
+REFILL_PERIOD_S = 1.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MonitorSettings:
+    kafka: KafkaSettings = dataclasses.field(default_factory=KafkaSettings)
+    redis: RedisSettings = dataclasses.field(default_factory=RedisSettings)
+    sources_file: Path | None = None
+    sources_url: str | None = None
+    sources_refresh_s: float = 1800.0
+    sources_timeout_s: float = 30.0
+    log_frequency_s: float = 5.0
+    source_topic_partitions: int = 4
+    source_topic_replication_factor: int = 1
+    splitter_batch_size: int = 500
+    # A bucket SET expires after this; it must outlive one refill period.
+    token_ttl_ms: int = 1500
+    refill_period_s: float = REFILL_PERIOD_S
+    redis_timeout_s: float = 5.0
+    log_level: str = "INFO"
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> MonitorSettings:
+        """Read every setting; raises ``ConfigError`` naming the first bad variable."""
+        env = os.environ if env is None else env
+        sources_file = env_optional(env, "SOURCES_FILE")
+        if sources_file is not None and not Path(sources_file).is_file():
+            raise ConfigError(f"SOURCES_FILE is not a readable file: {sources_file!r}")
+        sources_url = env_optional(env, "SOURCES_URL")
+        if sources_url is not None and not sources_url.startswith(("http://", "https://")):
+            raise ConfigError(f"SOURCES_URL must start with http:// or https://: {sources_url!r}")
+        token_ttl_ms = env_int(env, "TOKEN_TTL_MS", 1500, minimum=1)
+        if token_ttl_ms < REFILL_PERIOD_S * 1000:
+            raise ConfigError(
+                f"TOKEN_TTL_MS must be at least {int(REFILL_PERIOD_S * 1000)} (one refill "
+                f"period), or buckets empty between refills; got {token_ttl_ms}"
+            )
+        log_level = env_str(env, "LOG_LEVEL", "INFO").upper()
+        if log_level not in logging.getLevelNamesMapping():
+            raise ConfigError(f"LOG_LEVEL is not a log level: {log_level!r}")
+        return cls(
+            kafka=KafkaSettings.from_env(env),
+            redis=RedisSettings.from_env(env),
+            sources_file=Path(sources_file) if sources_file is not None else None,
+            sources_url=sources_url,
+            sources_refresh_s=env_float(env, "SOURCES_REFRESH_SECONDS", 1800.0, minimum=0.05),
+            sources_timeout_s=env_float(env, "SOURCES_TIMEOUT_SECONDS", 30.0, minimum=0.1),
+            log_frequency_s=env_float(env, "LOG_FREQUENCY_SECONDS", 5.0, minimum=0.05),
+            source_topic_partitions=env_int(env, "SOURCE_TOPIC_PARTITIONS", 4, minimum=1),
+            source_topic_replication_factor=env_int(
+                env, "SOURCE_TOPIC_REPLICATION_FACTOR", 1, minimum=1
+            ),
+            splitter_batch_size=env_int(env, "SPLITTER_BATCH_SIZE", 500, minimum=1),
+            token_ttl_ms=token_ttl_ms,
+            redis_timeout_s=env_float(env, "REDIS_TIMEOUT_SECONDS", 5.0, minimum=0.1),
+            log_level=log_level,
+        )

@@ -1,0 +1,244 @@
+"""The splitter: ``inbound_images`` into one queue per source, ``urls.{source}``.
+
+Each message loses its ``source`` field (the topic says it), keeps ``attempts``, and is
+keyed by its uuid. Work goes in batches: fetch up to ``batch_size`` messages, produce
+them all (acks=all), wait for every acknowledgement, record the batch's sources and
+counts in Redis in one round trip, and only then commit the inbound offsets. A crash at
+any point re-splits at most one batch (at least once, never lost).
+
+A message that cannot be parsed, lacks a field, or names a source that cannot be part of
+a Kafka topic name is logged (``malformed_message``), counted (``num_malformed``) and
+dead-lettered to ``crawl_errors``; it never stops the messages behind it.
+
+A source's topic is created (``SOURCE_TOPIC_PARTITIONS`` partitions) the first time the
+splitter sees the source, since a production cluster may not auto-create topics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Final
+
+import redis.asyncio as aioredis
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaError
+from redis.exceptions import RedisError
+
+from image_crawler.contract import (
+    CRAWL_ERRORS_TOPIC,
+    INBOUND_SOURCES_SET,
+    INBOUND_TOPIC,
+    MAX_SOURCE_NAME_LENGTH,
+    NUM_MALFORMED,
+    NUM_SPLIT,
+    InboundImage,
+    MalformedMessage,
+    SourceTask,
+    UnparseableMessage,
+    is_valid_source_name,
+    source_topic,
+)
+from image_crawler.logs import get_logger
+
+log = get_logger(__name__)
+
+# Kafka's error code for "topic already exists".
+TOPIC_ALREADY_EXISTS: Final = 36
+MAX_BACKOFF_S: Final = 5.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Split:
+    """A message bound for its source's queue."""
+
+    source: str
+    task: SourceTask
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Rejected:
+    """A message that cannot be split, and why."""
+
+    error: str
+
+
+def route(raw: bytes | None) -> Split | Rejected:
+    """Where one ``inbound_images`` message goes. Source names are lower-cased."""
+    try:
+        message = InboundImage.from_json(raw or b"")
+    except MalformedMessage as e:
+        return Rejected(str(e))
+    source = message.source.lower()
+    if not is_valid_source_name(source):
+        return Rejected(
+            f"source {source[:100]!r} cannot name a Kafka topic (at most "
+            f"{MAX_SOURCE_NAME_LENGTH} of a-z 0-9 . _ -)"
+        )
+    return Split(source, message.to_source_task())
+
+
+class TopicCreator:
+    """Creates ``urls.{source}`` topics once per process; an existing topic is fine."""
+
+    def __init__(
+        self, admin: AIOKafkaAdminClient, *, partitions: int, replication_factor: int
+    ) -> None:
+        self._admin = admin
+        self._partitions = partitions
+        self._replication_factor = replication_factor
+        self._known: set[str] = set()
+
+    async def ensure(self, topics: Iterable[str]) -> None:
+        """Create the topics not seen before. Raises ``KafkaError`` when Kafka is away."""
+        missing = sorted(set(topics) - self._known)
+        if not missing:
+            return
+        response = await self._admin.create_topics(
+            [NewTopic(name, self._partitions, self._replication_factor) for name in missing]
+        )
+        failed = {}
+        for entry in getattr(response, "topic_errors", ()):
+            topic, code = entry[0], entry[1]
+            if code not in (0, TOPIC_ALREADY_EXISTS):
+                failed[topic] = code
+            elif code == 0:
+                log.info("topic_created", topic=topic, partitions=self._partitions)
+        if failed:
+            # Producing may still work (auto-creation); the next batch tries again.
+            log.warning("topic_create_failed", errors=failed)
+        self._known.update(t for t in missing if t not in failed)
+
+
+class Splitter:
+    """Runs the batches; see the module docstring."""
+
+    def __init__(
+        self,
+        consumer: AIOKafkaConsumer,
+        producer: AIOKafkaProducer,
+        redis: aioredis.Redis,
+        topics: TopicCreator,
+        *,
+        batch_size: int = 500,
+        poll_timeout_s: float = 0.5,
+    ) -> None:
+        self._consumer = consumer
+        self._producer = producer
+        self._redis = redis
+        self._topics = topics
+        self._batch_size = batch_size
+        self._poll_timeout_s = poll_timeout_s
+        self.split = 0
+        self.malformed = 0
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Split until ``stop`` is set; the batch in hand is finished and committed first."""
+        backoff_s = 0.1
+        while not stop.is_set():
+            batch: Mapping[TopicPartition, Sequence[Any]] = {}
+            try:
+                batch = await self._consumer.getmany(
+                    timeout_ms=int(self._poll_timeout_s * 1000), max_records=self._batch_size
+                )
+                if batch:
+                    await self.split_batch(batch, stop)
+                backoff_s = 0.1
+            except KafkaError as e:
+                log.warning("kafka_unavailable", op="split", error=repr(e))
+                self._rewind(batch)
+                await _wait(stop, backoff_s)
+                backoff_s = min(backoff_s * 2, MAX_BACKOFF_S)
+            except Exception:
+                log.exception("splitter_error")
+                self._rewind(batch)
+                await _wait(stop, backoff_s)
+                backoff_s = min(backoff_s * 2, MAX_BACKOFF_S)
+
+    async def split_batch(
+        self, batch: Mapping[TopicPartition, Sequence[Any]], stop: asyncio.Event
+    ) -> None:
+        """Produce, acknowledge, count, commit one batch of ``inbound_images`` records."""
+        routed = [
+            (tp, record, route(record.value)) for tp, records in batch.items() for record in records
+        ]
+        sources = sorted({r.source for _, _, r in routed if isinstance(r, Split)})
+        await self._topics.ensure(source_topic(s) for s in sources)
+
+        acks = []
+        for tp, record, result in routed:
+            if isinstance(result, Split):
+                value = result.task.to_json()
+                acks.append(
+                    await self._producer.send(
+                        source_topic(result.source), value, key=result.task.uuid.encode()
+                    )
+                )
+            else:
+                log.warning(
+                    "malformed_message",
+                    topic=tp.topic,
+                    partition=tp.partition,
+                    offset=record.offset,
+                    error=result.error,
+                )
+                dead_letter = UnparseableMessage.from_raw(record.value, result.error, INBOUND_TOPIC)
+                acks.append(await self._producer.send(CRAWL_ERRORS_TOPIC, dead_letter.to_json()))
+        # Every acknowledgement settles before deciding: one failure sends the batch again.
+        for outcome in await asyncio.gather(*acks, return_exceptions=True):
+            if isinstance(outcome, BaseException):
+                raise outcome
+
+        split = sum(1 for _, _, r in routed if isinstance(r, Split))
+        malformed = len(routed) - split
+        if not await self._count(sources, split, malformed, stop):
+            # Stopping while Redis is away: not committed, so split again next time.
+            return
+        self.split += split
+        self.malformed += malformed
+        offsets = {tp: records[-1].offset + 1 for tp, records in batch.items() if records}
+        try:
+            await self._consumer.commit(offsets)
+        except KafkaError as e:
+            # E.g. a rebalance took the partitions: their next owner splits them again.
+            log.warning("commit_failed", error=repr(e), partitions=len(offsets))
+            return
+        log.debug("batch_split", split=split, malformed=malformed, sources=len(sources))
+
+    async def _count(
+        self, sources: Sequence[str], split: int, malformed: int, stop: asyncio.Event
+    ) -> bool:
+        """Record the batch in Redis (retrying while Redis is away); False if stopped first."""
+        backoff_s = 0.1
+        while True:
+            try:
+                async with self._redis.pipeline(transaction=False) as pipe:
+                    if sources:
+                        pipe.sadd(INBOUND_SOURCES_SET, *sources)
+                    if split:
+                        pipe.incrby(NUM_SPLIT, split)
+                    if malformed:
+                        pipe.incrby(NUM_MALFORMED, malformed)
+                    await pipe.execute()
+                return True
+            except RedisError as e:
+                log.warning("redis_unavailable", op="record_split", error=repr(e))
+                if stop.is_set():
+                    return False
+                await _wait(stop, backoff_s)
+                backoff_s = min(backoff_s * 2, MAX_BACKOFF_S)
+
+    def _rewind(self, batch: Mapping[TopicPartition, Sequence[Any]]) -> None:
+        """Fetch an unfinished batch again (its partitions that are still ours)."""
+        assigned = self._consumer.assignment()
+        for tp, records in batch.items():
+            if records and tp in assigned:
+                self._consumer.seek(tp, records[0].offset)
+
+
+async def _wait(stop: asyncio.Event, timeout_s: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), timeout_s)

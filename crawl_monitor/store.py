@@ -1,0 +1,239 @@
+"""The regulator's Redis seam: one round trip to read a second's state, one to write it.
+
+With thousands of sources, one command per source and key is too slow even pipelined
+(redis-py spends ~1 s encoding and parsing 50,000 commands). So each direction is a
+single Lua script call whose argument and answer are one JSON document each: Redis
+walks the sources, Python parses one string. The scripts only gather and apply; every
+decision is made in Python. Key prefixes come from ``image_crawler.contract``.
+
+Reading is atomic, so the halted sets, windows and overrides seen together are one
+consistent snapshot; so is writing. Keys are built inside the scripts, which is fine for
+a single Redis server (not for Redis Cluster).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any, Final, Protocol
+
+import redis.asyncio as aioredis
+
+from image_crawler.contract import (
+    HALTED_SET,
+    LAST_50_PREFIX,
+    RATES_HASH,
+    LAST_N_STATUSES,
+    OVERRIDE_RATE_ALIAS_PREFIX,
+    OVERRIDE_RATE_PREFIX,
+    STATUS_60S_PREFIX,
+    TEMP_HALTED_SET,
+    TOKENS_PREFIX,
+)
+
+# KEYS: halted, temp_halted.
+# ARGV: JSON list of sources, window start (Unix s), then the key prefixes of the 60 s
+# window, the last-N list, both override keys, and N.
+# Answers JSON {"h": halted, "t": temp_halted, "s": {source: {"w": window histogram,
+# "l": last-N histogram, "o": override, "a": alias, "x": [errors]}}}, sources with
+# nothing to report left out. A key of the wrong type is reported in "x", not fatal.
+_READ_SCRIPT: Final = """
+local sources = cjson.decode(ARGV[1])
+local since = ARGV[2]
+local window_prefix, last_prefix = ARGV[3], ARGV[4]
+local override_prefix, alias_prefix = ARGV[5], ARGV[6]
+local last_n = -tonumber(ARGV[7])
+local pcall_redis, find, sub, next = redis.pcall, string.find, string.sub, next
+
+local function call(errors, command, key, ...)
+  local reply = pcall_redis(command, key, ...)
+  if type(reply) == 'table' and reply.err then
+    errors[#errors + 1] = key .. ': ' .. reply.err
+    return nil
+  end
+  return reply
+end
+
+local function histogram(items, strip_time)
+  if #items == 0 then return nil end
+  local counts = {}
+  for i = 1, #items do
+    local status = items[i]
+    if strip_time then
+      local colon = find(status, ':', 1, true)
+      if colon then status = sub(status, 1, colon - 1) end
+    end
+    counts[status] = (counts[status] or 0) + 1
+  end
+  return counts
+end
+
+local found = {}
+for _, source in ipairs(sources) do
+  local entry, errors = {}, {}
+  local window = call(errors, 'ZRANGEBYSCORE', window_prefix .. source, since, '+inf')
+  if window then entry.w = histogram(window, true) end
+  local last = call(errors, 'LRANGE', last_prefix .. source, last_n, -1)
+  if last then entry.l = histogram(last, false) end
+  local override = call(errors, 'GET', override_prefix .. source)
+  if override then entry.o = override end
+  local alias = call(errors, 'GET', alias_prefix .. source)
+  if alias then entry.a = alias end
+  if #errors > 0 then entry.x = errors end
+  if next(entry) ~= nil then found[source] = entry end
+end
+return cjson.encode({
+  h = redis.call('SMEMBERS', KEYS[1]),
+  t = redis.call('SMEMBERS', KEYS[2]),
+  s = found,
+})
+"""
+
+# KEYS: halted, temp_halted, crawl_rates.
+# ARGV: JSON plan {"tokens": {source: "n"}, "rates": {source: "r"}, "halt": [...],
+# "temp_halt": [...], "lift": [...], "clear_window": [...]}, bucket TTL (ms), tokens
+# prefix, window prefix. A source in `halted` when this runs gets 0 whatever the plan
+# says; crawl_rates is replaced whole. Answers the number of buckets set.
+_WRITE_SCRIPT: Final = """
+local plan = cjson.decode(ARGV[1])
+local ttl, tokens_prefix, window_prefix = ARGV[2], ARGV[3], ARGV[4]
+for _, source in ipairs(plan.halt) do redis.call('SADD', KEYS[1], source) end
+for _, source in ipairs(plan.temp_halt) do redis.call('SADD', KEYS[2], source) end
+for _, source in ipairs(plan.lift) do redis.call('SREM', KEYS[2], source) end
+for _, source in ipairs(plan.clear_window) do redis.call('DEL', window_prefix .. source) end
+redis.call('DEL', KEYS[3])
+for source, rate in pairs(plan.rates) do redis.call('HSET', KEYS[3], source, rate) end
+local set = 0
+for source, tokens in pairs(plan.tokens) do
+  if redis.call('SISMEMBER', KEYS[1], source) == 1 then tokens = '0' end
+  redis.call('SET', tokens_prefix .. source, tokens, 'PX', ttl)
+  set = set + 1
+end
+return set
+"""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SourceState:
+    """What Redis holds about one source (histograms map status -> count)."""
+
+    window: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    last_statuses: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    override: str | None = None
+    override_alias: str | None = None
+    # Keys that could not be read (e.g. of the wrong type), with Redis' error.
+    errors: tuple[str, ...] = ()
+
+
+EMPTY_SOURCE: Final = SourceState()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ObservedState:
+    """One consistent reading of the halted sets and every requested source."""
+
+    halted: frozenset[str]
+    temp_halted: frozenset[str]
+    sources: Mapping[str, SourceState]
+
+    def of(self, source: str) -> SourceState:
+        return self.sources.get(source, EMPTY_SOURCE)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Writes:
+    """One second's decisions, applied together."""
+
+    tokens: Mapping[str, int]
+    # Effective rate (requests/s) of every known source, for crawl_rates.
+    rates: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    halt: Collection[str] = ()
+    temp_halt: Collection[str] = ()
+    lift_temp_halt: Collection[str] = ()
+    clear_window: Collection[str] = ()
+
+
+class RegulatorStore(Protocol):
+    async def read(self, sources: Sequence[str], window_start_s: float) -> ObservedState: ...
+
+    async def write(self, writes: Writes, token_ttl_ms: int) -> int: ...
+
+
+def _histogram(value: Any) -> dict[str, int]:
+    # The script writes status -> integer count, and leaves empty histograms out.
+    return value if isinstance(value, dict) else {}
+
+
+def _members(value: Any) -> frozenset[str]:
+    # An empty set comes back as {} (cjson cannot tell an empty list from an empty object).
+    return frozenset(value) if isinstance(value, list) else frozenset()
+
+
+def decode_observed(raw: str | bytes) -> ObservedState:
+    """The read script's JSON answer as an ``ObservedState``."""
+    document = json.loads(raw)
+    sources: dict[str, SourceState] = {}
+    entries = document.get("s")
+    if isinstance(entries, dict):
+        for source, entry in entries.items():
+            sources[source] = SourceState(
+                window=_histogram(entry.get("w")),
+                last_statuses=_histogram(entry.get("l")),
+                override=entry.get("o"),
+                override_alias=entry.get("a"),
+                errors=tuple(entry.get("x") or ()),
+            )
+    return ObservedState(
+        halted=_members(document.get("h")),
+        temp_halted=_members(document.get("t")),
+        sources=sources,
+    )
+
+
+class RedisRegulatorStore:
+    """The real ``RegulatorStore``; counts its round trips (``round_trips``)."""
+
+    def __init__(self, redis: aioredis.Redis) -> None:
+        self._read = redis.register_script(_READ_SCRIPT)
+        self._write = redis.register_script(_WRITE_SCRIPT)
+        self.round_trips = 0
+
+    async def read(self, sources: Sequence[str], window_start_s: float) -> ObservedState:
+        """Halted sets, 60 s windows, last-50 lists and overrides of ``sources``."""
+        raw = await self._call(
+            self._read,
+            [HALTED_SET, TEMP_HALTED_SET],
+            [
+                json.dumps(list(sources)),
+                repr(window_start_s),
+                STATUS_60S_PREFIX,
+                LAST_50_PREFIX,
+                OVERRIDE_RATE_PREFIX,
+                OVERRIDE_RATE_ALIAS_PREFIX,
+                LAST_N_STATUSES,
+            ],
+        )
+        return decode_observed(raw)
+
+    async def write(self, writes: Writes, token_ttl_ms: int) -> int:
+        """Apply ``writes``; every bucket is SET with an expiry of ``token_ttl_ms``."""
+        plan = {
+            "tokens": {source: str(n) for source, n in writes.tokens.items()},
+            "rates": {source: repr(float(r)) for source, r in writes.rates.items()},
+            "halt": sorted(writes.halt),
+            "temp_halt": sorted(writes.temp_halt),
+            "lift": sorted(writes.lift_temp_halt),
+            "clear_window": sorted(writes.clear_window),
+        }
+        result = await self._call(
+            self._write,
+            [HALTED_SET, TEMP_HALTED_SET, RATES_HASH],
+            [json.dumps(plan), token_ttl_ms, TOKENS_PREFIX, STATUS_60S_PREFIX],
+        )
+        return int(result)
+
+    async def _call(self, script: Any, keys: list[str], args: list[Any]) -> Any:
+        # EVALSHA; redis-py loads the script and retries once after NOSCRIPT.
+        self.round_trips += 1
+        return await script(keys=keys, args=args)

@@ -1,0 +1,272 @@
+"""The regulator's loop, one tick at a time, against a real redis-server.
+
+Each test drives ``Regulator.tick()`` itself (a controllable tick) and reads the keys a
+worker would read. The wall clock of the 60 s window is injected where time must pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from redis.asyncio import Redis
+from structlog.testing import capture_logs
+
+from crawl_monitor.regulator import Regulator, RegulatorSettings
+from crawl_monitor.store import RedisRegulatorStore, Writes
+from image_crawler import contract as c
+from test.services import wait_for
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def rates() -> dict[str, float]:
+    return {}
+
+
+@pytest.fixture
+def regulator(redis: Redis, rates, clock) -> Regulator:
+    return Regulator(RedisRegulatorStore(redis), lambda: rates, RegulatorSettings(), clock=clock)
+
+
+async def bucket(redis: Redis, source: str) -> int | None:
+    value = await redis.get(c.tokens_key(source))
+    return None if value is None else int(value)
+
+
+async def add_statuses(redis: Redis, source: str, statuses: list[str], at: float) -> None:
+    """Write statuses into the 60 s window and the last-50 list, as a worker does."""
+    members = {c.window_member(s, at - i * 0.001): at - i * 0.001 for i, s in enumerate(statuses)}
+    await redis.zadd(f"{c.STATUS_60S_PREFIX}{source}", members)
+    await redis.rpush(c.last50_key(source), *statuses)
+    await redis.ltrim(c.last50_key(source), -50, -1)
+
+
+def events(logs, name, **fields):
+    return [e for e in logs if e["event"] == name and all(e.get(k) == v for k, v in fields.items())]
+
+
+async def test_buckets_over_several_seconds(redis, regulator, rates):
+    rates.update({"slow": 0.2, "fast": 50.0, "half": 2.5})
+    seen: dict[str, list[int | None]] = {s: [] for s in rates}
+    for _ in range(10):
+        await regulator.tick()
+        for source in rates:
+            seen[source].append(await bucket(redis, source))
+            ttl_ms = await redis.pttl(c.tokens_key(source))
+            assert 0 < ttl_ms <= 1500
+        # A worker overdraws the fast bucket; the next refill starts from the rate again.
+        await redis.decrby(c.tokens_key("fast"), 70)
+    assert seen["slow"] == [0, 0, 0, 0, 1, 0, 0, 0, 0, 1]
+    assert seen["fast"] == [50] * 10
+    assert seen["half"] == [2, 3] * 5
+    assert regulator.snapshot is not None
+    assert regulator.snapshot.rates == rates
+
+
+async def test_unknown_sources_get_no_bucket(redis, regulator, rates):
+    rates["known"] = 1.0
+    await redis.sadd(c.INBOUND_SOURCES_SET, "known", "stranger")
+    await regulator.tick()
+    assert await bucket(redis, "known") == 1
+    assert await redis.exists(c.tokens_key("stranger")) == 0
+    assert await redis.hgetall(c.RATES_HASH) == {"known": "1.0"}
+
+
+async def test_overrides_and_their_alias_apply_on_the_next_loop(redis, regulator, rates):
+    rates["src"] = 3.0
+    await regulator.tick()
+    assert await bucket(redis, "src") == 3
+    assert await redis.hgetall(c.RATES_HASH) == {"src": "3.0"}
+    await redis.set("override-rate:src", "10")
+    await regulator.tick()
+    assert await bucket(redis, "src") == 10
+    assert await redis.hgetall(c.RATES_HASH) == {"src": "10.0"}  # what operators see
+    await redis.set("override_rate:src", "5")
+    await regulator.tick()
+    assert await bucket(redis, "src") == 5  # override_rate: beats override-rate:
+    with capture_logs() as logs:
+        await redis.set("override_rate:src", "fast")
+        await regulator.tick()
+        assert await bucket(redis, "src") == 10  # the bad one is ignored
+        await regulator.tick()
+        await redis.set("override-rate:src", "-1")
+        await regulator.tick()
+        assert await bucket(redis, "src") == 3  # both bad: the computed rate
+    ignored = events(logs, "override_ignored")
+    assert [(e["key"], e["value"]) for e in ignored] == [
+        ("override_rate:src", "fast"),
+        ("override-rate:src", "-1"),
+    ]  # each logged once, not every loop
+    await redis.delete("override_rate:src", "override-rate:src")
+    await regulator.tick()
+    assert await bucket(redis, "src") == 3
+
+
+async def test_halted_sources_get_an_empty_bucket(redis, regulator, rates):
+    rates.update({"stopped": 50.0, "paused": 50.0, "running": 50.0})
+    for source in rates:
+        await redis.set(c.tokens_key(source), 99)  # stale tokens, no expiry
+    await redis.sadd(c.HALTED_SET, "stopped")
+    await redis.sadd(c.TEMP_HALTED_SET, "paused")
+    # The window of "paused" is bad, so its temporary halt stays.
+    await add_statuses(redis, "paused", ["500"] * 10, time.time())
+    await regulator.tick()
+    assert await bucket(redis, "stopped") == 0
+    assert await bucket(redis, "paused") == 0
+    assert await bucket(redis, "running") == 50
+    assert 0 < await redis.pttl(c.tokens_key("stopped")) <= 1500
+    assert await redis.smembers(c.HALTED_SET) == {"stopped"}
+    assert await redis.smembers(c.TEMP_HALTED_SET) == {"paused"}
+
+
+async def test_the_write_gives_no_tokens_to_a_source_halted_since_the_read(redis):
+    store = RedisRegulatorStore(redis)
+    await redis.sadd(c.HALTED_SET, "late")
+    assert await store.write(Writes(tokens={"late": 7, "other": 7}), 1500) == 2
+    assert await bucket(redis, "late") == 0
+    assert await bucket(redis, "other") == 7
+
+
+async def test_temporary_halt_trips_once_and_lifts_when_healthy(redis, regulator, rates, clock):
+    rates.update({"example": 50.0, "steady": 50.0})
+    await add_statuses(redis, "example", ["500"] * 10 + ["200"] * 10, clock.now)
+    await add_statuses(redis, "steady", ["200"] * 10 + ["404"] * 10, clock.now)
+    with capture_logs() as logs:
+        await regulator.tick()
+        await regulator.tick()
+    halted = events(logs, "crawl_halted")
+    assert len(halted) == 1, halted  # one trip, not one per loop
+    assert halted[0]["type"] == "temporary" and halted[0]["source"] == "example"
+    assert halted[0]["msg"] == (
+        'example tripped temporary halt. Response codes: {"200": 10, "500": 10}'
+    )
+    assert halted[0]["log_level"] == "warning"
+    assert await redis.smembers(c.TEMP_HALTED_SET) == {"example"}
+    assert await bucket(redis, "example") == 0
+    assert await bucket(redis, "steady") == 50
+
+    # Successes dilute the errors to 10 of 110 (9%): healthy again.
+    await add_statuses(redis, "example", ["200"] * 90, clock.now + 1)
+    with capture_logs() as logs:
+        await regulator.tick()
+    assert events(logs, "temporary_halt_lifted", source="example")
+    assert not events(logs, "crawl_halted")
+    assert await redis.smembers(c.TEMP_HALTED_SET) == set()
+    assert await bucket(redis, "example") == 50
+
+
+async def test_a_temporary_halt_lifts_once_its_errors_leave_the_minute(
+    redis, regulator, rates, clock
+):
+    rates["example"] = 50.0
+    await add_statuses(redis, "example", ["429"] * 20, clock.now)
+    await regulator.tick()
+    assert await redis.smembers(c.TEMP_HALTED_SET) == {"example"}
+    clock.now += 59.9
+    await regulator.tick()
+    assert await bucket(redis, "example") == 0
+    clock.now += 0.2  # the errors are now older than 60 s
+    await regulator.tick()
+    assert await redis.smembers(c.TEMP_HALTED_SET) == set()
+    assert await bucket(redis, "example") == 50
+
+
+async def test_permanent_halt_then_resume_clears_the_minute_window(redis, regulator, rates, clock):
+    rates["example"] = 0.5
+    await add_statuses(redis, "example", ["500"] * 50, clock.now)
+    with capture_logs() as logs:
+        await regulator.tick()
+        await regulator.tick()
+    permanent = events(logs, "crawl_halted", type="permanent")
+    assert len(permanent) == 1
+    assert permanent[0]["source"] == "example"
+    assert 'Response codes: {"500": 50}' in permanent[0]["msg"]
+    assert await redis.smembers(c.HALTED_SET) == {"example"}
+    assert await bucket(redis, "example") == 0
+
+    # The operator's procedure (the redis-cli run is in test_monitor_process.py).
+    await redis.set("override_rate:example", "5")
+    await redis.delete(c.last50_key("example"))
+    await redis.srem(c.HALTED_SET, "example")
+    with capture_logs() as logs:
+        await regulator.tick()
+        await regulator.tick()
+    assert events(logs, "crawl_resumed", source="example")
+    assert not events(logs, "crawl_halted")  # the old errors do not trip it again
+    assert await redis.exists(f"{c.STATUS_60S_PREFIX}example") == 0
+    assert await redis.smembers(c.TEMP_HALTED_SET) == set()
+    assert await redis.smembers(c.HALTED_SET) == set()
+    assert await bucket(redis, "example") == 5
+
+
+async def test_a_key_of_the_wrong_type_is_reported_not_fatal(redis, regulator, rates):
+    rates.update({"odd": 4.0, "fine": 4.0})
+    await redis.set(f"{c.STATUS_60S_PREFIX}odd", "not a sorted set")
+    with capture_logs() as logs:
+        await regulator.tick()
+        await regulator.tick()
+    assert len(events(logs, "redis_key_unreadable")) == 1
+    assert await bucket(redis, "odd") == 4
+    assert await bucket(redis, "fine") == 4
+
+
+async def test_sources_that_leave_the_list_stop_getting_tokens(redis, regulator, rates):
+    rates.update({"stays": 2.0, "goes": 2.0})
+    await redis.sadd(c.TEMP_HALTED_SET, "goes")
+    await regulator.tick()
+    del rates["goes"]
+    await regulator.tick()
+    assert await redis.smembers(c.TEMP_HALTED_SET) == set()
+    # Its last bucket is not refilled and expires.
+    await wait_for(
+        lambda: _absent(redis, c.tokens_key("goes")), 3, what="the bucket of 'goes' expired"
+    )
+    await regulator.tick()
+    assert await bucket(redis, "stays") == 2
+    assert await bucket(redis, "goes") is None
+
+
+async def _absent(redis: Redis, key: str) -> bool:
+    return not await redis.exists(key)
+
+
+async def test_the_loop_fails_closed_while_redis_is_away(fresh_redis_server):
+    client = Redis.from_url(
+        fresh_redis_server.url, decode_responses=True, socket_timeout=1, socket_connect_timeout=1
+    )
+    regulator = Regulator(RedisRegulatorStore(client), lambda: {"src": 10.0})
+    stop = asyncio.Event()
+    with capture_logs() as logs:
+        task = asyncio.create_task(regulator.run(stop))
+        try:
+            await wait_for(lambda: _value(client, "src", "10"), 5, what="first refill")
+            fresh_redis_server.kill()
+            await wait_for(
+                lambda: events(logs, "redis_unavailable", op="regulate"), 5, what="a failed loop"
+            )
+            fresh_redis_server.restart()  # empty: the bucket is gone
+            assert await client.exists(c.tokens_key("src")) == 0
+            await wait_for(lambda: _value(client, "src", "10"), 10, what="refills again")
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 5)
+            await client.aclose()
+    assert not events(logs, "regulator_error")
+
+
+async def _value(redis: Redis, source: str, expected: str) -> bool:
+    return await redis.get(c.tokens_key(source)) == expected

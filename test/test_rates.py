@@ -1,0 +1,148 @@
+"""Rate policy: computed rates, overrides, the token schedule and the refill grid."""
+
+from __future__ import annotations
+
+import pytest
+
+from crawl_monitor.rates import (
+    COMPUTED,
+    MAX_RATE_RPS,
+    MIN_RATE_RPS,
+    InvalidOverride,
+    TokenSchedule,
+    choose_rate,
+    compute_crawl_rate,
+    next_tick_at,
+    parse_override,
+)
+
+# The slope of the line through (5,000, 0.2) and (500,000,000, 200), per image.
+SLOPE = (200 - 0.2) / (500_000_000 - 5_000)
+
+
+@pytest.mark.parametrize(
+    ("image_count", "rate_rps"),
+    [
+        (0, 0.2),
+        (-10, 0.2),
+        (4_999, 0.2),
+        (5_000, 0.2),
+        (5_001, 0.2 + SLOPE),
+        (1_000_000, 0.2 + 995_000 * SLOPE),  # ~0.5976
+        (250_000_000, 0.2 + 249_995_000 * SLOPE),  # ~100.1
+        (499_999_999, 200 - SLOPE),
+        (500_000_000, 200.0),
+        (1_000_000_000, 200.0),
+    ],
+)
+def test_compute_crawl_rate(image_count, rate_rps):
+    assert compute_crawl_rate(image_count) == pytest.approx(rate_rps, rel=1e-12)
+
+
+def test_the_rate_grows_with_the_image_count_between_the_anchors():
+    counts = [5_000, 5_001, 10_000, 1_000_000, 250_000_000, 499_999_999, 500_000_000]
+    rates = [compute_crawl_rate(n) for n in counts]
+    assert rates == sorted(rates)
+    assert len(set(rates)) == len(rates)
+    assert rates[0] == MIN_RATE_RPS and rates[-1] == MAX_RATE_RPS
+    # The midpoint of the counts lands on the midpoint of the rates.
+    assert compute_crawl_rate((5_000 + 500_000_000) // 2) == pytest.approx(100.1, abs=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("raw", "rate_rps"),
+    [("5", 5.0), ("0.5", 0.5), (" 10 ", 10.0), ("0", 0.0), ("1e3", 1000.0), ("2.50", 2.5)],
+)
+def test_parse_override_accepts_rates(raw, rate_rps):
+    assert parse_override(raw) == rate_rps
+
+
+@pytest.mark.parametrize("raw", ["", "fast", "-1", "-0.5", "nan", "inf", "-inf", "5/s", "1,5"])
+def test_parse_override_rejects_what_is_not_a_rate(raw):
+    with pytest.raises(InvalidOverride):
+        parse_override(raw)
+
+
+@pytest.mark.parametrize(
+    ("override", "alias", "rate_rps", "origin", "ignored"),
+    [
+        (None, None, 3.0, COMPUTED, {}),
+        ("5", None, 5.0, "override_rate:", {}),
+        (None, "10", 10.0, "override-rate:", {}),
+        ("5", "10", 5.0, "override_rate:", {}),  # both: override_rate: wins
+        ("0", "10", 0.0, "override_rate:", {}),  # 0 is a rate (stops the source)
+        ("fast", "10", 10.0, "override-rate:", {"override_rate:": "fast"}),
+        ("fast", None, 3.0, COMPUTED, {"override_rate:": "fast"}),
+        (None, "-2", 3.0, COMPUTED, {"override-rate:": "-2"}),
+        ("-1", "x", 3.0, COMPUTED, {"override_rate:": "-1", "override-rate:": "x"}),
+    ],
+)
+def test_choose_rate(override, alias, rate_rps, origin, ignored):
+    choice = choose_rate(3.0, override, alias)
+    assert (choice.rate_rps, choice.origin, choice.ignored) == (rate_rps, origin, ignored)
+
+
+def refills(rate_rps: float, n: int) -> list[int]:
+    schedule = TokenSchedule()
+    return [schedule.next_refill(rate_rps) for _ in range(n)]
+
+
+@pytest.mark.parametrize(
+    ("rate_rps", "expected"),
+    [
+        (50.0, [50] * 6),
+        (200.0, [200] * 3),
+        (1.0, [1] * 6),
+        (2.5, [2, 3, 2, 3, 2, 3]),
+        (1.5, [1, 2, 1, 2]),
+        (2.25, [2, 2, 2, 3, 2, 2, 2, 3]),
+        (0.2, [0, 0, 0, 0, 1, 0, 0, 0, 0, 1]),  # a token every 5 s
+        (0.5, [0, 1, 0, 1]),
+        (0.25, [0, 0, 0, 1, 0, 0, 0, 1]),
+        (1 / 3, [0, 0, 1, 0, 0, 1]),
+        (0.3, [0, 0, 0, 1, 0, 0, 1, 0, 0, 1]),  # 3 tokens in 10 s
+        (0.0, [0] * 5),
+    ],
+)
+def test_token_schedule(rate_rps, expected):
+    assert refills(rate_rps, len(expected)) == expected
+
+
+@pytest.mark.parametrize("rate_rps", [0.2, 0.3, 0.7, 1.1, 2.5, 7.3, 0.59760418, 100.099])
+def test_the_long_run_average_is_the_rate(rate_rps):
+    seconds = 10_000
+    total = sum(refills(rate_rps, seconds))
+    assert abs(total - rate_rps * seconds) < 1
+
+
+def test_a_reset_schedule_starts_afresh_and_a_new_rate_applies_at_once():
+    schedule = TokenSchedule()
+    assert [schedule.next_refill(0.2) for _ in range(4)] == [0, 0, 0, 0]
+    schedule.reset()
+    assert schedule.credit == 0
+    assert [schedule.next_refill(0.2) for _ in range(5)] == [0, 0, 0, 0, 1]
+    assert [schedule.next_refill(5.0) for _ in range(2)] == [5, 5]
+    assert schedule.next_refill(0.5, period_s=2.0) == 1
+
+
+@pytest.mark.parametrize(
+    ("origin", "now", "period", "expected"),
+    [
+        (100.0, 100.0, 1.0, 101.0),
+        (100.0, 100.2, 1.0, 101.0),
+        (100.0, 100.999, 1.0, 101.0),
+        (100.0, 101.0, 1.0, 102.0),
+        (100.0, 103.4, 1.0, 104.0),  # a slow loop skips the ticks it missed
+        (100.0, 99.0, 1.0, 100.0),
+        (0.0, 7.0, 5.0, 10.0),
+    ],
+)
+def test_next_tick_at(origin, now, period, expected):
+    assert next_tick_at(origin, now, period) == pytest.approx(expected)
+
+
+def test_ticks_stay_on_the_grid_whatever_each_loop_takes():
+    tick = 0.0
+    for work_s in [0.3, 0.9, 0.01, 0.5] * 250:
+        tick = next_tick_at(0.0, tick + work_s, 1.0)
+    assert tick == pytest.approx(1000.0)
