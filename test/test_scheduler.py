@@ -27,28 +27,46 @@ class FakeConsumer:
         }
         self.position = dict.fromkeys(messages, 0)
         self.assigned: set[TopicPartition] = set()
-        self.paused: set[TopicPartition] = set()
+        self.paused_set: set[TopicPartition] = set()
         self.committed: dict[TopicPartition, int] = {}
+        self.rebalance = None
 
     def subscribe(self, topics, listener):
-        self.assigned = {tp for tp in self.log if tp.topic in topics}
-        asyncio.get_running_loop().create_task(listener.on_partitions_assigned(set(self.assigned)))
+        # Like aiokafka: the new assignment takes effect in the next poll, which runs the
+        # listener before it returns records; positions restart from the committed
+        # offsets and nothing is paused.
+        self.rebalance = ({tp for tp in self.log if tp.topic in topics}, listener)
+
+    async def _rebalance(self):
+        if self.rebalance is None:
+            return
+        assignment, listener = self.rebalance
+        self.rebalance = None
+        await listener.on_partitions_revoked(set(self.assigned))
+        self.assigned, self.paused_set = assignment, set()
+        for partition in assignment:
+            self.position[partition] = self.committed.get(partition, 0)
+        await listener.on_partitions_assigned(set(assignment))
 
     def assignment(self):
         return frozenset(self.assigned)
 
+    def paused(self):
+        return frozenset(self.paused_set)
+
     def pause(self, *partitions):
-        self.paused.update(partitions)
+        self.paused_set.update(partitions)
 
     def resume(self, *partitions):
-        self.paused.difference_update(partitions)
+        self.paused_set.difference_update(partitions)
 
     def seek(self, tp, offset):
         self.position[tp] = offset
 
     async def getmany(self, timeout_ms=0, max_records=None):
+        await self._rebalance()
         batches, budget = {}, max_records or 1_000_000
-        for tp in sorted(self.assigned - self.paused):
+        for tp in sorted(self.assigned - self.paused_set):
             start = self.position[tp]
             values = self.log[tp][start : start + budget]
             if values:

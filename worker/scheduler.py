@@ -64,7 +64,6 @@ class Scheduler:
         self._in_flight: dict[TopicPartition, set[int]] = {}
         self._committed: dict[TopicPartition, int] = {}
         self._unfinished: Counter[str] = Counter()
-        self._paused: set[TopicPartition] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._listener = _Listener(self)
         self.finished = 0
@@ -115,7 +114,7 @@ class Scheduler:
                 if self._unfinished[source] >= share:
                     # Over this source's share: give the rest back to the queue.
                     self._consumer.seek(tp, record.offset)
-                    self._pause([tp])
+                    self._consumer.pause(tp)
                     break
                 self._start(source, tp, record.offset, record.value)
 
@@ -123,24 +122,20 @@ class Scheduler:
         return {s for tp in self._consumer.assignment() if (s := source_of_topic(tp.topic))}
 
     def _update_pauses(self, share: int) -> None:
+        # The consumer's own pause state is the truth: a rebalance resets it.
+        paused = self._consumer.paused()
         to_pause, to_resume = [], []
         for tp in self._consumer.assignment():
             source = source_of_topic(tp.topic)
             full = source is None or self._unfinished[source] >= share
-            if full and tp not in self._paused:
+            if full and tp not in paused:
                 to_pause.append(tp)
-            elif not full and tp in self._paused:
+            elif not full and tp in paused:
                 to_resume.append(tp)
-        self._pause(to_pause)
+        if to_pause:
+            self._consumer.pause(*to_pause)
         if to_resume:
             self._consumer.resume(*to_resume)
-            self._paused.difference_update(to_resume)
-
-    def _pause(self, partitions: Iterable[TopicPartition]) -> None:
-        partitions = [tp for tp in partitions if tp not in self._paused]
-        if partitions:
-            self._consumer.pause(*partitions)
-            self._paused.update(partitions)
 
     def _start(self, source: str, tp: TopicPartition, offset: int, value: bytes | None) -> None:
         tracker = self._trackers.setdefault(tp, OffsetTracker())
@@ -254,7 +249,6 @@ class Scheduler:
         for tp in revoked:
             self._trackers.pop(tp, None)
             self._committed.pop(tp, None)
-            self._paused.discard(tp)
 
     async def on_assigned(self, assigned: Iterable[TopicPartition]) -> None:
         assigned = set(assigned)
@@ -263,8 +257,6 @@ class Scheduler:
             partitions=len(assigned),
             sources=len({source_of_topic(tp.topic) for tp in assigned}),
         )
-        # A fresh assignment starts unpaused.
-        self._paused.difference_update(assigned)
 
     async def _drain(self) -> None:
         """Let in-flight work finish for the grace period, hand back the rest, commit."""
