@@ -23,10 +23,10 @@ import redis.asyncio as aioredis
 from image_crawler.contract import (
     HALTED_SET,
     LAST_50_PREFIX,
-    RATES_HASH,
     LAST_N_STATUSES,
     OVERRIDE_RATE_ALIAS_PREFIX,
     OVERRIDE_RATE_PREFIX,
+    RATES_HASH,
     STATUS_60S_PREFIX,
     TEMP_HALTED_SET,
     TOKENS_PREFIX,
