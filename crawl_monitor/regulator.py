@@ -45,6 +45,9 @@ from image_crawler.logs import get_logger
 log = get_logger(__name__)
 
 MAX_BACKOFF_S = 8.0
+# crawl_rates is rewritten when a rate changes, and every this many loops in any case
+# (so it comes back after Redis lost it) without rewriting thousands of fields a second.
+RATES_REWRITE_LOOPS = 30
 _NO_CHANGE = BreakerDecision(
     temp_halted=False, trips_temporary=False, lifts_temporary=False, trips_permanent=False
 )
@@ -91,6 +94,8 @@ class Regulator:
         self._previously_halted: frozenset[str] | None = None
         self._reported_overrides: dict[str, str] = {}
         self._reported_key_errors: set[str] = set()
+        self._written_rates: dict[str, float] | None = None
+        self._loops_since_rates_written = 0
         self.snapshot: RegulatorSnapshot | None = None
 
     async def tick(self) -> RegulatorSnapshot:
@@ -143,10 +148,13 @@ class Regulator:
         lift = {s for s, d in decisions.items() if d.lifts_temporary}
         # Temporary halts of sources no longer known (they get no tokens anyway).
         lift |= observed.temp_halted - computed.keys()
+        rewrite_rates = (
+            rates != self._written_rates or self._loops_since_rates_written >= RATES_REWRITE_LOOPS
+        )
         await self._store.write(
             Writes(
                 tokens=tokens,
-                rates=rates,
+                rates=rates if rewrite_rates else None,
                 halt=halt,
                 temp_halt=temp_halt,
                 lift_temp_halt=lift,
@@ -155,6 +163,10 @@ class Regulator:
             self._settings.token_ttl_ms,
         )
 
+        if rewrite_rates:
+            self._written_rates, self._loops_since_rates_written = rates, 0
+        else:
+            self._loops_since_rates_written += 1
         # Reported only once written: a failed write is decided (and reported) again.
         for source in sorted(resumed):
             log.info("crawl_resumed", source=source, rate_rps=rates.get(source))

@@ -94,7 +94,8 @@ return cjson.encode({
 # ARGV: JSON plan {"tokens": {source: "n"}, "rates": {source: "r"}, "halt": [...],
 # "temp_halt": [...], "lift": [...], "clear_window": [...]}, bucket TTL (ms), tokens
 # prefix, window prefix. A source in `halted` when this runs gets 0 whatever the plan
-# says; crawl_rates is replaced whole. Answers the number of buckets set.
+# says; crawl_rates is replaced whole unless "rates" is null. Answers the number of
+# buckets set.
 _WRITE_SCRIPT: Final = """
 local plan = cjson.decode(ARGV[1])
 local ttl, tokens_prefix, window_prefix = ARGV[2], ARGV[3], ARGV[4]
@@ -102,8 +103,10 @@ for _, source in ipairs(plan.halt) do redis.call('SADD', KEYS[1], source) end
 for _, source in ipairs(plan.temp_halt) do redis.call('SADD', KEYS[2], source) end
 for _, source in ipairs(plan.lift) do redis.call('SREM', KEYS[2], source) end
 for _, source in ipairs(plan.clear_window) do redis.call('DEL', window_prefix .. source) end
-redis.call('DEL', KEYS[3])
-for source, rate in pairs(plan.rates) do redis.call('HSET', KEYS[3], source, rate) end
+if plan.rates ~= cjson.null then
+  redis.call('DEL', KEYS[3])
+  for source, rate in pairs(plan.rates) do redis.call('HSET', KEYS[3], source, rate) end
+end
 local set = 0
 for source, tokens in pairs(plan.tokens) do
   if redis.call('SISMEMBER', KEYS[1], source) == 1 then tokens = '0' end
@@ -146,8 +149,9 @@ class Writes:
     """One second's decisions, applied together."""
 
     tokens: Mapping[str, int]
-    # Effective rate (requests/s) of every known source, for crawl_rates.
-    rates: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    # Effective rate (requests/s) of every known source, for crawl_rates; None leaves
+    # crawl_rates as it is.
+    rates: Mapping[str, float] | None = None
     halt: Collection[str] = ()
     temp_halt: Collection[str] = ()
     lift_temp_halt: Collection[str] = ()
@@ -220,7 +224,9 @@ class RedisRegulatorStore:
         """Apply ``writes``; every bucket is SET with an expiry of ``token_ttl_ms``."""
         plan = {
             "tokens": {source: str(n) for source, n in writes.tokens.items()},
-            "rates": {source: repr(float(r)) for source, r in writes.rates.items()},
+            "rates": None
+            if writes.rates is None
+            else {source: repr(float(r)) for source, r in writes.rates.items()},
             "halt": sorted(writes.halt),
             "temp_halt": sorted(writes.temp_halt),
             "lift": sorted(writes.lift_temp_halt),
