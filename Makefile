@@ -1,5 +1,5 @@
 # The few commands people type. `make test` is what CI runs (see .ci/run).
-.PHONY: install test lint format typecheck
+.PHONY: install test lint format typecheck demo
 
 install:
 	python3 -m venv .venv && . .venv/bin/activate && pip install -q -e '.[test]'
@@ -15,3 +15,6 @@ format:
 
 typecheck:
 	. .venv/bin/activate && mypy
+
+demo:
+	. .venv/bin/activate && image-crawler demo

@@ -22,7 +22,7 @@ from image_crawler.config import ConfigError
 from image_crawler.contract import CRAWL_ERRORS_TOPIC, WORKER_GROUP, MalformedMessage, SourceTask
 from image_crawler.logs import configure_logging, get_logger
 from worker.fetch import Fetcher, close_session, new_session
-from worker.outputs import KafkaSink, S3ThumbnailStore
+from worker.outputs import KafkaSink, LocalThumbnailStore, S3ThumbnailStore, ThumbnailStore
 from worker.pipeline import Pipeline
 from worker.processing import PoolProcessor
 from worker.scheduler import Scheduler, SchedulerSettings
@@ -67,11 +67,18 @@ async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
         await consumer.start()
         stack.push_async_callback(consumer.stop)
 
-        s3 = await stack.enter_async_context(
-            aioboto3.Session().client(
-                "s3", endpoint_url=settings.s3.endpoint_url, region_name=settings.s3.region
+        store: ThumbnailStore
+        if settings.thumbnails.store == "local":
+            store = LocalThumbnailStore(settings.thumbnails.directory)
+            destination = str(settings.thumbnails.directory.resolve())
+        else:
+            s3 = await stack.enter_async_context(
+                aioboto3.Session().client(
+                    "s3", endpoint_url=settings.s3.endpoint_url, region_name=settings.s3.region
+                )
             )
-        )
+            store = S3ThumbnailStore(s3, settings.s3.bucket)
+            destination = f"s3://{settings.s3.bucket}"
         http = new_session(settings.fetch)
         stack.push_async_callback(close_session, http)
         processor = PoolProcessor(settings.image_processes)
@@ -84,7 +91,7 @@ async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
             tokens=tokens,
             fetcher=Fetcher(http, settings.fetch),
             processor=processor,
-            store=S3ThumbnailStore(s3, settings.s3.bucket),
+            store=store,
             sink=KafkaSink(producer),
             stats=stats,
             rate_limit_timeout_s=settings.rate_limit_timeout_s,
@@ -117,7 +124,8 @@ async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
             kafka=settings.kafka.bootstrap_servers,
             max_tasks=settings.max_tasks,
             image_processes=settings.image_processes or "cpu_count",
-            s3_bucket=settings.s3.bucket,
+            thumbnail_store=settings.thumbnails.store,
+            thumbnails=destination,
             dead_letter_topic=CRAWL_ERRORS_TOPIC,
         )
         async with _background(tokens.run(), stats.run(), _report(scheduler, stop)):

@@ -5,8 +5,11 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Mapping
+from pathlib import Path
+from typing import Literal
 
 from image_crawler.config import (
+    ConfigError,
     KafkaSettings,
     RedisSettings,
     S3Settings,
@@ -29,11 +32,37 @@ class FetchSettings:
     user_agent: str = "image-crawler/0.1 (+https://github.com/cc-archive/image-crawler)"
 
 
+ThumbnailStoreKind = Literal["s3", "local"]
+THUMBNAIL_STORES: tuple[ThumbnailStoreKind, ...] = ("s3", "local")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ThumbnailSettings:
+    """Where thumbnails go: ``s3`` (production: ``S3_BUCKET``) or ``local`` (files in
+    ``directory``, for a crawl on one machine)."""
+
+    store: ThumbnailStoreKind = "s3"
+    directory: Path = Path("thumbnails")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> ThumbnailSettings:
+        store = env_str(env, "THUMBNAIL_STORE", "s3").lower()
+        if store not in THUMBNAIL_STORES:
+            raise ConfigError(
+                f"THUMBNAIL_STORE must be one of {', '.join(THUMBNAIL_STORES)}, got {store!r}"
+            )
+        return cls(
+            store=store,
+            directory=Path(env_str(env, "THUMBNAIL_DIR", "./thumbnails")),
+        )
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class WorkerSettings:
     kafka: KafkaSettings = dataclasses.field(default_factory=KafkaSettings)
     redis: RedisSettings = dataclasses.field(default_factory=RedisSettings)
     s3: S3Settings = dataclasses.field(default_factory=S3Settings)
+    thumbnails: ThumbnailSettings = dataclasses.field(default_factory=ThumbnailSettings)
     fetch: FetchSettings = dataclasses.field(default_factory=FetchSettings)
     # Task slots of this process, shared fairly among sources.
     max_tasks: int = 3000
@@ -64,6 +93,7 @@ class WorkerSettings:
             kafka=KafkaSettings.from_env(env),
             redis=RedisSettings.from_env(env),
             s3=S3Settings.from_env(env),
+            thumbnails=ThumbnailSettings.from_env(env),
             fetch=fetch,
             max_tasks=env_int(env, "MAX_TASKS", 3000, minimum=1),
             image_processes=env_int(env, "IMAGE_PROCESSES", 0),
