@@ -6,6 +6,7 @@ import pytest
 from aiohttp import web
 
 from worker.fetch import Fetcher, new_session
+from worker.netguard import AddressPolicy, parse_networks
 from worker.settings import FetchSettings
 
 SETTINGS = FetchSettings(
@@ -13,11 +14,21 @@ SETTINGS = FetchSettings(
 )
 
 
+# The origin listens on 127.0.0.1: exempt exactly that address, nothing else.
+ORIGIN_ONLY = AddressPolicy(parse_networks("127.0.0.1/32"))
+
+
 @pytest.fixture
 async def fetch():
-    session = new_session(SETTINGS)
-    fetcher = Fetcher(session, SETTINGS)
-    yield fetcher.fetch
+    session = new_session(SETTINGS, ORIGIN_ONLY)
+    yield Fetcher(session, SETTINGS, ORIGIN_ONLY).fetch
+    await session.close()
+
+
+@pytest.fixture
+async def strict_fetch():
+    session = new_session(SETTINGS, AddressPolicy())
+    yield Fetcher(session, SETTINGS, AddressPolicy()).fetch
     await session.close()
 
 
@@ -105,3 +116,47 @@ async def test_nothing_listening_is_a_connection_error(fetch):
 def test_settings_are_frozen():
     with pytest.raises(dataclasses.FrozenInstanceError):
         SETTINGS.max_body_bytes = 1  # type: ignore[misc]
+
+
+async def test_loopback_is_refused_without_a_request(origin, strict_fetch):
+    url = origin.add("/a.jpg", b"img", "image/jpeg")
+    result = await strict_fetch(url)
+    assert result.status == "Blocked"
+    assert origin.total_requests == 0
+
+
+@pytest.mark.parametrize(
+    "host", ["localhost", "2130706433", "0177.0.0.1", "0x7f.0.0.1", "127.1", "[::ffff:127.0.0.1]"]
+)
+async def test_every_spelling_of_loopback_is_refused(origin, strict_fetch, host):
+    origin.add("/a.jpg", b"img", "image/jpeg")
+    result = await strict_fetch(f"http://{host}:{origin.port}/a.jpg")
+    assert result.status == "Blocked", result
+    assert origin.total_requests == 0
+
+
+@pytest.mark.parametrize(
+    "location",
+    [
+        "http://127.0.0.2:{port}/x.jpg",
+        "http://169.254.169.254/latest/meta-data/",
+        "http://[::ffff:10.0.0.1]/x.jpg",
+        "http://2130706434:{port}/x.jpg",
+        "file:///etc/passwd",
+        "gopher://127.0.0.1/",
+    ],
+)
+async def test_every_redirect_hop_is_checked(origin, fetch, location):
+    url = origin.add(
+        "/r", b"", "text/plain", status=302, headers={"Location": location.format(port=origin.port)}
+    )
+    result = await fetch(url)
+    assert result.status == "Blocked", result
+    assert origin.total_requests == 1
+
+
+async def test_proxy_variables_are_ignored(origin, fetch, monkeypatch):
+    monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9/")
+    monkeypatch.setenv("http_proxy", "http://127.0.0.1:9/")
+    url = origin.add("/a.jpg", b"img", "image/jpeg")
+    assert (await fetch(url)).body == b"img"

@@ -153,3 +153,16 @@ async def test_a_name_that_resolves_only_to_private_addresses_is_blocked():
     with pytest.raises(BlockedAddressError) as raised:
         await resolver.resolve("metadata.internal", 80)
     assert raised.value.addresses == ["127.0.0.1", "169.254.169.254"]
+
+
+def test_the_worker_reads_allowed_networks_from_its_environment():
+    from image_crawler.config import ConfigError
+    from worker.settings import WorkerSettings
+
+    policy = WorkerSettings.from_env(
+        {"ALLOWED_PRIVATE_NETWORKS": "127.0.0.0/8"}
+    ).fetch.address_policy
+    assert policy.allows("127.0.0.1") and not policy.allows("10.0.0.1")
+    assert not WorkerSettings.from_env({}).fetch.address_policy.allows("127.0.0.1")
+    with pytest.raises(ConfigError, match="ALLOWED_PRIVATE_NETWORKS"):
+        WorkerSettings.from_env({"ALLOWED_PRIVATE_NETWORKS": "localhost"})

@@ -39,6 +39,8 @@ def worker_env(kafka, redis_url, s3_server, bucket, **extra) -> dict[str, str]:
         "COMMIT_INTERVAL_SECONDS": "0.2",
         "TOKEN_RETRY_SECONDS": "0.1",
         "SHUTDOWN_GRACE_SECONDS": "5",
+        # The origin listens on 127.0.0.1: exempt exactly that address, nothing else.
+        "ALLOWED_PRIVATE_NETWORKS": "127.0.0.1/32",
     }
     env.update({k: str(v) for k, v in extra.items()})
     return env
@@ -171,6 +173,10 @@ async def test_404_retries_broken_images_malformed_messages_and_missing_tokens(
             c.SourceTask(url=flaky, uuid="flaky").to_json(),
             c.SourceTask(url=always_500, uuid="down").to_json(),
             c.SourceTask(url=corrupt_url, uuid="corrupt").to_json(),
+            # Loopback too, but not the exempt address: refused before any request.
+            c.SourceTask(
+                url=f"http://127.0.0.2:{origin.port}/paths/good.jpg", uuid="blocked"
+            ).to_json(),
             b"this is not json",
             b'{"url": "http://example.com/no-uuid.jpg"}',
             c.SourceTask(url=good_url, uuid="after-the-bad-ones").to_json(),
@@ -206,7 +212,7 @@ async def test_404_retries_broken_images_malformed_messages_and_missing_tokens(
         errors = [
             json.loads(m)
             for m in await read_topic(
-                kafka.bootstrap, c.CRAWL_ERRORS_TOPIC, min_messages=4, timeout_s=30
+                kafka.bootstrap, c.CRAWL_ERRORS_TOPIC, min_messages=5, timeout_s=30
             )
         ]
         crawl_errors = {e["identifier"]: e for e in errors if "identifier" in e}
@@ -219,6 +225,8 @@ async def test_404_retries_broken_images_malformed_messages_and_missing_tokens(
             "time": None,
         }
         assert crawl_errors["corrupt"]["status"] == "UnidentifiedImageError"
+        assert crawl_errors["blocked"]["status"] == "Blocked"
+        assert origin.requests("/paths/good.jpg") == 1  # only the allowed URL
         unparseable = [e for e in errors if "raw" in e]
         assert sorted(e["raw"] for e in unparseable) == sorted(
             ["this is not json", '{"url": "http://example.com/no-uuid.jpg"}']
@@ -238,7 +246,7 @@ async def test_404_retries_broken_images_malformed_messages_and_missing_tokens(
         statuses = Counter(
             c.status_of_window_member(m) for m in await redis.zrange("status60s:paths", 0, -1)
         )
-        assert statuses == {"200": 2, "500": 3, "404": 1, "UnidentifiedImageError": 1}
+        assert statuses == {"200": 2, "500": 3, "404": 1, "UnidentifiedImageError": 1, "Blocked": 1}
         # No token, no request: the starved source's URL waits and says so, then goes.
         timeout = await asyncio.to_thread(worker.wait_for_event, "rate_limit_timeout", 30)
         assert timeout["source"] == "starved" and timeout["identifier"] == "starved"

@@ -79,7 +79,8 @@ async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
             )
             store = S3ThumbnailStore(s3, settings.s3.bucket)
             destination = f"s3://{settings.s3.bucket}"
-        http = new_session(settings.fetch)
+        policy = settings.fetch.address_policy
+        http = new_session(settings.fetch, policy)
         stack.push_async_callback(close_session, http)
         processor = PoolProcessor(settings.image_processes)
         stack.callback(processor.close)
@@ -89,7 +90,7 @@ async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
         stats = RedisStats(redis)
         pipeline = Pipeline(
             tokens=tokens,
-            fetcher=Fetcher(http, settings.fetch),
+            fetcher=Fetcher(http, settings.fetch, policy),
             processor=processor,
             store=store,
             sink=KafkaSink(producer),
@@ -123,6 +124,7 @@ async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
             "worker_started",
             kafka=settings.kafka.bootstrap_servers,
             max_tasks=settings.max_tasks,
+            allowed_private_networks=[str(n) for n in settings.fetch.allowed_private_networks],
             image_processes=settings.image_processes or "cpu_count",
             thumbnail_store=settings.thumbnails.store,
             thumbnails=destination,

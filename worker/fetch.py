@@ -9,13 +9,15 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from typing import Protocol
-from urllib.parse import urlsplit
 
 import aiohttp
+from yarl import URL
 
+from worker.netguard import AddressPolicy, BlockedAddressError, GuardedResolver
 from worker.settings import FetchSettings
 
 ALLOWED_SCHEMES = frozenset({"http", "https"})
+REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -35,14 +37,20 @@ class UrlFetcher(Protocol):
         ...
 
 
-def new_session(settings: FetchSettings) -> aiohttp.ClientSession:
-    """The one HTTP client of a worker process. Proxy variables are ignored on purpose."""
+def new_session(settings: FetchSettings, policy: AddressPolicy) -> aiohttp.ClientSession:
+    """The one HTTP client of a worker process.
+
+    Names are resolved once, through ``policy``, and the connector connects to the checked
+    addresses only. Proxy variables are ignored on purpose: a proxy would resolve again.
+    """
     timeout = aiohttp.ClientTimeout(
         total=settings.total_timeout_s,
         connect=settings.connect_timeout_s,
         sock_read=settings.read_timeout_s,
     )
-    connector = aiohttp.TCPConnector(limit=settings.max_connections, ttl_dns_cache=300)
+    connector = aiohttp.TCPConnector(
+        limit=settings.max_connections, ttl_dns_cache=300, resolver=GuardedResolver(policy)
+    )
     session = aiohttp.ClientSession(
         connector=connector,
         timeout=timeout,
@@ -57,23 +65,51 @@ def new_session(settings: FetchSettings) -> aiohttp.ClientSession:
 
 
 class Fetcher:
-    """GETs a URL with the session it is given, within the size and redirect limits."""
+    """GETs a URL with the session it is given, within the size and redirect limits.
 
-    def __init__(self, session: aiohttp.ClientSession, settings: FetchSettings) -> None:
+    Redirects are followed here, not by aiohttp, so that every hop's URL is checked
+    against ``policy`` before it is requested (a literal address never reaches the
+    resolver, which checks names).
+    """
+
+    def __init__(
+        self, session: aiohttp.ClientSession, settings: FetchSettings, policy: AddressPolicy
+    ) -> None:
         self._session = session
         self._settings = settings
+        self._policy = policy
 
     async def fetch(self, url: str) -> FetchResult:
         try:
-            scheme = urlsplit(url).scheme.lower()
-        except ValueError as e:
+            current = URL(url)
+        except (ValueError, TypeError) as e:
             return FetchResult("InvalidURL", detail=str(e))
-        if scheme not in ALLOWED_SCHEMES:
-            return FetchResult("Blocked", detail=f"scheme {scheme!r} is not http or https")
+        for _ in range(self._settings.max_redirects + 1):
+            refusal = self._refusal(current)
+            if refusal is not None:
+                return FetchResult("Blocked", detail=refusal)
+            result = await self._get_once(current)
+            if isinstance(result, FetchResult):
+                return result
+            current = result
+        return FetchResult("TooManyRedirects", detail=f"more than {self._settings.max_redirects}")
+
+    def _refusal(self, url: URL) -> str | None:
+        if url.scheme.lower() not in ALLOWED_SCHEMES:
+            return f"scheme {url.scheme!r} is not http or https"
+        if not url.host:
+            return "no host"
+        return self._policy.refusal(url.host)
+
+    async def _get_once(self, url: URL) -> FetchResult | URL:
+        """One request: a final result, or the URL a redirect points to."""
         try:
-            async with self._session.get(
-                url, allow_redirects=True, max_redirects=self._settings.max_redirects
-            ) as response:
+            async with self._session.get(url, allow_redirects=False) as response:
+                if response.status in REDIRECT_STATUSES:
+                    location = response.headers.get("Location")
+                    if not location:
+                        return FetchResult(str(response.status), detail="redirect without Location")
+                    return response.url.join(URL(location))
                 if response.status != 200:
                     return FetchResult(str(response.status))
                 return await self._read_body(response)
@@ -81,11 +117,11 @@ class Fetcher:
             return FetchResult("ServerDisconnected", detail=str(e))
         except (TimeoutError, aiohttp.ServerTimeoutError) as e:
             return FetchResult("Timeout", detail=repr(e))
-        except aiohttp.TooManyRedirects as e:
-            return FetchResult("TooManyRedirects", detail=str(e))
         except (aiohttp.InvalidURL, aiohttp.NonHttpUrlClientError, ValueError) as e:
             return FetchResult("InvalidURL", detail=str(e))
         except aiohttp.ClientConnectorError as e:
+            if isinstance(e.os_error, BlockedAddressError):
+                return FetchResult("Blocked", detail=str(e.os_error))
             return FetchResult("ConnectionError", detail=str(e))
         except aiohttp.ClientPayloadError as e:
             return FetchResult("PayloadError", detail=str(e))

@@ -17,6 +17,7 @@ from image_crawler.config import (
     env_int,
     env_str,
 )
+from worker.netguard import AddressPolicy, IPNetwork, parse_networks
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -30,6 +31,12 @@ class FetchSettings:
     max_redirects: int = 5
     max_connections: int = 1000
     user_agent: str = "image-crawler/0.1 (+https://github.com/cc-archive/image-crawler)"
+    # Private networks the fetcher may still connect to (everything non-public is refused).
+    allowed_private_networks: tuple[IPNetwork, ...] = ()
+
+    @property
+    def address_policy(self) -> AddressPolicy:
+        return AddressPolicy(self.allowed_private_networks)
 
 
 ThumbnailStoreKind = Literal["s3", "local"]
@@ -88,6 +95,7 @@ class WorkerSettings:
             read_timeout_s=env_float(env, "FETCH_READ_TIMEOUT_S", 30.0, minimum=0.1),
             total_timeout_s=env_float(env, "FETCH_TOTAL_TIMEOUT_S", 120.0, minimum=0.1),
             max_body_bytes=env_int(env, "MAX_BODY_BYTES", 64 * 1024 * 1024, minimum=1024),
+            allowed_private_networks=_networks(env, "ALLOWED_PRIVATE_NETWORKS"),
         )
         return cls(
             kafka=KafkaSettings.from_env(env),
@@ -106,3 +114,12 @@ class WorkerSettings:
             shutdown_grace_s=env_float(env, "SHUTDOWN_GRACE_SECONDS", 30.0),
             log_level=env_str(env, "LOG_LEVEL", "INFO"),
         )
+
+
+def _networks(env: Mapping[str, str], name: str) -> tuple[IPNetwork, ...]:
+    try:
+        return parse_networks(env.get(name, ""))
+    except ValueError as e:
+        raise ConfigError(
+            f"{name}: {e} (expected CIDRs such as 127.0.0.0/8, comma separated)"
+        ) from None
