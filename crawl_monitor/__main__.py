@@ -15,16 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
-import sys
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Coroutine
 from typing import Any
 
 import aiohttp
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.errors import KafkaError
 
 from crawl_monitor.monitoring import MonitoringLog
 from crawl_monitor.regulator import Regulator, RegulatorSettings
@@ -32,35 +29,14 @@ from crawl_monitor.settings import MonitorSettings
 from crawl_monitor.sources import SourceCatalog
 from crawl_monitor.splitter import Splitter, TopicCreator
 from crawl_monitor.store import RedisRegulatorStore
-from image_crawler.config import ConfigError
 from image_crawler.contract import INBOUND_TOPIC, SPLITTER_GROUP
-from image_crawler.logs import configure_logging, get_logger
+from image_crawler.entrypoint import serve, start_kafka_clients
+from image_crawler.logs import get_logger
 
 log = get_logger("crawl_monitor")
 
 # On stop, how long the splitter may take to finish its batch before it is cancelled.
 SHUTDOWN_GRACE_S = 30.0
-KAFKA_MAX_BACKOFF_S = 10.0
-
-
-async def _start_kafka(
-    starts: Sequence[tuple[str, Callable[[], Awaitable[None]]]], stop: asyncio.Event
-) -> bool:
-    """Start each Kafka client, retrying while Kafka is away; False if stopped first."""
-    for name, start in starts:
-        backoff_s = 0.5
-        while True:
-            if stop.is_set():
-                return False
-            try:
-                await start()
-                break
-            except KafkaError as e:
-                log.warning("kafka_unavailable", op=f"start_{name}", error=repr(e))
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), backoff_s)
-                backoff_s = min(backoff_s * 2, KAFKA_MAX_BACKOFF_S)
-    return True
 
 
 async def run(settings: MonitorSettings, stop: asyncio.Event) -> int:
@@ -122,7 +98,7 @@ async def run(settings: MonitorSettings, stop: asyncio.Event) -> int:
         )
 
         async def split() -> None:
-            started = await _start_kafka(
+            started = await start_kafka_clients(
                 [
                     ("admin", admin.start),
                     ("producer", producer.start),
@@ -190,22 +166,8 @@ async def _supervise(loops: dict[str, Coroutine[Any, Any, None]], stop: asyncio.
     return status
 
 
-async def _main() -> int:
-    try:
-        settings = MonitorSettings.from_env()
-    except ConfigError as e:
-        print(f"crawl_monitor: configuration error: {e}", file=sys.stderr)
-        return 2
-    configure_logging(settings.log_level)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    return await run(settings, stop)
-
-
 def main() -> None:
-    sys.exit(asyncio.run(_main()))
+    serve("crawl_monitor", MonitorSettings.from_env, run)
 
 
 if __name__ == "__main__":

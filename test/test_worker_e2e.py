@@ -358,3 +358,22 @@ async def test_sigterm_hands_back_work_in_flight_and_exits_0(
     finally:
         gate.opened.set()
         worker.stop()
+
+
+async def test_a_worker_waits_for_kafka_and_still_stops_cleanly(redis_url, worker_log):
+    from test.services import free_port
+
+    env = {
+        "KAFKA_HOSTS": f"127.0.0.1:{free_port()}",
+        "REDIS_URL": redis_url,
+        "THUMBNAIL_STORE": "local",
+    }
+    worker = CrawlerProcess("worker", env, worker_log())
+    try:
+        event = await asyncio.to_thread(worker.wait_for_event, "kafka_unavailable", 30)
+        assert event["op"] == "start_producer"
+        worker.signal(signal.SIGTERM)
+        assert worker.wait(30) == 0, worker.tail()
+        assert "Traceback" not in worker.tail(200)
+    finally:
+        worker.stop()

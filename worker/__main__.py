@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
-import sys
 from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
@@ -18,9 +16,9 @@ import aioboto3
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from image_crawler.config import ConfigError
 from image_crawler.contract import CRAWL_ERRORS_TOPIC, WORKER_GROUP, MalformedMessage, SourceTask
-from image_crawler.logs import configure_logging, get_logger
+from image_crawler.entrypoint import serve, start_kafka_clients
+from image_crawler.logs import get_logger
 from worker.fetch import Fetcher, close_session, new_session
 from worker.outputs import KafkaSink, LocalThumbnailStore, S3ThumbnailStore, ThumbnailStore
 from worker.pipeline import Pipeline
@@ -54,7 +52,6 @@ async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
         producer = AIOKafkaProducer(
             bootstrap_servers=settings.kafka.bootstrap_servers, acks="all", linger_ms=5
         )
-        await producer.start()
         stack.push_async_callback(producer.stop)  # flushes what is still buffered
 
         consumer = AIOKafkaConsumer(
@@ -64,8 +61,12 @@ async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
             auto_offset_reset="earliest",
             max_partition_fetch_bytes=256 * 1024,
         )
-        await consumer.start()
         stack.push_async_callback(consumer.stop)
+        started = await start_kafka_clients(
+            [("producer", producer.start), ("consumer", consumer.start)], stop
+        )
+        if not started:
+            return
 
         store: ThumbnailStore
         if settings.thumbnails.store == "local":
@@ -150,23 +151,8 @@ async def _report(scheduler: Scheduler, stop: asyncio.Event, interval_s: float =
         last = scheduler.finished
 
 
-async def _main() -> int:
-    try:
-        settings = WorkerSettings.from_env()
-    except ConfigError as e:
-        print(f"worker: configuration error: {e}", file=sys.stderr)
-        return 2
-    configure_logging(settings.log_level)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await run(settings, stop)
-    return 0
-
-
 def main() -> None:
-    sys.exit(asyncio.run(_main()))
+    serve("worker", WorkerSettings.from_env, run)
 
 
 if __name__ == "__main__":
