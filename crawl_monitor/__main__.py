@@ -19,7 +19,6 @@ from collections.abc import Coroutine
 from typing import Any
 
 import aiohttp
-import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 
@@ -42,8 +41,7 @@ SHUTDOWN_GRACE_S = 30.0
 async def run(settings: MonitorSettings, stop: asyncio.Event) -> int:
     """Run the monitor until ``stop`` is set (0) or a loop crashes (1)."""
     async with contextlib.AsyncExitStack() as stack:
-        redis = aioredis.from_url(
-            settings.redis.url,
+        redis = settings.redis.client(
             decode_responses=True,
             socket_timeout=settings.redis_timeout_s,
             socket_connect_timeout=settings.redis_timeout_s,
@@ -56,15 +54,15 @@ async def run(settings: MonitorSettings, stop: asyncio.Event) -> int:
             )
             stack.push_async_callback(http.close)
 
-        bootstrap = settings.kafka.bootstrap_servers
+        kafka = settings.kafka.client_options()
         # Stopping a client that never started is harmless, so all are registered now.
-        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+        admin = AIOKafkaAdminClient(**kafka)
         stack.push_async_callback(admin.close)
-        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+        producer = AIOKafkaProducer(**kafka, acks="all", linger_ms=5)
         stack.push_async_callback(producer.stop)  # flushes what is still buffered
         consumer = AIOKafkaConsumer(
             INBOUND_TOPIC,
-            bootstrap_servers=bootstrap,
+            **kafka,
             group_id=SPLITTER_GROUP,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
@@ -113,7 +111,7 @@ async def run(settings: MonitorSettings, stop: asyncio.Event) -> int:
 
         log.info(
             "monitor_started",
-            kafka=bootstrap,
+            kafka=settings.kafka.bootstrap_servers,
             sources_file=str(settings.sources_file) if settings.sources_file else None,
             sources_url=settings.sources_url,
             token_ttl_ms=settings.token_ttl_ms,

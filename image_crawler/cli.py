@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import json
 import os
@@ -94,24 +95,27 @@ def _out(message: str = "") -> None:
 # --- connections --------------------------------------------------------------------------
 
 
-def _kafka_bootstrap(args: argparse.Namespace) -> str:
-    if args.kafka:
-        return str(args.kafka)
-    return KafkaSettings.from_env(os.environ).bootstrap_servers
-
-
-def _redis_url(args: argparse.Namespace) -> str:
-    env = {"REDIS_URL": args.redis} if args.redis else os.environ
+def _kafka_settings(args: argparse.Namespace) -> KafkaSettings:
+    """The environment's Kafka settings (security included), ``--kafka`` overriding hosts."""
     try:
-        return RedisSettings.from_env(env).url
+        settings = KafkaSettings.from_env(os.environ)
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
+    if args.kafka:
+        settings = dataclasses.replace(settings, bootstrap_servers=str(args.kafka))
+    return settings
+
+
+def _redis_settings(args: argparse.Namespace) -> RedisSettings:
+    env = {**os.environ, "REDIS_URL": args.redis} if args.redis else os.environ
+    try:
+        return RedisSettings.from_env(env)
     except ConfigError as e:
         raise UsageError(str(e)) from None
 
 
-def _redis_client(url: str) -> aioredis.Redis:
-    return aioredis.from_url(
-        url, decode_responses=True, socket_connect_timeout=5.0, socket_timeout=5.0
-    )
+def _redis_client(settings: RedisSettings) -> aioredis.Redis:
+    return settings.client(decode_responses=True, socket_connect_timeout=5.0, socket_timeout=5.0)
 
 
 # --- signals ------------------------------------------------------------------------------
@@ -303,7 +307,7 @@ async def _demo(stack: LocalStack, plan: DemoPlan, out: Path, timeout_s: float) 
         try:
             await consumer.start()
             messages = inbound_messages(plan, origin)
-            await send_images(SendSettings(stack.broker.bootstrap), messages)
+            await send_images(SendSettings(KafkaSettings(stack.broker.bootstrap)), messages)
             _out(
                 f"demo: sent {len(messages)} URLs of {len(plan.sources)} sources, "
                 f"served from {origin.url('/')}"
@@ -399,10 +403,12 @@ def cmd_produce(args: argparse.Namespace) -> int:
         raise UsageError(str(e)) from None
     if args.source is not None and not is_valid_source_name(args.source):
         raise UsageError(f"--source is not a valid source name: {args.source!r}")
-    return asyncio.run(_produce(path, fmt, args.source, _kafka_bootstrap(args)))
+    return asyncio.run(_produce(path, fmt, args.source, _kafka_settings(args)))
 
 
-async def _produce(path: Path, fmt: Format, default_source: str | None, bootstrap: str) -> int:
+async def _produce(
+    path: Path, fmt: Format, default_source: str | None, kafka: KafkaSettings
+) -> int:
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     bad = 0
     sent = 0
@@ -443,9 +449,9 @@ async def _produce(path: Path, fmt: Format, default_source: str | None, bootstra
         with progress:
             task = progress.add_task("sending", total=count_lines(path))
             try:
-                await send_images(SendSettings(bootstrap), images(), on_acked=acked)
+                await send_images(SendSettings(kafka), images(), on_acked=acked)
             except KafkaError as e:
-                _error(f"Kafka at {bootstrap}: {e!r} (after {sent} acknowledged)")
+                _error(f"Kafka at {kafka.bootstrap_servers}: {e!r} (after {sent} acknowledged)")
                 _out(f"sent {sent}, bad {bad}")
                 return EXIT_UNAVAILABLE
     summary = f"sent {sent}, bad {bad}"
@@ -461,21 +467,21 @@ async def _produce(path: Path, fmt: Format, default_source: str | None, bootstra
 def cmd_status(args: argparse.Namespace) -> int:
     if args.interval <= 0:
         raise UsageError(f"--interval must be > 0, got {args.interval}")
-    url = _redis_url(args)
+    redis_settings = _redis_settings(args)
     try:
-        return asyncio.run(_status(url, once=args.once, interval_s=args.interval))
+        return asyncio.run(_status(redis_settings, once=args.once, interval_s=args.interval))
     except KeyboardInterrupt:
         return EXIT_OK
 
 
-async def _status(url: str, *, once: bool, interval_s: float) -> int:
+async def _status(redis_settings: RedisSettings, *, once: bool, interval_s: float) -> int:
     console = Console()
-    redis = _redis_client(url)
+    redis = _redis_client(redis_settings)
     try:
         try:
             status: CrawlStatus = await read_status(redis)
         except RedisError as e:
-            _error(f"Redis at {url}: {e}")
+            _error(f"Redis at {redis_settings.redacted_url}: {e}")
             return EXIT_UNAVAILABLE
         if once:
             console.print(status_table(status))
@@ -485,7 +491,7 @@ async def _status(url: str, *, once: bool, interval_s: float) -> int:
             while not stop.is_set():
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), interval_s)
-                note = f"{url}, every {interval_s:g} s; Ctrl-C quits"
+                note = f"{redis_settings.redacted_url}, every {interval_s:g} s; Ctrl-C quits"
                 try:
                     status = await read_status(redis)
                 except RedisError as e:
@@ -507,15 +513,15 @@ def _operate(
         source = controls.source_name(args.source)
     except controls.InvalidArgument as e:
         raise UsageError(str(e)) from None
-    url = _redis_url(args)
+    redis_settings = _redis_settings(args)
 
     async def run() -> int:
-        redis = _redis_client(url)
+        redis = _redis_client(redis_settings)
         try:
             known = await controls.is_known(redis, source)
             done = await action(redis, source)
         except RedisError as e:
-            _error(f"Redis at {url}: {e}")
+            _error(f"Redis at {redis_settings.redacted_url}: {e}")
             return EXIT_UNAVAILABLE
         finally:
             await redis.aclose()

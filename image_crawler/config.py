@@ -7,7 +7,13 @@ turn one environment variable into one typed value, or raise ``ConfigError``.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import redis.asyncio as aioredis
+from aiokafka.helpers import create_ssl_context
 
 
 class ConfigError(ValueError):
@@ -50,18 +56,105 @@ def env_float(env: Mapping[str, str], name: str, default: float, *, minimum: flo
     return value
 
 
+KAFKA_SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+KAFKA_SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class KafkaSettings:
+    """How every Kafka client of a process connects; secrets stay out of ``repr``."""
+
     bootstrap_servers: str = "kafka:9092"
+    security_protocol: str = "PLAINTEXT"
+    sasl_mechanism: str = "PLAIN"
+    sasl_username: str | None = None
+    sasl_password: str | None = dataclasses.field(default=None, repr=False)
+    ssl_cafile: str | None = None
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> KafkaSettings:
-        return cls(bootstrap_servers=env_str(env, "KAFKA_HOSTS", "kafka:9092"))
+        protocol = env_str(env, "KAFKA_SECURITY_PROTOCOL", "PLAINTEXT").upper()
+        if protocol not in KAFKA_SECURITY_PROTOCOLS:
+            raise ConfigError(
+                f"KAFKA_SECURITY_PROTOCOL must be one of {', '.join(KAFKA_SECURITY_PROTOCOLS)},"
+                f" got {protocol!r}"
+            )
+        mechanism = env_str(env, "KAFKA_SASL_MECHANISM", "PLAIN").upper()
+        if mechanism not in KAFKA_SASL_MECHANISMS:
+            raise ConfigError(
+                f"KAFKA_SASL_MECHANISM must be one of {', '.join(KAFKA_SASL_MECHANISMS)},"
+                f" got {mechanism!r}"
+            )
+        settings = cls(
+            bootstrap_servers=env_str(env, "KAFKA_HOSTS", "kafka:9092"),
+            security_protocol=protocol,
+            sasl_mechanism=mechanism,
+            sasl_username=env_optional(env, "KAFKA_SASL_USERNAME"),
+            sasl_password=env_optional(env, "KAFKA_SASL_PASSWORD"),
+            ssl_cafile=env_optional(env, "KAFKA_SSL_CAFILE"),
+            ssl_certfile=env_optional(env, "KAFKA_SSL_CERTFILE"),
+            ssl_keyfile=env_optional(env, "KAFKA_SSL_KEYFILE"),
+        )
+        if protocol.startswith("SASL") and not (settings.sasl_username and settings.sasl_password):
+            raise ConfigError(
+                f"KAFKA_SECURITY_PROTOCOL={protocol} needs KAFKA_SASL_USERNAME and "
+                "KAFKA_SASL_PASSWORD"
+            )
+        for name, path in (
+            ("KAFKA_SSL_CAFILE", settings.ssl_cafile),
+            ("KAFKA_SSL_CERTFILE", settings.ssl_certfile),
+            ("KAFKA_SSL_KEYFILE", settings.ssl_keyfile),
+        ):
+            if path is not None and not os.path.isfile(path):
+                raise ConfigError(f"{name}: no such file {path!r}")
+        return settings
+
+    def client_options(self) -> dict[str, Any]:
+        """Keyword arguments for every aiokafka client (producer, consumer, admin)."""
+        options: dict[str, Any] = {
+            "bootstrap_servers": self.bootstrap_servers,
+            "security_protocol": self.security_protocol,
+        }
+        if self.security_protocol.endswith("SSL"):
+            options["ssl_context"] = create_ssl_context(
+                cafile=self.ssl_cafile, certfile=self.ssl_certfile, keyfile=self.ssl_keyfile
+            )
+        if self.security_protocol.startswith("SASL"):
+            options["sasl_mechanism"] = self.sasl_mechanism
+            options["sasl_plain_username"] = self.sasl_username
+            options["sasl_plain_password"] = self.sasl_password
+        return options
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class RedisSettings:
-    url: str = "redis://redis:6379/0"
+    """Where Redis is. The URL may carry a password (``redis://:pw@host``) and TLS
+    (``rediss://``); ``REDIS_PASSWORD`` keeps the password out of the URL instead, and
+    ``REDIS_TLS_CA_FILE`` names the CA of a ``rediss://`` server."""
+
+    url: str = dataclasses.field(default="redis://redis:6379/0", repr=False)
+    password: str | None = dataclasses.field(default=None, repr=False)
+    tls_ca_file: str | None = None
+
+    @property
+    def redacted_url(self) -> str:
+        """The URL without its password, for logs."""
+        parts = urlsplit(self.url)
+        if parts.password is None:
+            return self.url
+        netloc = parts.netloc.rsplit("@", 1)[1]
+        user = f"{parts.username}:" if parts.username else ":"
+        return urlunsplit(parts._replace(netloc=f"{user}***@{netloc}"))
+
+    def client(self, **options: Any) -> aioredis.Redis:
+        """A redis.asyncio client for this server (``options`` as for ``from_url``)."""
+        if self.password is not None:
+            options["password"] = self.password
+        if self.tls_ca_file is not None:
+            options["ssl_ca_certs"] = self.tls_ca_file
+        return aioredis.from_url(self.url, **options)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> RedisSettings:
@@ -71,8 +164,14 @@ class RedisSettings:
             port = env_int(env, "REDIS_PORT", 6379, minimum=1)
             url = f"redis://{host}:{port}/0"
         if not url.startswith(("redis://", "rediss://", "unix://")):
-            raise ConfigError(f"REDIS_URL must start with redis://, rediss:// or unix://: {url!r}")
-        return cls(url=url)
+            redacted = cls(url=url).redacted_url
+            raise ConfigError(
+                f"REDIS_URL must start with redis://, rediss:// or unix://: {redacted!r}"
+            )
+        tls_ca_file = env_optional(env, "REDIS_TLS_CA_FILE")
+        if tls_ca_file is not None and not os.path.isfile(tls_ca_file):
+            raise ConfigError(f"REDIS_TLS_CA_FILE: no such file {tls_ca_file!r}")
+        return cls(url=url, password=env_optional(env, "REDIS_PASSWORD"), tls_ca_file=tls_ca_file)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 
 from aiokafka import AIOKafkaProducer
 
+from image_crawler.config import KafkaSettings
 from image_crawler.contract import (
     INBOUND_TOPIC,
     MAX_SOURCE_NAME_LENGTH,
@@ -237,7 +238,7 @@ def count_lines(path: Path) -> int:
 class SendSettings:
     """How ``send_images`` talks to Kafka. Sizes in messages, times in seconds."""
 
-    bootstrap_servers: str
+    kafka: KafkaSettings
     batch_size: int = 500
     request_timeout_s: float = 30.0
 
@@ -255,7 +256,7 @@ async def send_images(
     sent; raises aiokafka's ``KafkaError`` when Kafka is away or refuses.
     """
     producer = AIOKafkaProducer(
-        bootstrap_servers=settings.bootstrap_servers,
+        **settings.kafka.client_options(),
         acks="all",
         linger_ms=20,
         request_timeout_ms=int(settings.request_timeout_s * 1000),

@@ -13,7 +13,6 @@ from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
 import aioboto3
-import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from image_crawler.contract import CRAWL_ERRORS_TOPIC, WORKER_GROUP, MalformedMessage, SourceTask
@@ -46,16 +45,14 @@ async def _background(*coroutines: Coroutine[Any, Any, None]) -> AsyncIterator[N
 async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
     """Run one worker until ``stop`` is set."""
     async with contextlib.AsyncExitStack() as stack:
-        redis = aioredis.from_url(settings.redis.url, decode_responses=True)
+        redis = settings.redis.client(decode_responses=True)
         stack.push_async_callback(redis.aclose)
 
-        producer = AIOKafkaProducer(
-            bootstrap_servers=settings.kafka.bootstrap_servers, acks="all", linger_ms=5
-        )
+        producer = AIOKafkaProducer(**settings.kafka.client_options(), acks="all", linger_ms=5)
         stack.push_async_callback(producer.stop)  # flushes what is still buffered
 
         consumer = AIOKafkaConsumer(
-            bootstrap_servers=settings.kafka.bootstrap_servers,
+            **settings.kafka.client_options(),
             group_id=WORKER_GROUP,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
