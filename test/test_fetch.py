@@ -160,3 +160,11 @@ async def test_proxy_variables_are_ignored(origin, fetch, monkeypatch):
     monkeypatch.setenv("http_proxy", "http://127.0.0.1:9/")
     url = origin.add("/a.jpg", b"img", "image/jpeg")
     assert (await fetch(url)).body == b"img"
+
+
+@pytest.mark.parametrize("header_bytes", [20_000, 200_000])
+async def test_oversized_headers_are_refused(origin, fetch, header_bytes):
+    url = origin.add("/a.jpg", b"img", "image/jpeg", headers={"X-Padding": "x" * header_bytes})
+    result = await fetch(url)
+    assert result.status == "BadResponse", result
+    assert result.body is None

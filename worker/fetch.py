@@ -56,6 +56,8 @@ def new_session(settings: FetchSettings, policy: AddressPolicy) -> aiohttp.Clien
         timeout=timeout,
         trust_env=False,
         headers={"User-Agent": settings.user_agent},
+        max_line_size=settings.max_header_bytes,
+        max_field_size=settings.max_header_bytes,
     )
     # aiohttp silently repeats a GET whose connection was dropped: a second request to the
     # source without a token. There is no public switch; aiohttp's own test client turns

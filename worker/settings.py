@@ -29,6 +29,8 @@ class FetchSettings:
     total_timeout_s: float = 120.0
     max_body_bytes: int = 64 * 1024 * 1024
     max_redirects: int = 5
+    # A status line or header field longer than this is refused (status BadResponse).
+    max_header_bytes: int = 8190
     max_connections: int = 1000
     user_agent: str = "image-crawler/0.1 (+https://github.com/cc-archive/image-crawler)"
     # Private networks the fetcher may still connect to (everything non-public is refused).
