@@ -39,11 +39,11 @@ def test_the_service_binaries_ship_with_the_main_dependencies() -> None:
 
 SPAWNER = textwrap.dedent(
     """
-    import signal, subprocess, sys, time
+    import signal, subprocess, sys
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a process that will not stop politely
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    child = subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()"])
     print(child.pid, flush=True)
-    time.sleep(120)
+    signal.pause()  # until killed
     """
 )
 
