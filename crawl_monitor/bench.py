@@ -61,7 +61,8 @@ class BenchSources:
 class LoopMeasurement:
     sources: int
     loops: int
-    # Median and slowest loop, first one (which loads the scripts) excluded.
+    # Median and slowest loop and round trips per loop, the first loop (which loads the
+    # scripts) excluded.
     median_s: float
     slowest_s: float
     first_s: float
@@ -126,20 +127,23 @@ async def measure_loop(
     store = RedisRegulatorStore(redis)
     regulator = Regulator(store, lambda: rates, RegulatorSettings())
     durations = []
+    round_trips = []
     snapshot = None
     for _ in range(loops):
-        started = time.perf_counter()
+        started, before = time.perf_counter(), store.round_trips
         snapshot = await regulator.tick()
         durations.append(time.perf_counter() - started)
+        round_trips.append(store.round_trips - before)
     assert snapshot is not None
     steady = durations[1:] or durations
+    steady_round_trips = round_trips[1:] or round_trips
     return LoopMeasurement(
         sources=n_sources,
         loops=loops,
         median_s=statistics.median(steady),
         slowest_s=max(steady),
         first_s=durations[0],
-        round_trips_per_loop=store.round_trips / loops,
+        round_trips_per_loop=sum(steady_round_trips) / len(steady_round_trips),
         snapshot=snapshot,
         seeded=seeded,
     )

@@ -11,6 +11,7 @@ import time
 
 import pytest
 from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
 from structlog.testing import capture_logs
 
 from crawl_monitor.regulator import Regulator, RegulatorSettings
@@ -258,9 +259,13 @@ async def test_the_loop_fails_closed_while_redis_is_away(fresh_redis_server):
             await wait_for(
                 lambda: events(logs, "redis_unavailable", op="regulate"), 5, what="a failed loop"
             )
-            fresh_redis_server.restart()  # empty: the bucket is gone
-            assert await client.exists(c.tokens_key("src")) == 0
-            await wait_for(lambda: _value(client, "src", "10"), 10, what="refills again")
+            fresh_redis_server.restart()  # no persistence: the bucket is gone
+            # The client's pool may still hold a connection to the killed server: its
+            # first use fails once, which is "not yet", not a failure of the regulator.
+            stale = (RedisConnectionError,)
+            await wait_for(
+                lambda: _value(client, "src", "10"), 10, what="refills again", ignore=stale
+            )
         finally:
             stop.set()
             await asyncio.wait_for(task, 5)
