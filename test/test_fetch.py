@@ -1,10 +1,13 @@
 """The fetcher against a real HTTP origin on loopback."""
 
+import asyncio
 import dataclasses
 
 import pytest
 from aiohttp import web
 
+from test.services import wait_for
+from worker.budget import ByteBudget
 from worker.fetch import Fetcher, new_session
 from worker.netguard import AddressPolicy, parse_networks
 from worker.settings import FetchSettings
@@ -168,3 +171,51 @@ async def test_oversized_headers_are_refused(origin, fetch, header_bytes):
     result = await fetch(url)
     assert result.status == "BadResponse", result
     assert result.body is None
+
+
+async def _budgeted(budget):
+    session = new_session(SETTINGS, ORIGIN_ONLY)
+    return session, Fetcher(session, SETTINGS, ORIGIN_ONLY, budget).fetch
+
+
+async def test_a_body_holds_its_bytes_of_the_budget_until_released(origin):
+    budget = ByteBudget(50_000)
+    session, fetch = await _budgeted(budget)
+    try:
+        url = origin.add("/a.jpg", b"x" * 30_000, "image/jpeg")
+        first = await fetch(url)
+        assert first.ok and budget.used == 30_000
+        # A second body does not fit beside the first: its request is answered, but its
+        # body is not read until the first one's bytes are given back.
+        second = asyncio.create_task(fetch(origin.add("/b.jpg", b"y" * 30_000, "image/jpeg")))
+        await wait_for(lambda: budget.waiting == 1, 5, what="the second body waiting")
+        assert not second.done() and budget.used == 30_000
+        first.release()
+        first.release()  # twice is harmless
+        assert (await second).ok and budget.used == 30_000
+    finally:
+        await session.close()
+
+
+async def test_failed_and_undeclared_bodies_give_back_what_they_held(origin):
+    budget = ByteBudget(50_000)
+    session, fetch = await _budgeted(budget)
+
+    async def chunked(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "image/jpeg"})
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        for _ in range(int(request.query["chunks"])):
+            await response.write(b"x" * 10_000)
+        return response
+
+    try:
+        url = origin.add_handler("/stream", chunked)
+        too_large = await fetch(url + "?chunks=20")
+        assert too_large.status == "TooLarge" and budget.used == 0
+        undeclared = await fetch(url + "?chunks=7")  # 70 KB: over the budget, taken as it came
+        assert undeclared.ok and budget.used == 70_000
+        undeclared.release()
+        assert budget.used == 0
+    finally:
+        await session.close()

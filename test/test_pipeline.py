@@ -162,3 +162,16 @@ async def test_a_store_that_is_away_stalls_the_url_instead_of_losing_it():
     assert "u-1.jpg" in p["store"].objects
     assert sum(e["event"] == "dependency_unavailable" for e in logs) == 3
     assert json.loads(c.ResolutionMessage(**p["sink"].messages[c.METADATA_TOPIC][0]).to_json())
+
+
+@pytest.mark.parametrize("body_kind", ["image", "broken"])
+async def test_the_body_is_released_once_its_message_is_finished(body_kind):
+    body = jpeg_with_exif().body if body_kind == "image" else b"not an image"
+    released = []
+    fetched = FetchResult(
+        "200", body=body, release=lambda: released.append(len(p["store"].objects))
+    )
+    pipeline, p = make({"http://origin.test/a.jpg": fetched}, store=FakeStore(failures=2))
+    await pipeline.handle("example", task(), TOPIC)
+    # Once, and only after the thumbnail was stored (the store failed twice first).
+    assert released == ([1] if body_kind == "image" else [0])

@@ -8,16 +8,19 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import Callable
 from typing import Protocol
 
 import aiohttp
 from yarl import URL
 
+from worker.budget import ByteBudget
 from worker.netguard import AddressPolicy, BlockedAddressError, GuardedResolver
 from worker.settings import FetchSettings
 
 ALLOWED_SCHEMES = frozenset({"http", "https"})
 REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
+_CHUNK_BYTES = 256 * 1024
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -25,6 +28,8 @@ class FetchResult:
     status: str  # "200", "404", "Timeout", "ServerDisconnected", "TooLarge", "Blocked", ...
     body: bytes | None = None
     detail: str = ""
+    # Gives the body's bytes back to the fetcher's budget; call once the body is done with.
+    release: Callable[[], None] = dataclasses.field(default=lambda: None, repr=False)
 
     @property
     def ok(self) -> bool:
@@ -71,15 +76,21 @@ class Fetcher:
 
     Redirects are followed here, not by aiohttp, so that every hop's URL is checked
     against ``policy`` before it is requested (a literal address never reaches the
-    resolver, which checks names).
+    resolver, which checks names). With a ``budget``, a body's bytes are taken from it
+    before they are read and held until the caller calls ``FetchResult.release``.
     """
 
     def __init__(
-        self, session: aiohttp.ClientSession, settings: FetchSettings, policy: AddressPolicy
+        self,
+        session: aiohttp.ClientSession,
+        settings: FetchSettings,
+        policy: AddressPolicy,
+        budget: ByteBudget | None = None,
     ) -> None:
         self._session = session
         self._settings = settings
         self._policy = policy
+        self._budget = budget
 
     async def fetch(self, url: str) -> FetchResult:
         try:
@@ -134,16 +145,47 @@ class Fetcher:
 
     async def _read_body(self, response: aiohttp.ClientResponse) -> FetchResult:
         cap = self._settings.max_body_bytes
-        if response.content_length is not None and response.content_length > cap:
-            return FetchResult("TooLarge", detail=f"Content-Length {response.content_length}")
-        chunks: list[bytes] = []
-        size = 0
-        async for chunk in response.content.iter_chunked(256 * 1024):
-            size += len(chunk)
-            if size > cap:
-                return FetchResult("TooLarge", detail=f"body over {cap} bytes")
-            chunks.append(chunk)
-        return FetchResult("200", body=chunks[0] if len(chunks) == 1 else b"".join(chunks))
+        declared = response.content_length
+        if declared is not None and declared > cap:
+            return FetchResult("TooLarge", detail=f"Content-Length {declared}")
+        budget = self._budget
+        # Waits for room before reading; a body without a Content-Length asks for one
+        # chunk's worth and takes the rest as it comes (ByteBudget.take).
+        held = await budget.acquire(declared or _CHUNK_BYTES) if budget is not None else 0
+        handed_over = False
+        try:
+            chunks: list[bytes] = []
+            size = 0
+            async for chunk in response.content.iter_chunked(_CHUNK_BYTES):
+                size += len(chunk)
+                if size > cap:
+                    return FetchResult("TooLarge", detail=f"body over {cap} bytes")
+                if budget is not None and size > held:  # no or a wrong Content-Length
+                    held += budget.take(size - held)
+                chunks.append(chunk)
+            body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            if budget is None:
+                return FetchResult("200", body=body)
+            if size < held:  # a Content-Length larger than the body: keep what it uses
+                budget.release(held - size)
+                held = size
+            handed_over = True
+            return FetchResult("200", body=body, release=_once(budget.release, held))
+        finally:
+            if budget is not None and not handed_over:
+                budget.release(held)
+
+
+def _once(release: Callable[[int], None], size: int) -> Callable[[], None]:
+    done = False
+
+    def release_once() -> None:
+        nonlocal done
+        if not done:
+            done = True
+            release(size)
+
+    return release_once
 
 
 async def close_session(session: aiohttp.ClientSession) -> None:

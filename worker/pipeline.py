@@ -29,7 +29,7 @@ from image_crawler.contract import (
     utc_now_iso,
 )
 from image_crawler.logs import get_logger
-from worker.fetch import UrlFetcher
+from worker.fetch import FetchResult, UrlFetcher
 from worker.image import ImageFailure
 from worker.outputs import DependencyError, MetadataSink, ThumbnailStore
 from worker.processing import ImageProcessor
@@ -119,6 +119,12 @@ class Pipeline:
                     detail=fetched.detail,
                 )
             return fetched.status
+        try:
+            return await self._finish(source, task, fetched)
+        finally:
+            fetched.release()  # the body's bytes go back to the download budget
+
+    async def _finish(self, source: str, task: SourceTask, fetched: FetchResult) -> str:
         assert fetched.body is not None
         image = await self._processor.process(fetched.body)
         if isinstance(image, ImageFailure):
