@@ -1,0 +1,67 @@
+"""The image pool: bodies through a shared in-memory file, the pipe as a fallback."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from test.corpus import good_images
+from worker import processing
+from worker.image import ImageFailure, ProcessedImage, process_image
+from worker.processing import PoolProcessor
+
+
+@pytest.fixture
+def pool():
+    processor = PoolProcessor(2)
+    yield processor
+    processor.close()
+
+
+def a_jpeg():
+    return next(i for i in good_images() if i.content_type == "image/jpeg" and (i.width or 0) > 500)
+
+
+async def test_a_body_shared_through_memory_gives_the_same_result_as_inline(pool):
+    image = a_jpeg()
+    outcome = await pool.process(image.body)
+    assert isinstance(outcome, ProcessedImage)
+    assert outcome == process_image(image.body)
+    assert pool.shares_memory
+
+
+async def test_an_unreadable_file_falls_back_to_the_pipe_for_good(pool):
+    # As if /proc were hardened: the pool process is given a descriptor it cannot open.
+    pool._owner_pid = 999_999_999
+    image = a_jpeg()
+    outcome = await pool.process(image.body)
+    assert outcome == process_image(image.body)
+    assert not pool.shares_memory
+
+
+async def test_no_memfd_falls_back_to_the_pipe(pool, monkeypatch):
+    monkeypatch.delattr(processing.os, "memfd_create")
+    assert isinstance(await pool.process(a_jpeg().body), ProcessedImage)
+    assert not pool.shares_memory
+
+
+def test_the_shared_reader_refuses_a_short_file(tmp_path):
+    path = tmp_path / "short"
+    path.write_bytes(b"abc")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert processing.process_shared(os.getpid(), fd, 10, processing.DEFAULT_LIMITS) == (
+            "unreadable"
+        )
+    finally:
+        os.close(fd)
+
+
+async def test_a_dead_pool_process_is_one_failed_image_and_a_new_pool(pool):
+    await pool.process(a_jpeg().body)  # the pool is up
+    for pid in list(pool._executor._processes):
+        os.kill(pid, 9)
+    outcome = await pool.process(a_jpeg().body)
+    assert isinstance(outcome, ImageFailure) and outcome.status == "ProcessCrashed"
+    assert isinstance(await pool.process(a_jpeg().body), ProcessedImage)
