@@ -1,0 +1,524 @@
+"""One measured crawl: the real stack, the real monitor, ``W`` real workers, ``N`` images.
+
+Per run, on free loopback ports: a fresh tansu broker, redis-server and moto S3 server
+(so nothing of an earlier run is in them), the real monitor (``python -m crawl_monitor``)
+with every source in its ``SOURCES_FILE`` and ``override_rate:{source}`` at
+``rate_rps``, so that the monitor SETs each bucket to that many tokens every second, and
+the workers (``python -m worker``). The origin (``bench.origin``) is shared by the runs.
+
+The URLs are produced straight to the per-source queues ``urls.{source}`` (as the
+splitter would write them; the splitter itself is not exercised), spread round-robin
+over sources and partitions so every source has work from the first second. Outputs are
+read from ``image_metadata_updates``, ``crawl_errors`` and ``link_rot`` without a
+consumer group until every measured uuid is accounted for, or the deadline passes.
+
+The worker's CPU is the user + system time of each worker's whole process tree (main
+process, forkserver, image pool), read after a warm-up crawl (broker group joined, pool
+processes started) and again the moment the last output is read: see bench/README.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import redis.asyncio as aioredis
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from bench.procstats import ProcessTree, Sampler, at_progress
+from image_crawler import contract as c
+from image_crawler.localstack import KafkaBroker, ModuleProcess, RedisServer, wait_for
+from test.services import S3Server, create_bucket, create_topics
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RunConfig:
+    images: int
+    workers: int
+    image_processes: int  # 0: one per CPU (the worker's default)
+    sources: int
+    partitions: int
+    max_tasks: int
+    rate_rps: float
+    warmup: int
+    timeout_s: float
+    profile: bool
+    log_dir: Path
+
+
+def source_names(count: int) -> list[str]:
+    return ["photos"] if count == 1 else [f"site{i:04d}" for i in range(count)]
+
+
+class Outputs:
+    """What the workers published, per uuid, read without a consumer group."""
+
+    def __init__(self) -> None:
+        self.completed_at: dict[str, float] = {}
+        self.resolutions = 0
+        self.exifs = 0
+        self.errors: Counter[str] = Counter()
+        self.error_examples: list[dict[str, Any]] = []
+        self.wanted: set[str] = set()
+        self.done_wanted = 0
+        self.changed = asyncio.Event()
+
+    def add(self, topic: str, value: bytes) -> None:
+        message = json.loads(value)
+        identifier = message.get("identifier")
+        if topic == c.METADATA_TOPIC:
+            if "exif" in message:
+                self.exifs += 1
+                return
+            self.resolutions += 1
+        elif topic == c.CRAWL_ERRORS_TOPIC:
+            self.errors[message.get("status", "Unparseable")] += 1
+            if len(self.error_examples) < 10:
+                self.error_examples.append(message)
+        elif topic == c.LINK_ROT_TOPIC:
+            self.errors["404"] += 1
+        if identifier is not None and identifier not in self.completed_at:
+            self.completed_at[identifier] = time.monotonic()
+            if identifier in self.wanted:
+                self.done_wanted += 1
+        self.changed.set()
+
+
+async def _read_outputs(bootstrap: str, outputs: Outputs, ready: asyncio.Event) -> None:
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        group_id=None,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        max_partition_fetch_bytes=4 * 1024 * 1024,
+    )
+    await consumer.start()
+    try:
+        topics = (c.METADATA_TOPIC, c.CRAWL_ERRORS_TOPIC, c.LINK_ROT_TOPIC)
+        partitions = [
+            TopicPartition(t, p) for t in topics for p in consumer.partitions_for_topic(t) or ()
+        ]
+        consumer.assign(partitions)
+        await consumer.seek_to_beginning(*partitions)
+        ready.set()
+        while True:
+            batches = await consumer.getmany(timeout_ms=200, max_records=5000)
+            for tp, records in batches.items():
+                for record in records:
+                    if record.value is not None:
+                        outputs.add(tp.topic, record.value)
+    finally:
+        await consumer.stop()
+
+
+async def _produce(bootstrap: str, tasks: list[tuple[str, int, bytes]]) -> None:
+    """Produce (topic, partition, value) messages and wait for every acknowledgement."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=20)
+    await producer.start()
+    try:
+        futures = [await producer.send(t, v, partition=p) for t, p, v in tasks]
+        await asyncio.gather(*futures)
+    finally:
+        await producer.stop()
+
+
+def _tasks(
+    sources: list[str], partitions: int, origin_url: str, prefix: str, start: int, count: int
+) -> tuple[list[tuple[str, int, bytes]], list[str]]:
+    """``count`` URLs spread round-robin over sources, then partitions; body ``i`` is
+    corpus file ``i % files`` (the origin's choice)."""
+    tasks, uuids = [], []
+    for i in range(start, start + count):
+        source = sources[i % len(sources)]
+        partition = (i // len(sources)) % partitions
+        uuid = f"{prefix}-{i:07d}-{source}"
+        url = f"{origin_url}/{i}/{uuid}.jpg"
+        tasks.append((c.source_topic(source), partition, c.SourceTask(url, uuid).to_json()))
+        uuids.append(uuid)
+    return tasks, uuids
+
+
+def _worker_env(
+    config: RunConfig, kafka: KafkaBroker, redis: RedisServer, s3: S3Server, bucket: str
+) -> dict[str, str]:
+    return {
+        **kafka.env,
+        **redis.env,
+        **s3.env,
+        "S3_BUCKET": bucket,
+        "MAX_TASKS": str(config.max_tasks),
+        "IMAGE_PROCESSES": str(config.image_processes),
+        "SOURCES_POLL_SECONDS": "1",
+        "ALLOWED_PRIVATE_NETWORKS": "127.0.0.1/32",
+        "LOG_LEVEL": "INFO",
+    }
+
+
+async def _wait_done(outputs: Outputs, total: int, deadline: float) -> bool:
+    while outputs.done_wanted < total:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return False
+        outputs.changed.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(outputs.changed.wait(), min(remaining, 1.0))
+    return True
+
+
+async def run_crawl(config: RunConfig, origin_url: str, files: int) -> dict[str, Any]:
+    """Run one crawl and return its figures (see ``bench.report`` for their meaning)."""
+    config.log_dir.mkdir(parents=True, exist_ok=True)
+    sources = source_names(config.sources)
+    with contextlib.ExitStack() as stack:
+        kafka = stack.enter_context(KafkaBroker(log_dir=config.log_dir))
+        redis_server = stack.enter_context(RedisServer(log_dir=config.log_dir))
+        s3 = stack.enter_context(S3Server(log_dir=config.log_dir))
+        bucket = "bench"
+        create_bucket(s3.endpoint_url, bucket)
+        for start in range(0, len(sources), 200):
+            await create_topics(
+                kafka.bootstrap,
+                [c.source_topic(s) for s in sources[start : start + 200]],
+                partitions=config.partitions,
+            )
+        await create_topics(
+            kafka.bootstrap,
+            [c.METADATA_TOPIC, c.CRAWL_ERRORS_TOPIC, c.LINK_ROT_TOPIC, c.INBOUND_TOPIC],
+        )
+        redis = aioredis.from_url(redis_server.url, decode_responses=True)
+        try:
+            return await _measure(
+                config, stack, kafka, redis_server, redis, s3, bucket, sources, origin_url, files
+            )
+        finally:
+            await redis.aclose()
+
+
+async def _measure(
+    config: RunConfig,
+    stack: contextlib.ExitStack,
+    kafka: KafkaBroker,
+    redis_server: RedisServer,
+    redis: aioredis.Redis,
+    s3: S3Server,
+    bucket: str,
+    sources: list[str],
+    origin_url: str,
+    files: int,
+) -> dict[str, Any]:
+    # The monitor: every source known (SOURCES_FILE) and overridden to rate_rps.
+    sources_file = config.log_dir / "sources.json"
+    sources_file.write_text(json.dumps([{"source_name": s, "image_count": 10**6} for s in sources]))
+    async with redis.pipeline(transaction=False) as pipe:
+        for source in sources:
+            pipe.set(f"{c.OVERRIDE_RATE_PREFIX}{source}", str(config.rate_rps))
+        pipe.sadd(c.INBOUND_SOURCES_SET, *sources)
+        await pipe.execute()
+    monitor = ModuleProcess(
+        "monitor",
+        "crawl_monitor",
+        {**kafka.env, **redis_server.env, "SOURCES_FILE": str(sources_file)},
+        config.log_dir / "monitor.log",
+    )
+    stack.enter_context(monitor.start())
+    await wait_for(
+        lambda: redis.get(c.tokens_key(sources[-1])), 60, 0.1, what="the monitor's first refill"
+    )
+
+    outputs = Outputs()
+    reader_ready = asyncio.Event()
+    reader = asyncio.create_task(_read_outputs(kafka.bootstrap, outputs, reader_ready))
+    try:
+        await asyncio.wait_for(reader_ready.wait(), 30)
+        workers = [
+            stack.enter_context(
+                ModuleProcess(
+                    f"worker{i}",
+                    "worker",
+                    _worker_env(config, kafka, redis_server, s3, bucket),
+                    config.log_dir / f"worker{i}.log",
+                ).start()
+            )
+            for i in range(config.workers)
+        ]
+        return await _crawl(
+            config,
+            kafka,
+            sources,
+            origin_url,
+            files,
+            outputs,
+            workers,
+            monitor,
+            {"redis": redis_server.pid, "kafka": kafka.pid, "s3": s3.pid},
+        )
+    finally:
+        reader.cancel()
+        await asyncio.gather(reader, return_exceptions=True)
+
+
+async def _crawl(
+    config: RunConfig,
+    kafka: KafkaBroker,
+    sources: list[str],
+    origin_url: str,
+    files: int,
+    outputs: Outputs,
+    workers: list[ModuleProcess],
+    monitor: ModuleProcess,
+    services: dict[str, int | None],
+) -> dict[str, Any]:
+    started = time.monotonic()
+    # Warm-up: at least one message per partition, so that every worker has joined the
+    # group, got partitions and started its image pool before anything is measured.
+    warmup = max(config.warmup, len(sources) * config.partitions)
+    tasks, uuids = _tasks(sources, config.partitions, origin_url, "warm", 0, warmup)
+    outputs.wanted = set(uuids)
+    await _produce(kafka.bootstrap, tasks)
+    if not await _wait_done(outputs, warmup, time.monotonic() + 180 + warmup * 0.2):
+        raise RuntimeError(
+            f"warm-up: {outputs.done_wanted} of {warmup} done in time; see {config.log_dir}"
+        )
+    warmup_s = time.monotonic() - started
+
+    trees = [ProcessTree(w.pid) for w in workers if w.pid is not None]
+    others = {name: ProcessTree(pid) for name, pid in services.items() if pid is not None}
+    if monitor.pid is not None:
+        others["monitor"] = ProcessTree(monitor.pid)
+    cpu_before = [t.cpu_by_role() for t in trees]
+    others_before = {name: t.cpu_seconds() for name, t in others.items()}
+
+    tasks, uuids = _tasks(sources, config.partitions, origin_url, "run", 0, config.images)
+    outputs.wanted = set(uuids)
+    outputs.done_wanted = sum(1 for u in uuids if u in outputs.completed_at)
+    sampler = Sampler(trees, lambda: outputs.done_wanted, broker_port=kafka.port)
+    profiler = _start_profiler(config, workers[0]) if config.profile else None
+    sampler.start()
+    t0 = time.monotonic()
+    await _produce(kafka.bootstrap, tasks)
+    produced_s = time.monotonic() - t0
+    finished = await _wait_done(outputs, config.images, t0 + config.timeout_s)
+    t_seen = time.monotonic()
+    cpu_after = [t.cpu_by_role() for t in trees]
+    others_after = {name: t.cpu_seconds() for name, t in others.items()}
+    sampler.stop()
+    peaks = [t.peak_rss() for t in trees]
+    profile = _stop_profiler(profiler) if profiler is not None else None
+    for worker in workers:
+        worker.terminate()
+    for worker in workers:
+        worker.wait(60)
+    return _figures(
+        config,
+        sources,
+        files,
+        outputs,
+        uuids,
+        t0,
+        t_seen,
+        produced_s,
+        warmup,
+        warmup_s,
+        finished,
+        cpu_before,
+        cpu_after,
+        others_before,
+        others_after,
+        sampler,
+        peaks,
+        profile,
+        workers,
+    )
+
+
+def _figures(
+    config: RunConfig,
+    sources: list[str],
+    files: int,
+    outputs: Outputs,
+    uuids: list[str],
+    t0: float,
+    t_seen: float,
+    produced_s: float,
+    warmup: int,
+    warmup_s: float,
+    finished: bool,
+    cpu_before: list[dict[str, float]],
+    cpu_after: list[dict[str, float]],
+    others_before: dict[str, float],
+    others_after: dict[str, float],
+    sampler: Sampler,
+    peaks: list[dict[str, Any]],
+    profile: dict[str, Any] | None,
+    workers: list[ModuleProcess],
+) -> dict[str, Any]:
+    times = sorted(outputs.completed_at[u] - t0 for u in uuids if u in outputs.completed_at)
+    done = len(times)
+    wall_s = times[-1] if times else t_seen - t0
+    worker_cpu = [
+        {role: after[role] - before[role] for role in before}
+        for before, after in zip(cpu_before, cpu_after, strict=True)
+    ]
+    cpu_total = sum(sum(w.values()) for w in worker_cpu)
+    steady = _steady_throughput(times)
+    memory = []
+    for samples, peak, connections in zip(sampler.samples, peaks, sampler.connections, strict=True):
+        marks = {}
+        for share in (0.1, 0.5, 1.0):
+            sample = at_progress(samples, config.images, share)
+            marks[f"{int(share * 100)}%"] = dataclasses.asdict(sample) if sample else None
+        memory.append(
+            {
+                "peak_rss_main_bytes": peak["main"],
+                "peak_rss_pool_max_bytes": peak["pool_max"],
+                "peak_rss_by_process": peak["processes"],
+                "rss_at": marks,
+                "pool_processes": max((s.pool_processes for s in samples), default=0),
+                "broker_connections_max": max(connections, default=None),
+                "broker_connections_samples": len(connections),
+                "broker_connections_last": connections[-1] if connections else None,
+            }
+        )
+    return {
+        "config": {
+            k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(config).items()
+        },
+        "sources": len(sources),
+        "finished": finished,
+        "images_requested": config.images,
+        "images_done": done,
+        "resolutions": outputs.resolutions,
+        "exif_messages": outputs.exifs,
+        "errors": dict(outputs.errors),
+        "error_examples": outputs.error_examples,
+        "warmup_images": warmup,
+        "warmup_s": round(warmup_s, 2),
+        "produce_s": round(produced_s, 3),
+        "wall_s": wall_s,
+        "images_per_s": done / wall_s if wall_s > 0 else None,
+        "images_per_s_steady_10_90": steady,
+        "worker_cpu_s": cpu_total,
+        "worker_cpu_s_by_worker": worker_cpu,
+        "worker_cpu_s_per_image": cpu_total / done if done else None,
+        "worker_main_cpu_s_per_image": (
+            sum(w["main"] for w in worker_cpu) / done if done else None
+        ),
+        "worker_children_cpu_s_per_image": (
+            sum(w["children"] for w in worker_cpu) / done if done else None
+        ),
+        "images_per_worker_cpu_s": done / cpu_total if cpu_total else None,
+        "other_cpu_s": {name: others_after[name] - others_before[name] for name in others_before},
+        "memory": memory,
+        "fairness": _fairness(outputs, uuids, sources, t0, config.images)
+        if len(sources) > 1
+        else None,
+        "worker_log_warnings": [_log_levels(w.log_path) for w in workers],
+        "profile": profile,
+        "corpus_files_served": files,
+    }
+
+
+def _steady_throughput(times: list[float]) -> float | None:
+    """Images per second between the 10 % and the 90 % completion (no start or tail)."""
+    if len(times) < 20:
+        return None
+    low, high = times[len(times) // 10], times[len(times) * 9 // 10]
+    count = len(times) * 9 // 10 - len(times) // 10
+    return count / (high - low) if high > low else None
+
+
+def _fairness(
+    outputs: Outputs, uuids: list[str], sources: list[str], t0: float, total: int
+) -> dict[str, Any]:
+    """Whether every source with work got task slots: first completion per source, and
+    how many sources had completions when 10 % and 50 % of the run was done."""
+    by_source: dict[str, list[float]] = {s: [] for s in sources}
+    for uuid in uuids:
+        if uuid in outputs.completed_at:
+            by_source[uuid.rsplit("-", 1)[1]].append(outputs.completed_at[uuid] - t0)
+    all_times = sorted(t for ts in by_source.values() for t in ts)
+    result: dict[str, Any] = {}
+    for share in (0.1, 0.5):
+        if not all_times:
+            break
+        cut = all_times[min(len(all_times) - 1, int(share * total))]
+        counts = [sum(1 for t in ts if t <= cut) for ts in by_source.values()]
+        result[f"at_{int(share * 100)}%"] = {
+            "elapsed_s": cut,
+            "sources_with_completions": sum(1 for n in counts if n),
+            "completions_per_source_min": min(counts),
+            "completions_per_source_max": max(counts),
+        }
+    firsts = [min(ts) for ts in by_source.values() if ts]
+    result["sources_completed_any"] = len(firsts)
+    result["first_completion_s_max"] = max(firsts, default=None)
+    result["first_completion_s_median"] = sorted(firsts)[len(firsts) // 2] if firsts else None
+    return result
+
+
+def _log_levels(path: Path) -> dict[str, int]:
+    counts: Counter[str] = Counter()
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(event, dict) and event.get("level") in ("warning", "error", "critical"):
+            counts[f"{event['level']}:{event.get('event')}"] += 1
+    return dict(counts)
+
+
+def _start_profiler(config: RunConfig, worker: ModuleProcess) -> subprocess.Popen[bytes] | None:
+    py_spy = Path(sys.executable).parent / "py-spy"
+    if not py_spy.exists():
+        print("py-spy is not installed (pip install py-spy): no profile", file=sys.stderr)
+        return None
+    out = config.log_dir / "worker0.pyspy.txt"
+    return subprocess.Popen(
+        [
+            str(py_spy),
+            "record",
+            "--pid",
+            str(worker.pid),
+            "--subprocesses",
+            "--format",
+            "raw",
+            "--rate",
+            "100",
+            "--nonblocking",
+            "--output",
+            str(out),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=open(config.log_dir / "py-spy.log", "wb"),
+    )
+
+
+def _stop_profiler(profiler: subprocess.Popen[bytes] | None) -> dict[str, Any] | None:
+    if profiler is None:
+        return None
+    from bench.profile import summarise
+
+    profiler.send_signal(signal.SIGINT)
+    try:
+        profiler.wait(60)
+    except subprocess.TimeoutExpired:
+        profiler.kill()
+        profiler.wait()
+    args = profiler.args
+    assert isinstance(args, list)
+    path = Path(args[args.index("--output") + 1])
+    return (
+        summarise(path, int(args[args.index("--pid") + 1]))
+        if path.is_file()
+        else {"error": f"no output at {path}"}
+    )

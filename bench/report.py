@@ -1,0 +1,237 @@
+"""The benchmark's verdicts against the targets, and its short table (text and markdown)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+GIB = 1024**3
+MIB = 1024**2
+
+# The targets of issue 6.
+WORKER_OVER_KERNEL_MAX = 1.3
+PEAK_RSS_MAX_BYTES = GIB
+RSS_GROWTH_MAX = 1.10  # RSS at 100 % over RSS at 50 % of the run
+SCALE_THROUGHPUT_MIN = 0.90  # many sources over one source
+MONITOR_LOOP_MAX_S = 0.250  # at 10,000 sources
+BROKER_CONNECTIONS_MAX = 4  # a producer and a consumer (bootstrap, coordinator, fetch)
+
+
+def _mib(value: float | None) -> str:
+    return "-" if value is None else f"{value / MIB:,.0f} MiB"
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1000:,.1f} ms"
+
+
+def _num(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def verdicts(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per target: what was measured, the limit, and whether it holds."""
+    rows: list[dict[str, Any]] = []
+    kernel = result["kernel"]["cpu_s_per_image"]
+    runs = result["runs"]
+    for run in runs:
+        name = f"{run['sources']} source(s)"
+        per_image = run["worker_cpu_s_per_image"]
+        if per_image is not None:
+            ratio = per_image / kernel
+            rows.append(
+                _row(
+                    f"worker CPU / kernel CPU per image, {name}",
+                    ratio,
+                    f"<= {WORKER_OVER_KERNEL_MAX}",
+                    ratio <= WORKER_OVER_KERNEL_MAX,
+                    f"{ratio:.2f}",
+                )
+            )
+        for i, memory in enumerate(run["memory"]):
+            peak = memory["peak_rss_main_bytes"]
+            rows.append(
+                _row(
+                    f"peak RSS of worker {i} main process, {name}",
+                    peak,
+                    "< 1 GiB",
+                    peak < PEAK_RSS_MAX_BYTES,
+                    _mib(peak),
+                )
+            )
+            pool = memory["peak_rss_pool_max_bytes"]
+            rows.append(
+                _row(
+                    f"peak RSS of worker {i}'s largest pool process, {name}",
+                    pool,
+                    "< 1 GiB",
+                    pool < PEAK_RSS_MAX_BYTES,
+                    _mib(pool),
+                )
+            )
+            half, full = memory["rss_at"].get("50%"), memory["rss_at"].get("100%")
+            if half and full and half["main_rss"]:
+                growth = full["main_rss"] / half["main_rss"]
+                rows.append(
+                    _row(
+                        f"worker {i} RSS growth 50% -> 100% of the run, {name}",
+                        growth,
+                        f"<= {RSS_GROWTH_MAX}",
+                        growth <= RSS_GROWTH_MAX,
+                        f"x{growth:.2f}",
+                    )
+                )
+            connections = memory["broker_connections_max"]
+            if connections is not None:
+                rows.append(
+                    _row(
+                        f"worker {i} TCP connections to the broker (max), {name}",
+                        connections,
+                        f"<= {BROKER_CONNECTIONS_MAX}",
+                        connections <= BROKER_CONNECTIONS_MAX,
+                        str(connections),
+                    )
+                )
+        fairness = run.get("fairness")
+        if fairness:
+            half = fairness.get("at_50%", {})
+            got = half.get("sources_with_completions", 0)
+            rows.append(
+                _row(
+                    f"sources with completed images at 50% of the run, {name}",
+                    got,
+                    f"all {run['sources']}",
+                    got == run["sources"],
+                    f"{got} of {run['sources']}",
+                )
+            )
+    single = next((r for r in runs if r["sources"] == 1), None)
+    for run in runs:
+        if single is None or run is single:
+            continue
+        a, b = run["images_per_s_steady_10_90"], single["images_per_s_steady_10_90"]
+        if a and b:
+            ratio = a / b
+            rows.append(
+                _row(
+                    f"throughput {run['sources']} sources / 1 source (steady)",
+                    ratio,
+                    f">= {SCALE_THROUGHPUT_MIN}",
+                    ratio >= SCALE_THROUGHPUT_MIN,
+                    f"{ratio:.2f}",
+                )
+            )
+    for loop in result.get("monitor", []):
+        if loop["sources"] == 10_000:
+            took = loop["loop_s_median"]
+            rows.append(
+                _row(
+                    "monitor loop with 10,000 sources (median)",
+                    took,
+                    "< 250 ms",
+                    took < MONITOR_LOOP_MAX_S,
+                    _ms(took),
+                )
+            )
+    return rows
+
+
+def _row(target: str, value: float, limit: str, ok: bool, shown: str) -> dict[str, Any]:
+    return {"target": target, "value": value, "shown": shown, "limit": limit, "ok": bool(ok)}
+
+
+def table(result: dict[str, Any]) -> list[tuple[str, str]]:
+    """(figure, value) pairs, in the order the issue lists them."""
+    kernel = result["kernel"]
+    corpus = result["corpus"]
+    rows: list[tuple[str, str]] = [
+        (
+            "corpus",
+            f"{corpus['files']} files from {corpus['photographs']} photographs, "
+            f"median {corpus['size_bytes']['median'] / 1e6:.2f} MB, "
+            f"{corpus['share_1_to_3_mb'] * 100:.0f}% in 1-3 MB",
+        ),
+        ("kernel CPU per image", _ms(kernel["cpu_s_per_image"])),
+    ]
+    for run in result["runs"]:
+        tag = f"[{run['sources']} src, {run['config']['workers']} wkr, {run['images_done']} img]"
+        per_image = run["worker_cpu_s_per_image"]
+        rows += [
+            (f"{tag} worker CPU per image", _ms(per_image)),
+            (f"{tag}   of which main process", _ms(run["worker_main_cpu_s_per_image"])),
+            (f"{tag}   of which pool + forkserver", _ms(run["worker_children_cpu_s_per_image"])),
+            (
+                f"{tag} worker / kernel",
+                _num(per_image / kernel["cpu_s_per_image"], 2) if per_image else "-",
+            ),
+            (f"{tag} images per worker CPU second", _num(run["images_per_worker_cpu_s"])),
+            (f"{tag} throughput (whole run)", f"{_num(run['images_per_s'])} images/s"),
+            (f"{tag} throughput (10%-90%)", f"{_num(run['images_per_s_steady_10_90'])} images/s"),
+            (f"{tag} errors", str(run["errors"] or "none")),
+        ]
+        for i, memory in enumerate(run["memory"]):
+            at = memory["rss_at"]
+            rss = " / ".join(
+                _mib(at[k]["main_rss"]) if at.get(k) else "-" for k in ("10%", "50%", "100%")
+            )
+            rows += [
+                (
+                    f"{tag} worker {i} peak RSS main / largest pool process",
+                    f"{_mib(memory['peak_rss_main_bytes'])} / "
+                    f"{_mib(memory['peak_rss_pool_max_bytes'])}",
+                ),
+                (f"{tag} worker {i} RSS at 10% / 50% / 100%", rss),
+                (
+                    f"{tag} worker {i} broker connections (max)",
+                    str(memory["broker_connections_max"]),
+                ),
+            ]
+        fairness = run.get("fairness")
+        if fairness:
+            half = fairness.get("at_50%", {})
+            rows.append(
+                (
+                    f"{tag} sources served by 50% of the run",
+                    f"{half.get('sources_with_completions')} of {run['sources']} "
+                    f"(per source {half.get('completions_per_source_min')}-"
+                    f"{half.get('completions_per_source_max')} done)",
+                )
+            )
+        others = ", ".join(f"{k} {v:.1f}" for k, v in sorted(run["other_cpu_s"].items()))
+        rows.append((f"{tag} other processes' CPU s", others))
+    for loop in result.get("monitor", []):
+        rows.append(
+            (
+                f"monitor loop, {loop['sources']:,} sources",
+                f"{_ms(loop['loop_s_median'])} wall, {_ms(loop['loop_cpu_s_median'])} CPU "
+                f"(+ redis-server {_ms(loop['redis_server_cpu_s_per_loop'])})",
+            )
+        )
+    return rows
+
+
+def render_text(result: dict[str, Any]) -> str:
+    rows = table(result)
+    width = max(len(k) for k, _ in rows)
+    lines = [f"{k.ljust(width)}  {v}" for k, v in rows]
+    lines.append("")
+    for v in result["verdicts"]:
+        lines.append(f"{'PASS' if v['ok'] else 'FAIL'}  {v['target']}: {v['shown']} ({v['limit']})")
+    return "\n".join(lines)
+
+
+def render_markdown(result: dict[str, Any]) -> str:
+    machine = result["machine"]
+    lines = [
+        f"Benchmark of {result['started']} on {machine['cpus']} CPUs ({machine['cpu_model']}), "
+        f"load average at start {machine['load_average_at_start']}.",
+        "",
+        "| figure | value |",
+        "| --- | --- |",
+    ]
+    lines += [f"| {k} | {v} |" for k, v in table(result)]
+    lines += ["", "| target | measured | limit | verdict |", "| --- | --- | --- | --- |"]
+    lines += [
+        f"| {v['target']} | {v['shown']} | {v['limit']} | {'pass' if v['ok'] else 'FAIL'} |"
+        for v in result["verdicts"]
+    ]
+    return "\n".join(lines) + "\n"
