@@ -1,0 +1,1 @@
+"""The crawler's benchmark: ``python -m bench`` (see bench/README.md)."""

@@ -16,8 +16,6 @@ import os
 import platform
 import sys
 import tempfile
-import urllib.request
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,34 +27,7 @@ from bench.crawl import RunConfig, run_crawl
 from bench.kernel import measure_kernel
 from bench.monitor_loop import measure_monitor
 from bench.report import render_markdown, render_text, verdicts
-from image_crawler.localstack import LOOPBACK, Service
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-class Origin(Service):
-    """``python -m bench.origin``: the corpus over HTTP from memory, in its own process."""
-
-    name = "origin"
-    start_timeout_s = 60.0  # reads a few hundred MB first
-
-    def __init__(self, corpus_dir: Path, log_dir: Path) -> None:
-        super().__init__(log_dir=log_dir)
-        self.corpus_dir = corpus_dir
-
-    @property
-    def url(self) -> str:
-        return f"http://{LOOPBACK}:{self.port}"
-
-    def _command(self) -> list[str]:
-        return [sys.executable, "-m", "bench.origin", str(self.corpus_dir), str(self.port)]
-
-    def _env(self) -> Mapping[str, str]:
-        return {**os.environ, "PYTHONPATH": str(ROOT)}
-
-    def _probe(self) -> bool:
-        with urllib.request.urlopen(f"{self.url}/health", timeout=1.0) as response:
-            return bool(response.read())
+from bench.services import ROOT, Origin
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
@@ -77,6 +48,12 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
         type=int,
         default=0,
         help="partitions per source topic (0: 4 for one source, else 1)",
+    )
+    parser.add_argument(
+        "--s3",
+        choices=("sink", "moto"),
+        default="sink",
+        help="where thumbnails go: bench.s3sink (default) or moto",
     )
     parser.add_argument("--max-tasks", type=int, default=3000, help="MAX_TASKS of each worker")
     parser.add_argument(
@@ -170,6 +147,7 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
                 warmup=args.warmup,
                 timeout_s=args.timeout or 600 + args.images / 5,
                 profile=args.profile,
+                s3=args.s3,
                 log_dir=log_dir / f"run-{count}-sources",
             )
             print(f"crawl: {count} source(s), {args.images} images", file=sys.stderr)

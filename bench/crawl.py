@@ -34,7 +34,8 @@ from typing import Any
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from bench.procstats import ProcessTree, Sampler, at_progress
+from bench.procstats import MemorySample, ProcessTree, Sampler, at_progress
+from bench.services import S3Sink, s3_service, thumbnails_stored
 from image_crawler import contract as c
 from image_crawler.localstack import KafkaBroker, ModuleProcess, RedisServer, wait_for
 from test.services import S3Server, create_bucket, create_topics
@@ -52,6 +53,7 @@ class RunConfig:
     warmup: int
     timeout_s: float
     profile: bool
+    s3: str  # "sink" or "moto"
     log_dir: Path
 
 
@@ -148,7 +150,11 @@ def _tasks(
 
 
 def _worker_env(
-    config: RunConfig, kafka: KafkaBroker, redis: RedisServer, s3: S3Server, bucket: str
+    config: RunConfig,
+    kafka: KafkaBroker,
+    redis: RedisServer,
+    s3: S3Server | S3Sink,
+    bucket: str,
 ) -> dict[str, str]:
     return {
         **kafka.env,
@@ -174,20 +180,59 @@ async def _wait_done(outputs: Outputs, total: int, deadline: float) -> bool:
     return True
 
 
+@dataclasses.dataclass(slots=True)
+class _Stack:
+    """What one crawl runs against, once started."""
+
+    kafka: KafkaBroker
+    redis_server: RedisServer
+    s3: S3Server | S3Sink
+    bucket: str
+    sources: list[str]
+    origin_url: str
+    workers: list[ModuleProcess] = dataclasses.field(default_factory=list)
+    monitor: ModuleProcess | None = None
+
+    def service_pids(self) -> dict[str, int | None]:
+        monitor = self.monitor.pid if self.monitor is not None else None
+        return {
+            "kafka": self.kafka.pid,
+            "redis": self.redis_server.pid,
+            "s3": self.s3.pid,
+            "monitor": monitor,
+        }
+
+
+@dataclasses.dataclass(slots=True)
+class _Window:
+    """The measured part of a crawl: from producing the URLs to the last output read."""
+
+    t0: float
+    produce_s: float = 0.0
+    t_seen: float = 0.0
+    finished: bool = False
+    worker_cpu: list[dict[str, float]] = dataclasses.field(default_factory=list)
+    other_cpu: dict[str, float] = dataclasses.field(default_factory=dict)
+    peaks: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    profile: dict[str, Any] | None = None
+    sampler: Sampler | None = None
+
+
 async def run_crawl(config: RunConfig, origin_url: str, files: int) -> dict[str, Any]:
     """Run one crawl and return its figures (see ``bench.report`` for their meaning)."""
     config.log_dir.mkdir(parents=True, exist_ok=True)
-    sources = source_names(config.sources)
-    with contextlib.ExitStack() as stack:
-        kafka = stack.enter_context(KafkaBroker(log_dir=config.log_dir))
-        redis_server = stack.enter_context(RedisServer(log_dir=config.log_dir))
-        s3 = stack.enter_context(S3Server(log_dir=config.log_dir))
-        bucket = "bench"
-        create_bucket(s3.endpoint_url, bucket)
-        for start in range(0, len(sources), 200):
+    with contextlib.ExitStack() as exits:
+        kafka = exits.enter_context(KafkaBroker(log_dir=config.log_dir))
+        redis_server = exits.enter_context(RedisServer(log_dir=config.log_dir))
+        s3 = s3_service(config.s3, config.log_dir)
+        exits.enter_context(s3)
+        stack = _Stack(kafka, redis_server, s3, "bench", source_names(config.sources), origin_url)
+        if isinstance(s3, S3Server):
+            create_bucket(s3.endpoint_url, stack.bucket)
+        for start in range(0, len(stack.sources), 200):
             await create_topics(
                 kafka.bootstrap,
-                [c.source_topic(s) for s in sources[start : start + 200]],
+                [c.source_topic(s) for s in stack.sources[start : start + 200]],
                 partitions=config.partitions,
             )
         await create_topics(
@@ -196,235 +241,188 @@ async def run_crawl(config: RunConfig, origin_url: str, files: int) -> dict[str,
         )
         redis = aioredis.from_url(redis_server.url, decode_responses=True)
         try:
-            return await _measure(
-                config, stack, kafka, redis_server, redis, s3, bucket, sources, origin_url, files
-            )
+            await _start_monitor(config, stack, redis, exits)
         finally:
             await redis.aclose()
-
-
-async def _measure(
-    config: RunConfig,
-    stack: contextlib.ExitStack,
-    kafka: KafkaBroker,
-    redis_server: RedisServer,
-    redis: aioredis.Redis,
-    s3: S3Server,
-    bucket: str,
-    sources: list[str],
-    origin_url: str,
-    files: int,
-) -> dict[str, Any]:
-    # The monitor: every source known (SOURCES_FILE) and overridden to rate_rps.
-    sources_file = config.log_dir / "sources.json"
-    sources_file.write_text(json.dumps([{"source_name": s, "image_count": 10**6} for s in sources]))
-    async with redis.pipeline(transaction=False) as pipe:
-        for source in sources:
-            pipe.set(f"{c.OVERRIDE_RATE_PREFIX}{source}", str(config.rate_rps))
-        pipe.sadd(c.INBOUND_SOURCES_SET, *sources)
-        await pipe.execute()
-    monitor = ModuleProcess(
-        "monitor",
-        "crawl_monitor",
-        {**kafka.env, **redis_server.env, "SOURCES_FILE": str(sources_file)},
-        config.log_dir / "monitor.log",
-    )
-    stack.enter_context(monitor.start())
-    await wait_for(
-        lambda: redis.get(c.tokens_key(sources[-1])), 60, 0.1, what="the monitor's first refill"
-    )
-
-    outputs = Outputs()
-    reader_ready = asyncio.Event()
-    reader = asyncio.create_task(_read_outputs(kafka.bootstrap, outputs, reader_ready))
-    try:
-        await asyncio.wait_for(reader_ready.wait(), 30)
-        workers = [
-            stack.enter_context(
-                ModuleProcess(
-                    f"worker{i}",
-                    "worker",
-                    _worker_env(config, kafka, redis_server, s3, bucket),
-                    config.log_dir / f"worker{i}.log",
-                ).start()
-            )
-            for i in range(config.workers)
-        ]
-        return await _crawl(
-            config,
-            kafka,
-            sources,
-            origin_url,
-            files,
-            outputs,
-            workers,
-            monitor,
-            {"redis": redis_server.pid, "kafka": kafka.pid, "s3": s3.pid},
+        outputs = Outputs()
+        reader_ready = asyncio.Event()
+        reader = asyncio.create_task(_read_outputs(kafka.bootstrap, outputs, reader_ready))
+        try:
+            await asyncio.wait_for(reader_ready.wait(), 30)
+            env = _worker_env(config, kafka, redis_server, s3, stack.bucket)
+            for i in range(config.workers):
+                worker = ModuleProcess(
+                    f"worker{i}", "worker", env, config.log_dir / f"worker{i}.log"
+                )
+                stack.workers.append(exits.enter_context(worker.start()))
+            warmup, warmup_s = await _warm_up(config, stack, outputs)
+            window = await _measure(config, stack, outputs)
+        finally:
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
+        figures = _figures(config, stack, outputs, window)
+        figures.update(
+            warmup_images=warmup,
+            warmup_s=round(warmup_s, 2),
+            thumbnails_stored=thumbnails_stored(s3, stack.bucket),
+            corpus_files_served=files,
         )
-    finally:
-        reader.cancel()
-        await asyncio.gather(reader, return_exceptions=True)
+        return figures
 
 
-async def _crawl(
-    config: RunConfig,
-    kafka: KafkaBroker,
-    sources: list[str],
-    origin_url: str,
-    files: int,
-    outputs: Outputs,
-    workers: list[ModuleProcess],
-    monitor: ModuleProcess,
-    services: dict[str, int | None],
-) -> dict[str, Any]:
+async def _start_monitor(
+    config: RunConfig, stack: _Stack, redis: aioredis.Redis, exits: contextlib.ExitStack
+) -> None:
+    """The real monitor, with every source known (SOURCES_FILE) and overridden to
+    ``rate_rps``; returns after its first refill. The sources are registered in
+    ``inbound_sources`` here, as the splitter would."""
+    sources_file = config.log_dir / "sources.json"
+    sources_file.write_text(
+        json.dumps([{"source_name": s, "image_count": 10**6} for s in stack.sources])
+    )
+    async with redis.pipeline(transaction=False) as pipe:
+        for source in stack.sources:
+            pipe.set(f"{c.OVERRIDE_RATE_PREFIX}{source}", str(config.rate_rps))
+        pipe.sadd(c.INBOUND_SOURCES_SET, *stack.sources)
+        await pipe.execute()
+    env = {**stack.kafka.env, **stack.redis_server.env, "SOURCES_FILE": str(sources_file)}
+    monitor = ModuleProcess("monitor", "crawl_monitor", env, config.log_dir / "monitor.log")
+    stack.monitor = exits.enter_context(monitor.start())
+    await wait_for(
+        lambda: redis.get(c.tokens_key(stack.sources[-1])),
+        60,
+        0.1,
+        what="the monitor's first refill",
+    )
+
+
+async def _warm_up(config: RunConfig, stack: _Stack, outputs: Outputs) -> tuple[int, float]:
+    """Crawl at least one image per partition, so that every worker has joined the group,
+    got partitions and started its image pool before anything is measured."""
     started = time.monotonic()
-    # Warm-up: at least one message per partition, so that every worker has joined the
-    # group, got partitions and started its image pool before anything is measured.
-    warmup = max(config.warmup, len(sources) * config.partitions)
-    tasks, uuids = _tasks(sources, config.partitions, origin_url, "warm", 0, warmup)
+    warmup = max(config.warmup, len(stack.sources) * config.partitions)
+    tasks, uuids = _tasks(stack.sources, config.partitions, stack.origin_url, "warm", 0, warmup)
     outputs.wanted = set(uuids)
-    await _produce(kafka.bootstrap, tasks)
+    await _produce(stack.kafka.bootstrap, tasks)
     if not await _wait_done(outputs, warmup, time.monotonic() + 180 + warmup * 0.2):
         raise RuntimeError(
             f"warm-up: {outputs.done_wanted} of {warmup} done in time; see {config.log_dir}"
         )
-    warmup_s = time.monotonic() - started
+    return warmup, time.monotonic() - started
 
-    trees = [ProcessTree(w.pid) for w in workers if w.pid is not None]
-    others = {name: ProcessTree(pid) for name, pid in services.items() if pid is not None}
-    if monitor.pid is not None:
-        others["monitor"] = ProcessTree(monitor.pid)
+
+async def _measure(config: RunConfig, stack: _Stack, outputs: Outputs) -> _Window:
+    trees = [ProcessTree(w.pid) for w in stack.workers if w.pid is not None]
+    others = {name: ProcessTree(pid) for name, pid in stack.service_pids().items() if pid}
     cpu_before = [t.cpu_by_role() for t in trees]
     others_before = {name: t.cpu_seconds() for name, t in others.items()}
 
-    tasks, uuids = _tasks(sources, config.partitions, origin_url, "run", 0, config.images)
+    tasks, uuids = _tasks(stack.sources, config.partitions, stack.origin_url, "run", 0,
+                          config.images)  # fmt: skip
     outputs.wanted = set(uuids)
     outputs.done_wanted = sum(1 for u in uuids if u in outputs.completed_at)
-    sampler = Sampler(trees, lambda: outputs.done_wanted, broker_port=kafka.port)
-    profiler = _start_profiler(config, workers[0]) if config.profile else None
+    sampler = Sampler(trees, lambda: outputs.done_wanted, broker_port=stack.kafka.port)
+    profiler = _start_profiler(config, stack.workers[0]) if config.profile else None
     sampler.start()
-    t0 = time.monotonic()
-    await _produce(kafka.bootstrap, tasks)
-    produced_s = time.monotonic() - t0
-    finished = await _wait_done(outputs, config.images, t0 + config.timeout_s)
-    t_seen = time.monotonic()
+    window = _Window(t0=time.monotonic())
+    await _produce(stack.kafka.bootstrap, tasks)
+    window.produce_s = time.monotonic() - window.t0
+    window.finished = await _wait_done(outputs, config.images, window.t0 + config.timeout_s)
+    window.t_seen = time.monotonic()
     cpu_after = [t.cpu_by_role() for t in trees]
-    others_after = {name: t.cpu_seconds() for name, t in others.items()}
+    window.other_cpu = {n: t.cpu_seconds() - others_before[n] for n, t in others.items()}
     sampler.stop()
-    peaks = [t.peak_rss() for t in trees]
-    profile = _stop_profiler(profiler) if profiler is not None else None
-    for worker in workers:
-        worker.terminate()
-    for worker in workers:
-        worker.wait(60)
-    return _figures(
-        config,
-        sources,
-        files,
-        outputs,
-        uuids,
-        t0,
-        t_seen,
-        produced_s,
-        warmup,
-        warmup_s,
-        finished,
-        cpu_before,
-        cpu_after,
-        others_before,
-        others_after,
-        sampler,
-        peaks,
-        profile,
-        workers,
-    )
-
-
-def _figures(
-    config: RunConfig,
-    sources: list[str],
-    files: int,
-    outputs: Outputs,
-    uuids: list[str],
-    t0: float,
-    t_seen: float,
-    produced_s: float,
-    warmup: int,
-    warmup_s: float,
-    finished: bool,
-    cpu_before: list[dict[str, float]],
-    cpu_after: list[dict[str, float]],
-    others_before: dict[str, float],
-    others_after: dict[str, float],
-    sampler: Sampler,
-    peaks: list[dict[str, Any]],
-    profile: dict[str, Any] | None,
-    workers: list[ModuleProcess],
-) -> dict[str, Any]:
-    times = sorted(outputs.completed_at[u] - t0 for u in uuids if u in outputs.completed_at)
-    done = len(times)
-    wall_s = times[-1] if times else t_seen - t0
-    worker_cpu = [
+    window.worker_cpu = [
         {role: after[role] - before[role] for role in before}
         for before, after in zip(cpu_before, cpu_after, strict=True)
     ]
-    cpu_total = sum(sum(w.values()) for w in worker_cpu)
-    steady = _steady_throughput(times)
-    memory = []
-    for samples, peak, connections in zip(sampler.samples, peaks, sampler.connections, strict=True):
-        marks = {}
-        for share in (0.1, 0.5, 1.0):
-            sample = at_progress(samples, config.images, share)
-            marks[f"{int(share * 100)}%"] = dataclasses.asdict(sample) if sample else None
-        memory.append(
-            {
-                "peak_rss_main_bytes": peak["main"],
-                "peak_rss_pool_max_bytes": peak["pool_max"],
-                "peak_rss_by_process": peak["processes"],
-                "rss_at": marks,
-                "pool_processes": max((s.pool_processes for s in samples), default=0),
-                "broker_connections_max": max(connections, default=None),
-                "broker_connections_samples": len(connections),
-                "broker_connections_last": connections[-1] if connections else None,
-            }
-        )
+    window.peaks = [t.peak_rss() for t in trees]
+    window.profile = _stop_profiler(profiler)
+    window.sampler = sampler
+    for worker in stack.workers:
+        worker.terminate()
+    for worker in stack.workers:
+        worker.wait(60)
+    return window
+
+
+def _figures(config: RunConfig, stack: _Stack, outputs: Outputs, window: _Window) -> dict[str, Any]:
+    uuids = sorted(outputs.wanted)
+    times = sorted(outputs.completed_at[u] - window.t0 for u in uuids if u in outputs.completed_at)
+    done = len(times)
+    wall_s = times[-1] if times else window.t_seen - window.t0
+    cpu_total = sum(sum(w.values()) for w in window.worker_cpu)
+    sampler = window.sampler
+    assert sampler is not None
+
+    def per_image(seconds: float) -> float | None:
+        return seconds / done if done else None
+
     return {
         "config": {
             k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(config).items()
         },
-        "sources": len(sources),
-        "finished": finished,
+        "sources": len(stack.sources),
+        "finished": window.finished,
         "images_requested": config.images,
         "images_done": done,
         "resolutions": outputs.resolutions,
         "exif_messages": outputs.exifs,
         "errors": dict(outputs.errors),
         "error_examples": outputs.error_examples,
-        "warmup_images": warmup,
-        "warmup_s": round(warmup_s, 2),
-        "produce_s": round(produced_s, 3),
+        "produce_s": round(window.produce_s, 3),
         "wall_s": wall_s,
+        "completed_by_s": _deciles(times),
         "images_per_s": done / wall_s if wall_s > 0 else None,
-        "images_per_s_steady_10_90": steady,
+        "images_per_s_steady_10_90": _steady_throughput(times),
         "worker_cpu_s": cpu_total,
-        "worker_cpu_s_by_worker": worker_cpu,
-        "worker_cpu_s_per_image": cpu_total / done if done else None,
-        "worker_main_cpu_s_per_image": (
-            sum(w["main"] for w in worker_cpu) / done if done else None
-        ),
-        "worker_children_cpu_s_per_image": (
-            sum(w["children"] for w in worker_cpu) / done if done else None
-        ),
+        "worker_cpu_s_by_worker": window.worker_cpu,
+        "worker_cpu_s_per_image": per_image(cpu_total),
+        "worker_main_cpu_s_per_image": per_image(sum(w["main"] for w in window.worker_cpu)),
+        "worker_children_cpu_s_per_image": per_image(sum(w["children"] for w in window.worker_cpu)),
         "images_per_worker_cpu_s": done / cpu_total if cpu_total else None,
-        "other_cpu_s": {name: others_after[name] - others_before[name] for name in others_before},
-        "memory": memory,
-        "fairness": _fairness(outputs, uuids, sources, t0, config.images)
-        if len(sources) > 1
-        else None,
-        "worker_log_warnings": [_log_levels(w.log_path) for w in workers],
-        "profile": profile,
-        "corpus_files_served": files,
+        "other_cpu_s": window.other_cpu,
+        "memory": [
+            _memory(samples, peak, connections, config.images)
+            for samples, peak, connections in zip(
+                sampler.samples, window.peaks, sampler.connections, strict=True
+            )
+        ],
+        "fairness": (
+            _fairness(outputs, uuids, stack.sources, window.t0, config.images)
+            if len(stack.sources) > 1
+            else None
+        ),
+        "worker_log_warnings": [_log_levels(w.log_path) for w in stack.workers],
+        "profile": window.profile,
     }
+
+
+def _memory(
+    samples: list[MemorySample], peak: dict[str, Any], connections: list[int], total: int
+) -> dict[str, Any]:
+    marks = {}
+    for share in (0.1, 0.5, 1.0):
+        sample = at_progress(samples, total, share)
+        marks[f"{int(share * 100)}%"] = dataclasses.asdict(sample) if sample else None
+    return {
+        "peak_rss_main_bytes": peak["main"],
+        "peak_rss_pool_max_bytes": peak["pool_max"],
+        "peak_rss_by_process": peak["processes"],
+        "rss_at": marks,
+        "pool_processes": max((s.pool_processes for s in samples), default=0),
+        "broker_connections_max": max(connections, default=None),
+        "broker_connections_samples": len(connections),
+        "broker_connections_last": connections[-1] if connections else None,
+    }
+
+
+def _deciles(times: list[float]) -> dict[str, float]:
+    """Seconds after the URLs were produced by which 1 %, 10 %, ... 100 % were done."""
+    if not times:
+        return {}
+    marks = (0.01, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
+    return {f"{int(m * 100)}%": round(times[max(0, int(m * len(times)) - 1)], 2) for m in marks}
 
 
 def _steady_throughput(times: list[float]) -> float | None:

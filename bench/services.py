@@ -1,0 +1,97 @@
+"""The benchmark's own services: the image origin and the S3 sink, each its own process."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import urllib.request
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from image_crawler.localstack import LOOPBACK, Service
+from test.services import S3_ACCESS_KEY_ID, S3_REGION, S3_SECRET_ACCESS_KEY, S3Server, list_keys
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class _BenchModule(Service):
+    """``python -m bench.MODULE ARGS... PORT``, answering ``GET probe_path``."""
+
+    module = ""
+    probe_path = "/"
+
+    def _args(self) -> list[str]:
+        return []
+
+    @property
+    def url(self) -> str:
+        return f"http://{LOOPBACK}:{self.port}"
+
+    def _command(self) -> list[str]:
+        return [sys.executable, "-m", self.module, *self._args(), str(self.port)]
+
+    def _env(self) -> Mapping[str, str]:
+        return {**os.environ, "PYTHONPATH": str(ROOT)}
+
+    def _probe(self) -> bool:
+        with urllib.request.urlopen(f"{self.url}{self.probe_path}", timeout=1.0) as response:
+            return bool(response.read())
+
+
+class Origin(_BenchModule):
+    """``bench.origin``: the corpus over HTTP from memory."""
+
+    name = "origin"
+    module = "bench.origin"
+    probe_path = "/health"
+    start_timeout_s = 60.0  # reads a few hundred MB first
+
+    def __init__(self, corpus_dir: Path, log_dir: Path) -> None:
+        super().__init__(log_dir=log_dir)
+        self.corpus_dir = corpus_dir
+
+    def _args(self) -> list[str]:
+        return [str(self.corpus_dir)]
+
+
+class S3Sink(_BenchModule):
+    """``bench.s3sink``: S3 PUTs answered and counted, nothing kept."""
+
+    name = "s3sink"
+    module = "bench.s3sink"
+    probe_path = "/_stats"
+
+    @property
+    def endpoint_url(self) -> str:
+        return self.url
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {
+            "AWS_ACCESS_KEY_ID": S3_ACCESS_KEY_ID,
+            "AWS_SECRET_ACCESS_KEY": S3_SECRET_ACCESS_KEY,
+            "AWS_DEFAULT_REGION": S3_REGION,
+            "S3_ENDPOINT_URL": self.endpoint_url,
+        }
+
+    def stats(self) -> dict[str, Any]:
+        with urllib.request.urlopen(f"{self.url}/_stats", timeout=10.0) as response:
+            return dict(json.loads(response.read()))
+
+
+def s3_service(kind: str, log_dir: Path) -> S3Server | S3Sink:
+    if kind == "moto":
+        return S3Server(log_dir=log_dir)
+    if kind == "sink":
+        return S3Sink(log_dir=log_dir)
+    raise ValueError(f"--s3 must be moto or sink, not {kind!r}")
+
+
+def thumbnails_stored(s3: S3Server | S3Sink, bucket: str) -> dict[str, Any]:
+    """How many thumbnails the S3 service holds (moto) or was sent (sink)."""
+    if isinstance(s3, S3Sink):
+        stats = s3.stats()
+        return {"objects": stats["objects"], "bytes": stats["bytes"], "not_jpeg": stats["not_jpeg"]}
+    return {"objects": len(list_keys(s3.endpoint_url, bucket))}
