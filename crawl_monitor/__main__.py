@@ -1,7 +1,9 @@
 """``python -m crawl_monitor``: the crawl monitor.
 
 Runs four loops concurrently: the source list refresher, the regulator (token buckets and
-circuit breakers, every second), the monitoring log, and the splitter. Every client is
+circuit breakers, every second, while this monitor holds the leader lease), the
+monitoring log, and the splitter (in every monitor: the consumer group shares the
+partitions). Every client is
 built here, once, entered through one ``AsyncExitStack`` and passed to the loops.
 
 Kafka and Redis may be away at start or later: each loop logs it and retries with
@@ -27,7 +29,7 @@ from crawl_monitor.regulator import Regulator, RegulatorSettings
 from crawl_monitor.settings import MonitorSettings
 from crawl_monitor.sources import SourceCatalog
 from crawl_monitor.splitter import Splitter, TopicCreator
-from crawl_monitor.store import RedisRegulatorStore
+from crawl_monitor.store import LeaderLease, RedisRegulatorStore, new_lease_token
 from image_crawler.contract import INBOUND_TOPIC, SPLITTER_GROUP
 from image_crawler.entrypoint import serve, start_kafka_clients
 from image_crawler.logs import get_logger
@@ -75,12 +77,14 @@ async def run(settings: MonitorSettings, stop: asyncio.Event) -> int:
             http=http,
             refresh_s=settings.sources_refresh_s,
         )
+        lease = LeaderLease(token=new_lease_token(), ttl_ms=settings.leader_lease_ms)
         regulator = Regulator(
             RedisRegulatorStore(redis),
             lambda: catalog.rates,
             RegulatorSettings(
                 period_s=settings.refill_period_s, token_ttl_ms=settings.token_ttl_ms
             ),
+            lease=lease,
         )
         monitoring = MonitoringLog(redis, lambda: regulator.snapshot, settings.log_frequency_s)
         splitter = Splitter(
@@ -115,6 +119,8 @@ async def run(settings: MonitorSettings, stop: asyncio.Event) -> int:
             sources_file=str(settings.sources_file) if settings.sources_file else None,
             sources_url=settings.sources_url,
             token_ttl_ms=settings.token_ttl_ms,
+            leader_token=lease.token,
+            leader_lease_ms=lease.ttl_ms,
             log_frequency_s=settings.log_frequency_s,
         )
         status = await _supervise(

@@ -24,6 +24,19 @@ previous loop is not any more, the regulator deletes its ``status60s:`` window (
 operator's resume starts its error windows afresh), lifts any temporary halt, and logs
 ``crawl_resumed``; the source gets tokens at its (possibly overridden) rate in that same
 loop. A resume made while no monitor was running is not seen this way.
+
+Leadership: with a ``LeaderLease`` (as ``python -m crawl_monitor`` always runs), only the
+monitor holding ``monitor_leader`` refills and runs breakers: the bucket is SET, not
+added to, but two refillers at different phases of the second would still double a
+source's rate. The leader renews the lease in its write (no extra round trip); a write
+made after the lease was lost writes nothing, and the monitor becomes a standby. A
+standby only tries to take the lease, once a loop, and refills from the loop after it
+took it: so the new leader's first refill comes at least a full period after the last
+leader's last one (which could have been just before the lease expired or was
+released), and a take-over does not double the rate either. Changes are logged as
+``leadership_acquired``, ``leadership_standby`` (another monitor leads),
+``leadership_lost`` and ``leadership_released`` (on a clean stop, so that a standby
+takes over on its next loop instead of after the lease's expiry).
 """
 
 from __future__ import annotations
@@ -38,7 +51,13 @@ from redis.exceptions import RedisError
 
 from crawl_monitor.breakers import WINDOW_S, BreakerDecision, HaltType, decide, halt_message
 from crawl_monitor.rates import TokenSchedule, choose_rate, next_tick_at
-from crawl_monitor.store import EMPTY_SOURCE, ObservedState, RegulatorStore, Writes
+from crawl_monitor.store import (
+    EMPTY_SOURCE,
+    LeaderLease,
+    ObservedState,
+    RegulatorStore,
+    Writes,
+)
 from image_crawler.contract import OVERRIDE_RATE_ALIAS_PREFIX, OVERRIDE_RATE_PREFIX
 from image_crawler.logs import get_logger
 
@@ -83,9 +102,14 @@ class Regulator:
         computed_rates: Callable[[], Mapping[str, float]],
         settings: RegulatorSettings = RegulatorSettings(),
         *,
+        lease: LeaderLease | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._store = store
+        # None: this regulator leads unconditionally (one monitor, tests, the bench).
+        self._lease = lease
+        self._leading = lease is None
+        self._holder_seen: str | None = None
         self._computed_rates = computed_rates
         self._settings = settings
         # Wall clock: window scores are Unix times written by every worker host.
@@ -98,8 +122,19 @@ class Regulator:
         self._loops_since_rates_written = 0
         self.snapshot: RegulatorSnapshot | None = None
 
-    async def tick(self) -> RegulatorSnapshot:
-        """One loop: read, decide, write. Raises ``RedisError`` when Redis is away."""
+    @property
+    def leading(self) -> bool:
+        """True while this regulator holds the lease (or runs without one)."""
+        return self._leading
+
+    async def tick(self) -> RegulatorSnapshot | None:
+        """One loop: read, decide, write; None when another monitor leads.
+
+        Raises ``RedisError`` when Redis is away.
+        """
+        if self._lease is not None and not self._leading:
+            await self._stand_by(self._lease)
+            return None
         computed = dict(self._computed_rates())
         sources = sorted(computed)
         observed = await self._store.read(sources, self._clock() - self._settings.window_s)
@@ -151,7 +186,7 @@ class Regulator:
         rewrite_rates = (
             rates != self._written_rates or self._loops_since_rates_written >= RATES_REWRITE_LOOPS
         )
-        await self._store.write(
+        written = await self._store.write(
             Writes(
                 tokens=tokens,
                 rates=rates if rewrite_rates else None,
@@ -161,7 +196,19 @@ class Regulator:
                 clear_window=resumed,
             ),
             self._settings.token_ttl_ms,
+            self._lease,
         )
+        if not written.applied:
+            # Another monitor leads (this one stalled past the lease): nothing was written.
+            self._leading = False
+            self._holder_seen = written.holder
+            self.snapshot = None
+            log.warning(
+                "leadership_lost",
+                token=self._lease.token if self._lease else None,
+                holder=written.holder,
+            )
+            return None
 
         if rewrite_rates:
             self._written_rates, self._loops_since_rates_written = rates, 0
@@ -192,6 +239,34 @@ class Regulator:
         )
         return self.snapshot
 
+    async def _stand_by(self, lease: LeaderLease) -> None:
+        """Take the lease if it is free; refilling starts on the next loop."""
+        holder = await self._store.acquire(lease)
+        if holder == lease.token:
+            self._leading = True
+            # Start afresh, as a new process would: nothing carried from an old term.
+            self._schedules.clear()
+            self._previously_halted = None
+            self._written_rates = None
+            log.info("leadership_acquired", token=lease.token, lease_ms=lease.ttl_ms)
+        elif holder != self._holder_seen:
+            log.info("leadership_standby", token=lease.token, holder=holder)
+        self._holder_seen = holder
+
+    async def release(self) -> None:
+        """Give the lease up (on a clean stop), if this regulator holds it."""
+        if self._lease is None or not self._leading:
+            return
+        self._leading = False
+        try:
+            released = await self._store.release(self._lease)
+        except RedisError as e:
+            # It expires by itself: a standby takes over one lease TTL later.
+            log.warning("redis_unavailable", op="release_leadership", error=repr(e))
+            return
+        if released:
+            log.info("leadership_released", token=self._lease.token)
+
     @staticmethod
     def _report_halt(source: str, halt_type: HaltType, histogram: Mapping[str, int]) -> None:
         log.warning(
@@ -221,7 +296,8 @@ class Regulator:
                     log.warning("redis_key_unreadable", error=error)
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Tick on a fixed grid of ``period_s`` (monotonic clock) until ``stop`` is set.
+        """Tick on a fixed grid of ``period_s`` (monotonic clock) until ``stop`` is set,
+        then release the lease.
 
         While Redis is away no bucket is refilled (they expire: fail closed); attempts back
         off up to ``MAX_BACKOFF_S``. Any other error is logged with its traceback and the
@@ -251,3 +327,4 @@ class Regulator:
             wake_at = next_tick_at(origin, time.monotonic() + skip_s, period_s)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), max(0.0, wake_at - time.monotonic()))
+        await self.release()

@@ -13,6 +13,7 @@
 | ``SOURCE_TOPIC_REPLICATION_FACTOR`` | ``1`` | its replication factor |
 | ``SPLITTER_BATCH_SIZE`` | ``500`` | most inbound messages split per batch |
 | ``TOKEN_TTL_MS`` | ``1500`` | expiry of each token bucket SET; no monitor, no tokens after this |
+| ``LEADER_LEASE_MS`` | ``3000`` | expiry of the leader's lease (``monitor_leader``) |
 | ``REDIS_TIMEOUT_SECONDS`` | ``5`` | socket timeout of Redis commands |
 | ``LOG_LEVEL`` | ``INFO`` | |
 """
@@ -53,6 +54,8 @@ class MonitorSettings:
     splitter_batch_size: int = 500
     # A bucket SET expires after this; it must outlive one refill period.
     token_ttl_ms: int = 1500
+    # The leader renews its lease every refill; it must outlive a refill and a slow loop.
+    leader_lease_ms: int = 3000
     refill_period_s: float = REFILL_PERIOD_S
     redis_timeout_s: float = 5.0
     log_level: str = "INFO"
@@ -73,6 +76,13 @@ class MonitorSettings:
                 f"TOKEN_TTL_MS must be at least {int(REFILL_PERIOD_S * 1000)} (one refill "
                 f"period), or buckets empty between refills; got {token_ttl_ms}"
             )
+        leader_lease_ms = env_int(env, "LEADER_LEASE_MS", 3000, minimum=1)
+        if leader_lease_ms < 2 * REFILL_PERIOD_S * 1000:
+            raise ConfigError(
+                f"LEADER_LEASE_MS must be at least {int(2 * REFILL_PERIOD_S * 1000)} (two "
+                f"refill periods), or the leader loses its lease between two of its own "
+                f"loops; got {leader_lease_ms}"
+            )
         log_level = env_str(env, "LOG_LEVEL", "INFO").upper()
         if log_level not in logging.getLevelNamesMapping():
             raise ConfigError(f"LOG_LEVEL is not a log level: {log_level!r}")
@@ -90,6 +100,7 @@ class MonitorSettings:
             ),
             splitter_batch_size=env_int(env, "SPLITTER_BATCH_SIZE", 500, minimum=1),
             token_ttl_ms=token_ttl_ms,
+            leader_lease_ms=leader_lease_ms,
             redis_timeout_s=env_float(env, "REDIS_TIMEOUT_SECONDS", 5.0, minimum=0.1),
             log_level=log_level,
         )

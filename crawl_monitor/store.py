@@ -10,12 +10,21 @@ Reading is one pipeline of script calls, ``READ_CHUNK`` sources each, so that a 
 read never holds Redis for long; each chunk is a consistent snapshot of its sources,
 writing is one atomic script. Keys are built inside the scripts, which is fine for
 a single Redis server (not for Redis Cluster).
+
+Leadership rides in the write script: it applies a second's writes only while the
+monitor's ``LeaderLease`` token is the one in ``monitor_leader``, and renews the lease in
+the same call, so a leader spends no extra round trip on it and a monitor that lost the
+lease (stalled past its expiry) can never write over the new leader. A standby's only
+round trip is ``acquire``; ``release`` gives the lease up on a clean stop.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import secrets
+import socket
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Final, Protocol
 
@@ -26,6 +35,7 @@ from image_crawler.contract import (
     HALTED_SET,
     LAST_50_PREFIX,
     LAST_N_STATUSES,
+    MONITOR_LEADER_KEY,
     OVERRIDE_RATE_ALIAS_PREFIX,
     OVERRIDE_RATE_PREFIX,
     RATES_HASH,
@@ -92,15 +102,23 @@ return cjson.encode({
 })
 """
 
-# KEYS: halted, temp_halted, crawl_rates.
+# KEYS: halted, temp_halted, crawl_rates, monitor_leader.
 # ARGV: JSON plan {"tokens": {source: "n"}, "rates": {source: "r"}, "halt": [...],
 # "temp_halt": [...], "lift": [...], "clear_window": [...]}, bucket TTL (ms), tokens
-# prefix, window prefix. A source in `halted` when this runs gets 0 whatever the plan
-# says; crawl_rates is replaced whole unless "rates" is null. Answers the number of
-# buckets set.
+# prefix, window prefix, the writer's lease token ("" when it runs without a lease) and
+# the lease's TTL (ms). A source in `halted` when this runs gets 0 whatever the plan
+# says; crawl_rates is replaced whole unless "rates" is null. Answers {1, buckets set},
+# or {0, holder} with nothing written when the lease is not the writer's (holder "" when
+# nobody holds it); the writer's lease is renewed first.
 _WRITE_SCRIPT: Final = """
 local plan = cjson.decode(ARGV[1])
 local ttl, tokens_prefix, window_prefix = ARGV[2], ARGV[3], ARGV[4]
+local token, lease_ms = ARGV[5], ARGV[6]
+if token ~= '' then
+  local holder = redis.call('GET', KEYS[4])
+  if holder ~= token then return {0, holder or ''} end
+  redis.call('PEXPIRE', KEYS[4], lease_ms)
+end
 for _, source in ipairs(plan.halt) do redis.call('SADD', KEYS[1], source) end
 for _, source in ipairs(plan.temp_halt) do redis.call('SADD', KEYS[2], source) end
 for _, source in ipairs(plan.lift) do redis.call('SREM', KEYS[2], source) end
@@ -115,8 +133,45 @@ for source, tokens in pairs(plan.tokens) do
   redis.call('SET', tokens_prefix .. source, tokens, 'PX', ttl)
   set = set + 1
 end
-return set
+return {1, set}
 """
+
+# KEYS: monitor_leader. ARGV: token, lease TTL (ms). Takes the lease when nobody holds it;
+# answers the holder afterwards (the token itself when taken, or already held).
+_ACQUIRE_SCRIPT: Final = """
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return ARGV[1] end
+return redis.call('GET', KEYS[1])
+"""
+
+# KEYS: monitor_leader. ARGV: token. Deletes the lease only if it is the token's.
+_RELEASE_SCRIPT: Final = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LeaderLease:
+    """A monitor's claim to lead: its ``token`` in ``key`` for ``ttl_ms`` at a time."""
+
+    token: str
+    ttl_ms: int
+    key: str = MONITOR_LEADER_KEY
+
+
+def new_lease_token() -> str:
+    """A token naming this process for operators (``redis-cli get monitor_leader``)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WriteResult:
+    """What a write did: applied (and ``buckets`` set), or refused for want of the lease."""
+
+    applied: bool
+    buckets: int = 0
+    # Who holds the lease when the write was refused (None: nobody).
+    holder: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -163,7 +218,20 @@ class Writes:
 class RegulatorStore(Protocol):
     async def read(self, sources: Sequence[str], window_start_s: float) -> ObservedState: ...
 
-    async def write(self, writes: Writes, token_ttl_ms: int) -> int: ...
+    async def write(
+        self, writes: Writes, token_ttl_ms: int, lease: LeaderLease | None = None
+    ) -> WriteResult: ...
+
+    async def acquire(self, lease: LeaderLease) -> str | None: ...
+
+    async def release(self, lease: LeaderLease) -> bool: ...
+
+
+def _text(value: Any) -> str:
+    # Replies are str with decode_responses, bytes without it.
+    if isinstance(value, bytes):
+        return value.decode()
+    return "" if value is None else str(value)
 
 
 def _histogram(value: Any) -> dict[str, int]:
@@ -208,6 +276,8 @@ class RedisRegulatorStore:
         self._redis = redis
         self._read = redis.register_script(_READ_SCRIPT)
         self._write = redis.register_script(_WRITE_SCRIPT)
+        self._acquire = redis.register_script(_ACQUIRE_SCRIPT)
+        self._release = redis.register_script(_RELEASE_SCRIPT)
         self.round_trips = 0
 
     async def read(self, sources: Sequence[str], window_start_s: float) -> ObservedState:
@@ -253,8 +323,14 @@ class RedisRegulatorStore:
                 pipe.evalsha(self._read.sha, len(keys), *keys, json.dumps(list(chunk)), *args)
             return list(await pipe.execute())
 
-    async def write(self, writes: Writes, token_ttl_ms: int) -> int:
-        """Apply ``writes``; every bucket is SET with an expiry of ``token_ttl_ms``."""
+    async def write(
+        self, writes: Writes, token_ttl_ms: int, lease: LeaderLease | None = None
+    ) -> WriteResult:
+        """Apply ``writes``; every bucket is SET with an expiry of ``token_ttl_ms``.
+
+        With a ``lease``, only while its token holds the lease, which is renewed for
+        ``lease.ttl_ms`` in the same atomic call; otherwise nothing is written.
+        """
         plan = {
             "tokens": {source: str(n) for source, n in writes.tokens.items()},
             "rates": None
@@ -265,12 +341,35 @@ class RedisRegulatorStore:
             "lift": sorted(writes.lift_temp_halt),
             "clear_window": sorted(writes.clear_window),
         }
-        result = await self._call(
+        applied, value = await self._call(
             self._write,
-            [HALTED_SET, TEMP_HALTED_SET, RATES_HASH],
-            [json.dumps(plan), token_ttl_ms, TOKENS_PREFIX, STATUS_60S_PREFIX],
+            [
+                HALTED_SET,
+                TEMP_HALTED_SET,
+                RATES_HASH,
+                MONITOR_LEADER_KEY if lease is None else lease.key,
+            ],
+            [
+                json.dumps(plan),
+                token_ttl_ms,
+                TOKENS_PREFIX,
+                STATUS_60S_PREFIX,
+                "" if lease is None else lease.token,
+                0 if lease is None else lease.ttl_ms,
+            ],
         )
-        return int(result)
+        if int(applied):
+            return WriteResult(applied=True, buckets=int(value))
+        return WriteResult(applied=False, holder=_text(value) or None)
+
+    async def acquire(self, lease: LeaderLease) -> str | None:
+        """Take the lease if nobody holds it; the holder afterwards (None: nobody)."""
+        holder = await self._call(self._acquire, [lease.key], [lease.token, lease.ttl_ms])
+        return _text(holder) or None
+
+    async def release(self, lease: LeaderLease) -> bool:
+        """Give the lease up if ``lease`` holds it (a standby takes it on its next loop)."""
+        return bool(await self._call(self._release, [lease.key], [lease.token]))
 
     async def _call(self, script: Any, keys: list[str], args: list[Any]) -> Any:
         # EVALSHA; redis-py loads the script and retries once after NOSCRIPT.

@@ -64,6 +64,11 @@ NUM_MALFORMED: Final = "num_malformed"
 # Beyond the original: the monitor's current rate (req/s) per source, a hash rewritten
 # every loop, for operators (`redis-cli hgetall crawl_rates`) and `image-crawler status`.
 RATES_HASH: Final = "crawl_rates"
+# Beyond the original: which crawl monitor leads. Only the holder refills buckets and runs
+# the breakers, so that two monitors never double a rate. A string, the holder's token
+# ("{host}:{pid}:{random}"), with an expiry the holder renews every loop; a standby monitor
+# takes it once it expires (or is released on a clean stop) and refills from its next loop.
+MONITOR_LEADER_KEY: Final = "monitor_leader"
 
 LAST_N_STATUSES: Final = 50
 # (key prefix, window length in seconds) of the time-based sliding windows.

@@ -15,7 +15,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from structlog.testing import capture_logs
 
 from crawl_monitor.regulator import Regulator, RegulatorSettings
-from crawl_monitor.store import RedisRegulatorStore, Writes
+from crawl_monitor.store import RedisRegulatorStore, WriteResult, Writes
 from image_crawler import contract as c
 from test.services import wait_for
 
@@ -137,7 +137,9 @@ async def test_halted_sources_get_an_empty_bucket(redis, regulator, rates):
 async def test_the_write_gives_no_tokens_to_a_source_halted_since_the_read(redis):
     store = RedisRegulatorStore(redis)
     await redis.sadd(c.HALTED_SET, "late")
-    assert await store.write(Writes(tokens={"late": 7, "other": 7}), 1500) == 2
+    assert await store.write(Writes(tokens={"late": 7, "other": 7}), 1500) == WriteResult(
+        applied=True, buckets=2
+    )
     assert await bucket(redis, "late") == 0
     assert await bucket(redis, "other") == 7
 
