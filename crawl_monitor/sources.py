@@ -78,7 +78,9 @@ def parse_sources(payload: object) -> SourceList:
             skipped.append(SkippedEntry(index, f"not an object: {type(entry).__name__}"))
             continue
         name = entry.get("source_name")
-        if not isinstance(name, str) or not is_valid_source_name(name.strip().lower()):
+        # Checked before lower-casing: str.lower() turns some non-ASCII letters into ASCII
+        # ones (the Kelvin sign into "k"), and such a name is not the source it looks like.
+        if not isinstance(name, str) or not is_valid_source_name(name.strip()):
             skipped.append(SkippedEntry(index, f"bad source_name: {name!r}"))
             continue
         try:

@@ -11,7 +11,11 @@ a Kafka topic name is logged (``malformed_message``), counted (``num_malformed``
 dead-lettered to ``crawl_errors``; it never stops the messages behind it.
 
 A source's topic is created (``SOURCE_TOPIC_PARTITIONS`` partitions) the first time the
-splitter sees the source, since a production cluster may not auto-create topics.
+splitter sees the source, since a production cluster may not auto-create topics. When the
+cluster refuses a topic for good (a non-retriable error: an invalid or colliding name, a
+policy, no authorisation), that batch's messages of the source are dead-lettered like
+malformed ones instead of being sent again forever, which would stop the partition; the
+topic is asked for again when the source comes back. Retriable failures retry the batch.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from typing import Any, Final
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaError
+from aiokafka.errors import KafkaError, UnknownError, for_code
 from redis.exceptions import RedisError
 
 from image_crawler.contract import (
@@ -72,13 +76,14 @@ def route(raw: bytes | None) -> Split | Rejected:
         message = InboundImage.from_json(raw or b"")
     except MalformedMessage as e:
         return Rejected(str(e))
-    source = message.source.lower()
-    if not is_valid_source_name(source):
+    # Checked before lower-casing: str.lower() turns some non-ASCII letters into ASCII
+    # ones (the Kelvin sign into "k"), and such a name is not the source it looks like.
+    if not is_valid_source_name(message.source):
         return Rejected(
-            f"source {source[:100]!r} cannot name a Kafka topic (at most "
-            f"{MAX_SOURCE_NAME_LENGTH} of a-z 0-9 . _ -)"
+            f"source {message.source[:100]!r} cannot name a Kafka topic (at most "
+            f"{MAX_SOURCE_NAME_LENGTH} of a-z A-Z 0-9 . _ -)"
         )
-    return Split(source, message.to_source_task())
+    return Split(message.source.lower(), message.to_source_task())
 
 
 class TopicCreator:
@@ -92,25 +97,36 @@ class TopicCreator:
         self._replication_factor = replication_factor
         self._known: set[str] = set()
 
-    async def ensure(self, topics: Iterable[str]) -> None:
-        """Create the topics not seen before. Raises ``KafkaError`` when Kafka is away."""
+    async def ensure(self, topics: Iterable[str]) -> Mapping[str, str]:
+        """Create the topics not seen before; answers those refused for good, with why.
+
+        Raises ``KafkaError`` when Kafka is away.
+        """
         missing = sorted(set(topics) - self._known)
         if not missing:
-            return
+            return {}
         response = await self._admin.create_topics(
             [NewTopic(name, self._partitions, self._replication_factor) for name in missing]
         )
-        failed = {}
+        failed: dict[str, int] = {}
+        refused: dict[str, str] = {}
         for entry in getattr(response, "topic_errors", ()):
             topic, code = entry[0], entry[1]
             if code not in (0, TOPIC_ALREADY_EXISTS):
                 failed[topic] = code
+                error = for_code(code)
+                # An error code aiokafka does not know is taken as passing, not as a refusal.
+                if not error.retriable and error is not UnknownError:
+                    message = entry[2] if len(entry) > 2 and entry[2] else ""
+                    refused[topic] = f"{error.__name__}: {message}".rstrip(": ")
             elif code == 0:
                 log.info("topic_created", topic=topic, partitions=self._partitions)
         if failed:
-            # Producing may still work (auto-creation); the next batch tries again.
-            log.warning("topic_create_failed", errors=failed)
+            # A retriable failure: producing may still work (auto-creation), and the next
+            # batch asks again. A refused topic is asked for again when its source is.
+            log.warning("topic_create_failed", errors=failed, refused=sorted(refused))
         self._known.update(t for t in missing if t not in failed)
+        return refused
 
 
 class Splitter:
@@ -166,7 +182,10 @@ class Splitter:
             (tp, record, route(record.value)) for tp, records in batch.items() for record in records
         ]
         sources = sorted({r.source for _, _, r in routed if isinstance(r, Split)})
-        await self._topics.ensure(source_topic(s) for s in sources)
+        refused = await self._topics.ensure(source_topic(s) for s in sources)
+        if refused:
+            routed = [(tp, record, _unless_refused(r, refused)) for tp, record, r in routed]
+            sources = sorted({r.source for _, _, r in routed if isinstance(r, Split)})
 
         acks = []
         for tp, record, result in routed:
@@ -237,6 +256,14 @@ class Splitter:
         for tp, records in batch.items():
             if records and tp in assigned:
                 self._consumer.seek(tp, records[0].offset)
+
+
+def _unless_refused(result: Split | Rejected, refused: Mapping[str, str]) -> Split | Rejected:
+    if isinstance(result, Split):
+        reason = refused.get(source_topic(result.source))
+        if reason is not None:
+            return Rejected(f"topic {source_topic(result.source)!r} refused by Kafka: {reason}")
+    return result
 
 
 async def _wait(stop: asyncio.Event, timeout_s: float) -> None:

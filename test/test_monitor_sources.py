@@ -49,9 +49,12 @@ from test.services import wait_for
                 {"image_count": 1},
                 "flickr",
                 None,
+                # Non-ASCII, even where lower() would make it ASCII (the Kelvin sign).
+                {"source_name": "\u212a", "image_count": 1},
+                {"source_name": "mus\u00e9e", "image_count": 1},
             ],
             {"good": 7},
-            11,
+            13,
         ),
     ],
 )

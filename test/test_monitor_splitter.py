@@ -43,10 +43,32 @@ def test_route_table():
         inbound("http://a/1.jpg", "u1", "a/b"),
         inbound("http://a/1.jpg", "u1", "x" * 300),
         inbound("http://a/1.jpg", "u1", "flickr", attempts=-1),
+        inbound("http://a/1.jpg", "u1", "flickr", attempts="1"),
+        inbound("http://a/1.jpg", "u1", "flickr", attempts=True),
+        b"42",
+        b"null",
+        b"\xff\xfe{",
+        b'{"uuid": "u1", "source": "flickr"}',
+        b'{"url": "http://a/1.jpg", "uuid": "u1"}',
+        inbound("http://a/1.jpg", "u1", "   "),
+        inbound("http://a/1.jpg", 7, "flickr"),
+        inbound("http://a/1.jpg", "u1", ["flickr"]),
+        inbound("http://a/1.jpg", "u1", "x" * (c.MAX_SOURCE_NAME_LENGTH + 1)),
+        inbound("http://a/1.jpg", "u1", "mus\u00e9e"),
+        inbound("http://a/1.jpg", "u1", "a\nb"),
+        inbound("http://a/1.jpg", "u1", "a\u0000b"),
+        # Lower-cased, the Kelvin sign would be "k": a different source's queue.
+        inbound("http://a/1.jpg", "u1", "\u212a"),
+        inbound("http://a/1.jpg", "u1", "\u0130stanbul"),
     ]:
         assert isinstance(route(raw), Rejected), raw
     # The longest name that still makes a legal topic name.
     assert isinstance(route(inbound("u", "i", "x" * c.MAX_SOURCE_NAME_LENGTH)), Split)
+    # Dots alone are legal in a topic name once prefixed ("urls.."; Kafka refuses only
+    # "." and ".." as whole names), so such a source is split like any other.
+    assert route(inbound("u", "i", "..")) == Split("..", c.SourceTask("u", "i"))
+    # Surrounding blanks are not part of the name.
+    assert route(inbound("u", "i", " Met ")) == Split("met", c.SourceTask("u", "i"))
 
 
 async def end_offsets(bootstrap: str, topic: str, messages: int) -> dict[int, int]:
@@ -251,12 +273,15 @@ class FakeProducer:
 
 
 class FakeTopics:
-    def __init__(self, journal: list[str]) -> None:
+    def __init__(self, journal: list[str], refused: dict[str, str] | None = None) -> None:
         self.journal = journal
+        self.refused = refused or {}
 
     async def ensure(self, topics):
+        topics = list(topics)
         for topic in topics:
             self.journal.append(f"create {topic}")
+        return {t: self.refused[t] for t in topics if t in self.refused}
 
 
 INBOUND = [TopicPartition(c.INBOUND_TOPIC, 0), TopicPartition(c.INBOUND_TOPIC, 1)]
@@ -350,3 +375,36 @@ async def test_no_commit_while_redis_is_away(fresh_redis_server):
             stop.set()
             await asyncio.wait_for(task, 5)
             await redis.aclose()
+
+
+async def test_a_topic_kafka_refuses_for_good_dead_letters_its_messages(redis):
+    # E.g. a real cluster refusing "urls.a_b" because "urls.a.b" exists (their metric
+    # names collide): sending would fail forever and stop the partition.
+    journal: list[str] = []
+    consumer, producer = FakeConsumer(two_partitions()), FakeProducer(journal)
+    refused = {"urls.b": "InvalidTopicError: collides with existing topic"}
+    stop = asyncio.Event()
+    with capture_logs() as logs:
+        task = run_splitter(consumer, producer, FakeTopics(journal, refused), redis, stop)
+        try:
+            await wait_for(lambda: consumer.committed == {INBOUND[0]: 3, INBOUND[1]: 2}, 5)
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 5)
+    assert sorted(t for t, _, _ in producer.sent) == [
+        c.CRAWL_ERRORS_TOPIC,
+        c.CRAWL_ERRORS_TOPIC,
+        "urls.a",
+        "urls.a",
+        "urls.a",
+    ]
+    letters = [
+        c.UnparseableMessage.from_json(v) for t, _, v in producer.sent if t == c.CRAWL_ERRORS_TOPIC
+    ]
+    (refusal,) = [letter for letter in letters if "refused" in letter.error]
+    assert "urls.b" in refusal.error and "collides" in refusal.error
+    assert c.InboundImage.from_json(refusal.raw).uuid == "b1"
+    assert await redis.get(c.NUM_SPLIT) == "3"
+    assert await redis.get(c.NUM_MALFORMED) == "2"
+    assert await redis.smembers(c.INBOUND_SOURCES_SET) == {"a"}
+    assert len([e for e in logs if e["event"] == "malformed_message"]) == 2
