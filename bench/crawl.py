@@ -67,6 +67,7 @@ class Outputs:
     def __init__(self) -> None:
         self.completed_at: dict[str, float] = {}
         self.resolutions = 0
+        self.resolved: set[str] = set()
         self.exifs = 0
         self.errors: Counter[str] = Counter()
         self.error_examples: list[dict[str, Any]] = []
@@ -82,6 +83,8 @@ class Outputs:
                 self.exifs += 1
                 return
             self.resolutions += 1
+            if identifier is not None:
+                self.resolved.add(identifier)
         elif topic == c.CRAWL_ERRORS_TOPIC:
             self.errors[message.get("status", "Unparseable")] += 1
             if len(self.error_examples) < 10:
@@ -350,13 +353,16 @@ def _figures(config: RunConfig, stack: _Stack, outputs: Outputs, window: _Window
     uuids = sorted(outputs.wanted)
     times = sorted(outputs.completed_at[u] - window.t0 for u in uuids if u in outputs.completed_at)
     done = len(times)
+    # CPU is divided by the images that were crawled: a Timeout costs little CPU, and would
+    # flatter the figure.
+    ok = len(outputs.resolved & outputs.wanted)
     wall_s = times[-1] if times else window.t_seen - window.t0
     cpu_total = sum(sum(w.values()) for w in window.worker_cpu)
     sampler = window.sampler
     assert sampler is not None
 
     def per_image(seconds: float) -> float | None:
-        return seconds / done if done else None
+        return seconds / ok if ok else None
 
     return {
         "config": {
@@ -366,6 +372,7 @@ def _figures(config: RunConfig, stack: _Stack, outputs: Outputs, window: _Window
         "finished": window.finished,
         "images_requested": config.images,
         "images_done": done,
+        "images_ok": ok,
         "resolutions": outputs.resolutions,
         "exif_messages": outputs.exifs,
         "errors": dict(outputs.errors),
@@ -380,7 +387,7 @@ def _figures(config: RunConfig, stack: _Stack, outputs: Outputs, window: _Window
         "worker_cpu_s_per_image": per_image(cpu_total),
         "worker_main_cpu_s_per_image": per_image(sum(w["main"] for w in window.worker_cpu)),
         "worker_children_cpu_s_per_image": per_image(sum(w["children"] for w in window.worker_cpu)),
-        "images_per_worker_cpu_s": done / cpu_total if cpu_total else None,
+        "images_per_worker_cpu_s": ok / cpu_total if cpu_total else None,
         "other_cpu_s": window.other_cpu,
         "memory": [
             _memory(samples, peak, connections, config.images)
