@@ -193,7 +193,10 @@ class Scheduler:
             except RedisError as e:
                 log.warning("redis_unavailable", op="read_sources", error=repr(e))
             else:
-                sources = frozenset(m.decode() if isinstance(m, bytes) else m for m in members)
+                seen = frozenset(m.decode() if isinstance(m, bytes) else m for m in members)
+                # Only ever grows, as the set does: a Redis that lost its data (FLUSHALL, a
+                # restart without persistence) must not unsubscribe sources still queued.
+                sources = self._sources | seen
                 if sources != self._sources:
                     self._subscribe(sources)
             await _wait_event(stop, self._settings.sources_poll_s)
