@@ -231,3 +231,19 @@ async def test_new_sources_are_picked_up_while_running(fake_redis):
     assert scheduler.sources == {"a", "late"}
     stop.set()
     await task
+
+
+async def test_sources_only_grow_so_a_redis_that_lost_its_data_strands_no_queue(fake_redis):
+    handler = Handler()
+    handler.held = {"a", "b"}
+    _consumer, scheduler, stop, task = await start(fake_redis, {tp("a"): 2, tp("b"): 2}, handler)
+    await wait(lambda: handler.running == {"a": 2, "b": 2})
+    # FLUSHALL, then the splitter re-adds only the source whose next message came first.
+    await fake_redis.flushall()
+    await fake_redis.sadd(INBOUND_SOURCES_SET, "c")
+    await wait(lambda: "c" in scheduler.sources)
+    assert scheduler.sources == {"a", "b", "c"}
+    handler.release.set()
+    await wait(lambda: len(handler.done) == 4)
+    stop.set()
+    await task
