@@ -418,6 +418,7 @@ def _memory(
         "peak_rss_by_process": peak["processes"],
         "rss_at": marks,
         "pool_processes": max((s.pool_processes for s in samples), default=0),
+        "memfd_bytes_max": max((s.memfd_bytes for s in samples), default=0),
         "broker_connections_max": max(connections, default=None),
         "broker_connections_samples": len(connections),
         "broker_connections_last": connections[-1] if connections else None,

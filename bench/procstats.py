@@ -10,6 +10,7 @@ long as the worker, so in practice nothing is lost).
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -29,6 +30,25 @@ class MemorySample:
     pool_rss_max: int
     tree_rss: int
     pool_processes: int
+    # Bodies the worker parks in memfds are not mapped, so not in any RSS: counted apart.
+    memfd_bytes: int
+
+
+def _memfd_bytes(pid: int) -> int:
+    """Bytes held in the process's open memfds (anonymous in-memory files)."""
+    total = 0
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return 0
+    for fd in fds:
+        path = f"/proc/{pid}/fd/{fd}"
+        try:
+            if os.readlink(path).startswith("/memfd:"):
+                total += os.stat(path).st_size
+        except OSError:
+            continue
+    return total
 
 
 def _hwm_bytes(pid: int) -> int:
@@ -76,7 +96,7 @@ class ProcessTree:
         return {"main": main, "children": sum(self._cpu_by_pid.values()) - main}
 
     def memory(self, elapsed_s: float, completed: int) -> MemorySample:
-        main_rss, pool, tree = 0, [], 0
+        main_rss, pool, tree, memfd = 0, [], 0, 0
         for process in self.processes():
             try:
                 rss = process.memory_info().rss
@@ -88,6 +108,7 @@ class ProcessTree:
             )
             self._names[process.pid] = _role(process.pid, self.pid, cmdline)
             tree += rss
+            memfd += _memfd_bytes(process.pid)
             if process.pid == self.pid:
                 main_rss = rss
             elif self._names[process.pid] == "pool":
@@ -99,6 +120,7 @@ class ProcessTree:
             pool_rss_max=max(pool, default=0),
             tree_rss=tree,
             pool_processes=len(pool),
+            memfd_bytes=memfd,
         )
 
     def peak_rss(self) -> dict[str, Any]:

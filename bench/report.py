@@ -192,6 +192,10 @@ def table(result: dict[str, Any]) -> list[tuple[str, str]]:
                 ),
                 (f"{tag} worker {i} RSS at 10% / 50% / 100%", rss),
                 (
+                    f"{tag} worker {i} pool processes; bodies in memfds (max)",
+                    f"{memory['pool_processes']}; {_mib(memory.get('memfd_bytes_max'))}",
+                ),
+                (
                     f"{tag} worker {i} broker connections (max)",
                     str(memory["broker_connections_max"]),
                 ),
