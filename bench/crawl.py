@@ -419,6 +419,10 @@ def _memory(
         "rss_at": marks,
         "pool_processes": max((s.pool_processes for s in samples), default=0),
         "memfd_bytes_max": max((s.memfd_bytes for s in samples), default=0),
+        # What the main process holds: its RSS and the bodies it parked in memfds.
+        "main_rss_plus_memfd_bytes_max": max(
+            (s.main_rss + s.memfd_bytes for s in samples), default=0
+        ),
         "broker_connections_max": max(connections, default=None),
         "broker_connections_samples": len(connections),
         "broker_connections_last": connections[-1] if connections else None,

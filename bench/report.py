@@ -61,6 +61,17 @@ def verdicts(result: dict[str, Any]) -> list[dict[str, Any]]:
                     _mib(peak),
                 )
             )
+            held = memory.get("main_rss_plus_memfd_bytes_max")
+            if held is not None:
+                rows.append(
+                    _row(
+                        f"worker {i} main process RSS + bodies in memfds (max sampled), {name}",
+                        held,
+                        "< 1 GiB",
+                        held < PEAK_RSS_MAX_BYTES,
+                        _mib(held),
+                    )
+                )
             pool = memory["peak_rss_pool_max_bytes"]
             rows.append(
                 _row(
