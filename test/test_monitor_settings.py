@@ -24,6 +24,7 @@ def test_defaults():
     assert settings.sources_refresh_s == 1800.0
     assert settings.source_topic_partitions == 4
     assert settings.token_ttl_ms == 1500
+    assert settings.leader_lease_ms == 3000
     assert settings.refill_period_s == 1.0
     assert settings.log_level == "INFO"
 
@@ -45,6 +46,7 @@ def test_every_variable(tmp_path):
             "SOURCE_TOPIC_REPLICATION_FACTOR": "3",
             "SPLITTER_BATCH_SIZE": "100",
             "TOKEN_TTL_MS": "1200",
+            "LEADER_LEASE_MS": "5000",
             "REDIS_TIMEOUT_SECONDS": "2",
             "LOG_LEVEL": "debug",
         }
@@ -60,6 +62,7 @@ def test_every_variable(tmp_path):
     assert settings.source_topic_replication_factor == 3
     assert settings.splitter_batch_size == 100
     assert settings.token_ttl_ms == 1200
+    assert settings.leader_lease_ms == 5000
     assert settings.redis_timeout_s == 2.0
     assert settings.log_level == "DEBUG"
 
@@ -79,6 +82,9 @@ def test_redis_url_beats_host_and_port():
         ({"SOURCE_TOPIC_PARTITIONS": "2.5"}, "SOURCE_TOPIC_PARTITIONS"),
         ({"TOKEN_TTL_MS": "500"}, "TOKEN_TTL_MS"),
         ({"TOKEN_TTL_MS": "1.5s"}, "TOKEN_TTL_MS"),
+        # The leader renews once a refill: a shorter lease lapses between its own loops.
+        ({"LEADER_LEASE_MS": "1500"}, "LEADER_LEASE_MS"),
+        ({"LEADER_LEASE_MS": "soon"}, "LEADER_LEASE_MS"),
         ({"SOURCES_FILE": "/no/such/file.json"}, "SOURCES_FILE"),
         ({"SOURCES_URL": "api.example.org/sources"}, "SOURCES_URL"),
         ({"REDIS_URL": "localhost:6379"}, "REDIS_URL"),
