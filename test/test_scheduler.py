@@ -6,7 +6,16 @@ import asyncio
 import dataclasses
 from collections import Counter
 
+import pytest
 from aiokafka import TopicPartition
+from aiokafka.errors import (
+    CommitFailedError,
+    IllegalGenerationError,
+    IllegalStateError,
+    KafkaError,
+    RebalanceInProgressError,
+)
+from structlog.testing import capture_logs
 
 from image_crawler.contract import INBOUND_SOURCES_SET, source_of_topic
 from worker.scheduler import Scheduler, SchedulerSettings
@@ -123,11 +132,30 @@ async def wait(condition, timeout_s=5.0):
         await asyncio.sleep(0.005)
 
 
-async def start(fake_redis, messages, handler, *, max_tasks=8, grace_s=5.0, sources=None):
+class RefusingConsumer(FakeConsumer):
+    """Refuses every commit with ``error`` while ``refusing``, as a broker does during a
+    rebalance (aiokafka raises CommitFailedError, or the broker's own error)."""
+
+    def __init__(self, messages: dict[TopicPartition, int], error: KafkaError) -> None:
+        super().__init__(messages)
+        self.error = error
+        self.refusing = True
+        self.refused = 0
+
+    async def commit(self, offsets):
+        if self.refusing:
+            self.refused += 1
+            raise self.error
+        await super().commit(offsets)
+
+
+async def start(
+    fake_redis, messages, handler, *, max_tasks=8, grace_s=5.0, sources=None, consumer=None
+):
     if sources is None:
         sources = {source_of_topic(tp.topic) for tp in messages}
     await fake_redis.sadd(INBOUND_SOURCES_SET, *sources)
-    consumer = FakeConsumer(messages)
+    consumer = consumer or FakeConsumer(messages)
     settings = SchedulerSettings(
         max_tasks=max_tasks,
         sources_poll_s=0.01,
@@ -247,3 +275,70 @@ async def test_sources_only_grow_so_a_redis_that_lost_its_data_strands_no_queue(
     await wait(lambda: len(handler.done) == 4)
     stop.set()
     await task
+
+
+REBALANCE_ERRORS = [
+    CommitFailedError(),
+    IllegalGenerationError(),
+    RebalanceInProgressError(),
+    IllegalStateError("No partitions assigned"),
+]
+
+
+@pytest.mark.parametrize("error", REBALANCE_ERRORS, ids=lambda e: type(e).__name__)
+async def test_a_commit_refused_during_a_rebalance_is_logged_and_retried_not_fatal(
+    fake_redis, error
+):
+    handler = Handler()
+    handler.held = {b"urls.a:3"}
+    consumer = RefusingConsumer({tp("a"): 10}, error)
+    with capture_logs() as logs:
+        consumer, _scheduler, stop, task = await start(
+            fake_redis, {tp("a"): 10}, handler, max_tasks=400, consumer=consumer
+        )
+        await wait(lambda: len(handler.done) == 9 and consumer.refused >= 3)
+        assert not task.done()
+        assert consumer.committed == {}
+        consumer.refusing = False
+        # The next attempt commits, and only up to the unfinished message.
+        await wait(lambda: consumer.committed.get(tp("a")) == 3)
+        await asyncio.sleep(0.05)
+        assert consumer.committed[tp("a")] == 3
+        handler.release.set()
+        await wait(lambda: consumer.committed.get(tp("a")) == 10)
+        stop.set()
+        await task
+    failed = [e for e in logs if e["event"] == "commit_failed"]
+    assert len(failed) >= 3
+    assert {e["error"] for e in failed} == {type(error).__name__}
+    assert {e["partitions"] for e in failed} == {1}
+
+
+async def test_a_revoke_whose_commit_is_refused_starts_over_from_the_committed_offset(fake_redis):
+    handler = Handler()
+    handler.held = {b"urls.a:3"}
+    consumer = RefusingConsumer({tp("a"): 10, tp("late"): 2}, RebalanceInProgressError())
+    with capture_logs() as logs:
+        consumer, _scheduler, stop, task = await start(
+            fake_redis, {tp("a"): 10}, handler, max_tasks=400, sources={"a"}, consumer=consumer
+        )
+        await wait(lambda: len(handler.done) == 9)
+        # A new source: a rebalance whose revoke commits nothing, so the partition comes
+        # back at offset 0 while offset 3 is still running from before.
+        await fake_redis.sadd(INBOUND_SOURCES_SET, "late")
+        await wait(lambda: len(handler.done) == 9 + 9 + 2)
+        assert not task.done()
+        assert handler.running["a"] == 1  # offset 3 is not started a second time
+        consumer.refusing = False
+        await wait(lambda: consumer.committed.get(tp("a")) == 3)
+        await asyncio.sleep(0.05)
+        assert consumer.committed[tp("a")] == 3
+        handler.release.set()
+        await wait(lambda: consumer.committed.get(tp("a")) == 10)
+        stop.set()
+        await task
+    assert Counter(handler.done)[b"urls.a:3"] == 1
+    assert Counter(handler.done)[b"urls.a:4"] == 2  # at least once: redone, not lost
+    revoked = [e for e in logs if e["event"] == "partitions_revoked"]
+    assert [e["topic_partitions"] for e in revoked] == [["urls.a:0"]]
+    assert any(e["event"] == "commit_failed" for e in logs)

@@ -57,6 +57,7 @@ async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             max_partition_fetch_bytes=256 * 1024,
+            max_poll_interval_ms=int(settings.kafka_max_poll_interval_s * 1000),
         )
         stack.push_async_callback(consumer.stop)
         started = await start_kafka_clients(
@@ -122,6 +123,8 @@ async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
             "worker_started",
             kafka=settings.kafka.bootstrap_servers,
             max_tasks=settings.max_tasks,
+            max_poll_interval_s=settings.kafka_max_poll_interval_s,
+            fetch_total_timeout_s=settings.fetch.total_timeout_s,
             allowed_private_networks=[str(n) for n in settings.fetch.allowed_private_networks],
             image_processes=settings.image_processes or "cpu_count",
             thumbnail_store=settings.thumbnails.store,

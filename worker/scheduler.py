@@ -242,16 +242,31 @@ class Scheduler:
         except KafkaError as e:
             # Not fatal: the offsets are committed by a later attempt, or the messages
             # are processed again by whoever owns the partition next (at least once).
-            log.warning("commit_failed", error=repr(e), partitions=len(offsets))
+            # aiokafka wraps the broker's refusal (UnknownMemberId, IllegalGeneration,
+            # RebalanceInProgress) in CommitFailedError; its text is a paragraph, so the
+            # event carries the class names.
+            cause = e.__cause__
+            log.warning(
+                "commit_failed",
+                error=type(e).__name__,
+                cause=type(cause).__name__ if cause is not None else None,
+                partitions=len(offsets),
+            )
             return
         self._committed.update(offsets)
 
     async def on_revoked(self, revoked: Iterable[TopicPartition]) -> None:
         revoked = set(revoked)
-        await self.commit(revoked)
-        for tp in revoked:
-            self._trackers.pop(tp, None)
-            self._committed.pop(tp, None)
+        try:
+            await self.commit(revoked)
+        finally:
+            # Forgotten even when the commit failed: whoever owns a partition next starts
+            # from its committed offset, and so does this worker if it gets it back.
+            for tp in revoked:
+                self._trackers.pop(tp, None)
+                self._committed.pop(tp, None)
+        if revoked:  # aiokafka also calls this, with nothing, before the first assignment
+            log.info("partitions_revoked", partitions=len(revoked), **_names(revoked))
 
     async def on_assigned(self, assigned: Iterable[TopicPartition]) -> None:
         assigned = set(assigned)
@@ -259,6 +274,7 @@ class Scheduler:
             "partitions_assigned",
             partitions=len(assigned),
             sources=len({source_of_topic(tp.topic) for tp in assigned}),
+            **_names(assigned),
         )
 
     async def _drain(self) -> None:
@@ -284,6 +300,16 @@ class _Listener(ConsumerRebalanceListener):
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
         await self._scheduler.on_assigned(assigned)
+
+
+# At most this many partitions are named in a log event; the count is always there.
+LOGGED_PARTITIONS = 100
+
+
+def _names(partitions: Iterable[TopicPartition]) -> dict[str, list[str]]:
+    """``{"topic_partitions": ["urls.a:0", ...]}``, sorted and capped, for a log event."""
+    names = sorted(f"{tp.topic}:{tp.partition}" for tp in partitions)
+    return {"topic_partitions": names[:LOGGED_PARTITIONS]}
 
 
 async def _wait_event(event: asyncio.Event, timeout_s: float) -> None:

@@ -87,6 +87,10 @@ class WorkerSettings:
     rate_limit_timeout_s: float = 6 * 3600.0
     # On SIGTERM: how long in-flight work may take to finish before it is handed back.
     shutdown_grace_s: float = 30.0
+    # Kafka's max.poll.interval: a consumer that does not poll for this long is dropped
+    # from the group. The scheduler polls every ~0.1 s whatever its tasks do, so a slow
+    # download never comes near it; aiokafka's default (300 s) is kept.
+    kafka_max_poll_interval_s: float = 300.0
     log_level: str = "INFO"
 
     @classmethod
@@ -99,7 +103,7 @@ class WorkerSettings:
             max_body_bytes=env_int(env, "MAX_BODY_BYTES", 64 * 1024 * 1024, minimum=1024),
             allowed_private_networks=_networks(env, "ALLOWED_PRIVATE_NETWORKS"),
         )
-        return cls(
+        settings = cls(
             kafka=KafkaSettings.from_env(env),
             redis=RedisSettings.from_env(env),
             s3=S3Settings.from_env(env),
@@ -114,8 +118,20 @@ class WorkerSettings:
                 env, "RATE_LIMIT_TIMEOUT_SECONDS", 6 * 3600.0, minimum=0.01
             ),
             shutdown_grace_s=env_float(env, "SHUTDOWN_GRACE_SECONDS", 30.0),
+            kafka_max_poll_interval_s=env_float(
+                env, "KAFKA_MAX_POLL_INTERVAL_SECONDS", 300.0, minimum=1.0
+            ),
             log_level=env_str(env, "LOG_LEVEL", "INFO"),
         )
+        if settings.shutdown_grace_s >= settings.kafka_max_poll_interval_s:
+            # A draining worker stops polling; past the poll interval Kafka drops it from
+            # the group and the commit of what it drained fails (all of it runs again).
+            raise ConfigError(
+                f"SHUTDOWN_GRACE_SECONDS ({settings.shutdown_grace_s:g}) must be shorter than "
+                f"KAFKA_MAX_POLL_INTERVAL_SECONDS ({settings.kafka_max_poll_interval_s:g}): "
+                "a worker does not poll while it drains"
+            )
+        return settings
 
 
 def _networks(env: Mapping[str, str], name: str) -> tuple[IPNetwork, ...]:
