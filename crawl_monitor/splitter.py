@@ -12,10 +12,11 @@ dead-lettered to ``crawl_errors``; it never stops the messages behind it.
 
 A source's topic is created (``SOURCE_TOPIC_PARTITIONS`` partitions) the first time the
 splitter sees the source, since a production cluster may not auto-create topics. When the
-cluster refuses a topic for good (a non-retriable error: an invalid or colliding name, a
-policy, no authorisation), that batch's messages of the source are dead-lettered like
-malformed ones instead of being sent again forever, which would stop the partition; the
-topic is asked for again when the source comes back. Retriable failures retry the batch.
+cluster refuses the name itself (``InvalidTopicError``: e.g. ``urls.a_b`` once
+``urls.a.b`` exists, whose metric names collide), that batch's messages of the source are
+dead-lettered like malformed ones instead of being sent again forever, which would stop
+the partition; the topic is asked for again when the source comes back. Other failures
+only log ``topic_create_failed``: producing may still work.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import Any, Final
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaError, UnknownError, for_code
+from aiokafka.errors import InvalidTopicError, KafkaError
 from redis.exceptions import RedisError
 
 from image_crawler.contract import (
@@ -114,15 +115,16 @@ class TopicCreator:
             topic, code = entry[0], entry[1]
             if code not in (0, TOPIC_ALREADY_EXISTS):
                 failed[topic] = code
-                error = for_code(code)
-                # An error code aiokafka does not know is taken as passing, not as a refusal.
-                if not error.retriable and error is not UnknownError:
+                # Only a name Kafka will never accept is final. Not, say, a missing
+                # CreateTopics permission: Kafka answers that for existing topics too,
+                # which producing still reaches.
+                if code == InvalidTopicError.errno:
                     message = entry[2] if len(entry) > 2 and entry[2] else ""
-                    refused[topic] = f"{error.__name__}: {message}".rstrip(": ")
+                    refused[topic] = f"InvalidTopicError: {message}".rstrip(": ")
             elif code == 0:
                 log.info("topic_created", topic=topic, partitions=self._partitions)
         if failed:
-            # A retriable failure: producing may still work (auto-creation), and the next
+            # Producing may still work (an existing topic, auto-creation), and the next
             # batch asks again. A refused topic is asked for again when its source is.
             log.warning("topic_create_failed", errors=failed, refused=sorted(refused))
         self._known.update(t for t in missing if t not in failed)

@@ -549,5 +549,7 @@ async def test_two_monitors_never_double_a_rate_and_the_standby_takes_over(
         assert resumed_s < 8.0
         assert over_envelope(times, rate) == {}
         assert not first.events("leadership_lost")
+        for monitor in (first, second):
+            assert not monitor.events("loop_crashed") and not monitor.events("monitoring_error")
     finally:
         stop_all(worker, second, first)

@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import json
 import signal
+import types
 from collections import Counter
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -13,7 +14,7 @@ from aiokafka.errors import KafkaTimeoutError
 from redis.asyncio import Redis
 from structlog.testing import capture_logs
 
-from crawl_monitor.splitter import Rejected, Split, Splitter, route
+from crawl_monitor.splitter import Rejected, Split, Splitter, TopicCreator, route
 from image_crawler import contract as c
 from test.processes import CrawlerProcess, committed_offset
 from test.services import create_topics, produce, read_records, wait_for
@@ -408,3 +409,40 @@ async def test_a_topic_kafka_refuses_for_good_dead_letters_its_messages(redis):
     assert await redis.get(c.NUM_MALFORMED) == "2"
     assert await redis.smembers(c.INBOUND_SOURCES_SET) == {"a"}
     assert len([e for e in logs if e["event"] == "malformed_message"]) == 2
+
+
+class FakeAdmin:
+    """Answers CreateTopics with the given error code per topic (0 when not listed)."""
+
+    def __init__(self, codes: dict[str, int]) -> None:
+        self.codes = codes
+        self.asked: list[list[str]] = []
+
+    async def create_topics(self, new_topics):
+        names = [t.name for t in new_topics]
+        self.asked.append(names)
+        return types.SimpleNamespace(
+            topic_errors=[(n, self.codes.get(n, 0), f"code {self.codes.get(n, 0)}") for n in names]
+        )
+
+
+async def test_only_a_name_kafka_refuses_is_final():
+    admin = FakeAdmin(
+        {
+            "urls.a_b": 17,  # InvalidTopicError: collides with urls.a.b
+            "urls.locked": 29,  # TopicAuthorizationFailed: may exist, producing may work
+            "urls.old": 36,  # TopicAlreadyExists
+            "urls.busy": 41,  # NotController: retriable
+        }
+    )
+    creator = TopicCreator(admin, partitions=2, replication_factor=1)
+    topics = ["urls.a_b", "urls.locked", "urls.old", "urls.busy", "urls.new"]
+    with capture_logs() as logs:
+        refused = await creator.ensure(topics)
+    assert refused == {"urls.a_b": "InvalidTopicError: code 17"}
+    (failed,) = [e for e in logs if e["event"] == "topic_create_failed"]
+    assert failed["errors"] == {"urls.a_b": 17, "urls.locked": 29, "urls.busy": 41}
+    assert [e["topic"] for e in logs if e["event"] == "topic_created"] == ["urls.new"]
+    # Created or existing topics are not asked for again; the others are.
+    await creator.ensure(topics)
+    assert admin.asked[-1] == ["urls.a_b", "urls.busy", "urls.locked"]
