@@ -7,6 +7,8 @@ import json
 from collections import defaultdict
 from typing import Any
 
+from redis.exceptions import ConnectionError as RedisConnectionError
+
 from worker.fetch import FetchResult
 from worker.outputs import DependencyError
 
@@ -76,3 +78,27 @@ class FakeStats:
 
     async def record_malformed(self) -> None:
         self.malformed += 1
+
+
+class FlakyRedis:
+    """A Redis client whose pipelines fail with ``ConnectionError`` while ``away``.
+
+    Wraps a real (or fake) async client; only ``pipeline()`` is affected, as the token
+    bucket and the statistics use nothing else.
+    """
+
+    def __init__(self, redis: Any) -> None:
+        self._redis = redis
+        self.away = True
+        self.refused = 0
+
+    def pipeline(self, transaction: bool = True) -> Any:
+        pipe = self._redis.pipeline(transaction=transaction)
+        if self.away:
+
+            async def refuse() -> list[Any]:
+                self.refused += 1
+                raise RedisConnectionError("Redis is away")
+
+            pipe.execute = refuse
+        return pipe

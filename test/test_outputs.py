@@ -1,15 +1,19 @@
-"""The local thumbnail store and the setting that chooses a store."""
+"""The local thumbnail store, the setting that chooses a store, and ``Stalls``."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 from pathlib import Path
 
 import pytest
+from botocore.exceptions import BotoCoreError
+from structlog.testing import capture_logs
 
 from image_crawler.config import ConfigError
-from worker.outputs import DependencyError, LocalThumbnailStore
+from test.services import wait_for
+from worker.outputs import DependencyError, LocalThumbnailStore, Stalls
 from worker.settings import ThumbnailSettings, WorkerSettings
 
 
@@ -99,3 +103,70 @@ def test_thumbnail_settings_from_the_environment(
 def test_an_unknown_thumbnail_store_names_the_variable() -> None:
     with pytest.raises(ConfigError, match="THUMBNAIL_STORE must be one of s3, local"):
         WorkerSettings.from_env({"THUMBNAIL_STORE": "ftp"})
+
+
+# --- Stalls: a service that stops answering is reported, not cut short -------------------
+
+
+async def test_a_prompt_answer_is_not_reported() -> None:
+    stalls = Stalls("s3", after_s=0.5)
+
+    async def answer() -> str:
+        return "ok"
+
+    with capture_logs() as logs:
+        assert await stalls.watch("s3_put", answer()) == "ok"
+    assert logs == []
+
+
+async def test_stuck_calls_are_reported_once_and_their_end_once() -> None:
+    stalls = Stalls("kafka", after_s=0.05)
+    back = asyncio.Event()
+
+    async def stuck(n: int) -> int:
+        await back.wait()
+        return n
+
+    with capture_logs() as logs:
+        calls = [asyncio.create_task(stalls.watch("publish", stuck(n))) for n in range(3)]
+        await wait_for(lambda: stalls.stuck == 3, 5, what="3 stuck calls")
+        assert [e["event"] for e in logs] == ["dependency_unavailable"]
+        assert not any(call.done() for call in calls)  # waited for, not cut short
+        back.set()
+        assert await asyncio.gather(*calls) == [0, 1, 2]
+    down, up = logs
+    assert down["service"] == "kafka" and down["op"] == "publish"
+    assert down["unavailable_s"] == pytest.approx(0.05, abs=0.01)
+    assert up["event"] == "dependency_recovered"
+    assert up["service"] == "kafka" and up["stuck_calls"] == 3
+    assert up["unavailable_s"] >= 0.05
+
+
+async def test_a_stuck_call_raises_what_the_call_raises() -> None:
+    stalls = Stalls("s3", after_s=0.01)
+
+    async def fails_late() -> None:
+        await asyncio.sleep(0.05)
+        raise BotoCoreError()
+
+    with capture_logs() as logs, pytest.raises(BotoCoreError):
+        await stalls.watch("s3_put", fails_late())
+    assert [e["event"] for e in logs] == ["dependency_unavailable", "dependency_recovered"]
+
+
+async def test_cancelling_the_watch_cancels_the_call() -> None:
+    stalls = Stalls("s3", after_s=0.01)
+    cancelled = asyncio.Event()
+
+    async def never() -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    watch = asyncio.create_task(stalls.watch("s3_put", never()))
+    await wait_for(lambda: stalls.stuck == 1, 5, what="a stuck call")
+    watch.cancel()
+    await asyncio.wait_for(cancelled.wait(), 1)
+    assert stalls.stuck == 0

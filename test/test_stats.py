@@ -1,8 +1,11 @@
 import asyncio
 
 import pytest
+from structlog.testing import capture_logs
 
 from image_crawler import contract as c
+from test.fakes import FlakyRedis
+from test.services import wait_for
 from worker.stats import RedisStats
 
 
@@ -68,3 +71,23 @@ async def test_malformed_messages_are_counted(fake_redis, stats):
     await stats.record_malformed()
     await stats.record_malformed()
     assert await fake_redis.get(c.NUM_MALFORMED) == "2"
+
+
+async def test_outcomes_wait_for_a_redis_that_was_away_and_are_counted_once(fake_redis):
+    flaky = FlakyRedis(fake_redis)
+    stats = RedisStats(flaky)
+    task = asyncio.create_task(stats.run())
+    try:
+        with capture_logs() as logs:
+            recorded = asyncio.create_task(stats.record("a", "200"))
+            await wait_for(lambda: flaky.refused >= 2, 5, what="two refused attempts")
+            assert not recorded.done()  # the caller may not commit yet
+            flaky.away = False
+            await asyncio.wait_for(recorded, 5)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    events = [(e["event"], e["op"]) for e in logs]
+    assert set(events[:-1]) == {("redis_unavailable", "record_stats")}
+    assert events[-1] == ("redis_recovered", "record_stats")
+    assert await fake_redis.get(c.num_resized_key("a")) == "1"

@@ -1,8 +1,11 @@
 import asyncio
 
 import pytest
+from structlog.testing import capture_logs
 
 from image_crawler.contract import tokens_key
+from test.fakes import FlakyRedis
+from test.services import wait_for
 from worker.tokens import RedisTokenBucket, tokens_granted
 
 
@@ -60,4 +63,25 @@ async def test_a_cancelled_waiter_takes_nothing(fake_redis, bucket):
     first.cancel()
     await fake_redis.set(tokens_key("a"), 1)
     await asyncio.wait_for(second, 1)
+    assert int(await fake_redis.get(tokens_key("a"))) == 0
+
+
+async def test_a_redis_that_was_away_is_reported_back_and_grants_again(fake_redis):
+    flaky = FlakyRedis(fake_redis)
+    bucket = RedisTokenBucket(flaky, retry_s=0.05)
+    task = asyncio.create_task(bucket.run())
+    try:
+        with capture_logs() as logs:
+            future = bucket.acquire("a")
+            await wait_for(lambda: flaky.refused >= 2, 5, what="two refused attempts")
+            await fake_redis.set(tokens_key("a"), 1)
+            flaky.away = False
+            await asyncio.wait_for(future, 5)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    events = [(e["event"], e["op"]) for e in logs]
+    assert set(events[:-1]) == {("redis_unavailable", "take_tokens")}
+    assert events[-1] == ("redis_recovered", "take_tokens")
+    assert logs[-1]["unavailable_s"] >= 0
     assert int(await fake_redis.get(tokens_key("a"))) == 0

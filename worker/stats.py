@@ -71,15 +71,20 @@ class RedisStats:
             await self._wake.wait()
             self._wake.clear()
             batch, self._pending = self._pending, []
+            failing_since: float | None = None
             while True:
                 try:
                     await self._flush(batch)
                     backoff_s = 0.1
                     break
                 except RedisError as e:
+                    failing_since = failing_since or time.monotonic()
                     log.warning("redis_unavailable", op="record_stats", error=repr(e))
                     await asyncio.sleep(backoff_s)
                     backoff_s = min(backoff_s * 2, 5.0)
+            if failing_since is not None:
+                unavailable_s = round(time.monotonic() - failing_since, 1)
+                log.info("redis_recovered", op="record_stats", unavailable_s=unavailable_s)
             for _, _, future in batch:
                 if not future.done():
                     future.set_result(None)

@@ -61,6 +61,7 @@ class RedisTokenBucket:
 
     async def run(self) -> None:
         backoff_s = 0.1
+        failing_since: float | None = None
         while True:
             due = self._due_sources(time.monotonic())
             if not due:
@@ -68,12 +69,18 @@ class RedisTokenBucket:
                 continue
             try:
                 await self._take(due)
-                backoff_s = 0.1
             except RedisError as e:
                 # Fail closed: without Redis nobody gets a token.
+                failing_since = failing_since or time.monotonic()
                 log.warning("redis_unavailable", op="take_tokens", error=repr(e))
                 await asyncio.sleep(backoff_s)
                 backoff_s = min(backoff_s * 2, 5.0)
+                continue
+            backoff_s = 0.1
+            if failing_since is not None:
+                unavailable_s = round(time.monotonic() - failing_since, 1)
+                log.info("redis_recovered", op="take_tokens", unavailable_s=unavailable_s)
+                failing_since = None
 
     def _due_sources(self, now: float) -> dict[str, int]:
         due: dict[str, int] = {}
