@@ -1,11 +1,13 @@
 """Fixtures that start real services on free loopback ports (see ``services.py``).
 
 Scopes: one redis-server and one S3 server per session (tests get a clean database and a
-fresh bucket); a fresh Kafka broker per test (``kafka``) because tansu's consumer groups
-carry state between tests, plus a shared one (``kafka_session``) for tests that only
-produce and read without groups; a fresh HTTP origin per test. Tests that use any of
-these are marked ``integration`` automatically. When a test fails, the tail of each
-service's log is attached to its report.
+fresh bucket), and a private one of each for fault tests that pause, kill or restart
+them (``fresh_redis_server``, ``fresh_s3_server``); a fresh Kafka broker per test
+(``kafka``) because tansu's consumer groups carry state between tests, plus a shared
+one (``kafka_session``) for tests that only produce and read without groups; a fresh
+HTTP origin per test. Tests that use any of these are marked ``integration``
+automatically. When a test fails, the tail of each service's log is attached to its
+report.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ SERVICE_FIXTURES = frozenset(
         "redis_url",
         "redis",
         "s3_server",
+        "fresh_s3_server",
         "s3_bucket",
         "origin",
     }
@@ -162,6 +165,16 @@ async def redis(redis_url: str) -> AsyncIterator[Redis]:
 def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     """moto's S3 server for the session; ``.endpoint_url`` and ``.env`` for clients."""
     server = S3Server(log_dir=tmp_path_factory.mktemp("s3")).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def fresh_s3_server(tmp_path: Path) -> Iterator[S3Server]:
+    """An S3 server for this test alone, free to be paused or killed (empty, no bucket)."""
+    server = S3Server(log_dir=tmp_path / "s3").start()
     try:
         yield server
     finally:
