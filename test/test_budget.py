@@ -71,3 +71,15 @@ def test_releasing_more_than_was_taken_is_a_bug():
     budget = ByteBudget(10)
     with pytest.raises(RuntimeError):
         budget.release(1)
+
+
+def test_the_budget_comes_from_the_environment():
+    from image_crawler.config import ConfigError
+    from worker.settings import WorkerSettings
+
+    assert WorkerSettings.from_env({}).fetch.max_bytes_in_flight == 256 * 1024 * 1024
+    assert WorkerSettings.from_env(
+        {"MAX_BYTES_IN_FLIGHT": "5000000"}
+    ).fetch.max_bytes_in_flight == (5_000_000)
+    with pytest.raises(ConfigError, match="MAX_BYTES_IN_FLIGHT"):
+        WorkerSettings.from_env({"MAX_BYTES_IN_FLIGHT": "10"})

@@ -18,6 +18,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from image_crawler.contract import CRAWL_ERRORS_TOPIC, WORKER_GROUP, MalformedMessage, SourceTask
 from image_crawler.entrypoint import serve, start_kafka_clients
 from image_crawler.logs import get_logger
+from worker.budget import ByteBudget
 from worker.fetch import Fetcher, close_session, new_session
 from worker.outputs import KafkaSink, LocalThumbnailStore, S3ThumbnailStore, ThumbnailStore
 from worker.pipeline import Pipeline
@@ -48,7 +49,9 @@ async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
         redis = settings.redis.client(decode_responses=True)
         stack.push_async_callback(redis.aclose)
 
-        producer = AIOKafkaProducer(**settings.kafka.client_options(), acks="all", linger_ms=5)
+        # A 20 ms linger: a busy worker sends one request per partition every 20 ms rather
+        # than many small ones; a task waits that long at most, once, for its messages.
+        producer = AIOKafkaProducer(**settings.kafka.client_options(), acks="all", linger_ms=20)
         stack.push_async_callback(producer.stop)  # flushes what is still buffered
 
         consumer = AIOKafkaConsumer(
@@ -89,7 +92,9 @@ async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
         stats = RedisStats(redis)
         pipeline = Pipeline(
             tokens=tokens,
-            fetcher=Fetcher(http, settings.fetch, policy),
+            fetcher=Fetcher(
+                http, settings.fetch, policy, ByteBudget(settings.fetch.max_bytes_in_flight)
+            ),
             processor=processor,
             store=store,
             sink=KafkaSink(producer),

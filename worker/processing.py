@@ -99,6 +99,9 @@ class PoolProcessor:
         self._executor = self._new_executor()
         self.shares_memory = share  # False once a pool process could not read a memfd
         self._owner_pid = os.getpid()  # whose /proc/{pid}/fd the pool processes open
+        # Bodies in memfds at once: those being processed and one queued per process.
+        # The others wait as the bytes they already are, not as a second copy.
+        self._shared_slots = asyncio.Semaphore(2 * self._processes)
 
     def _new_executor(self) -> ProcessPoolExecutor:
         # forkserver: forking a process that runs an event loop and threads is unsafe.
@@ -126,6 +129,12 @@ class PoolProcessor:
             return ImageFailure(status="ProcessCrashed", detail="an image process died")
 
     async def _process_shared(
+        self, executor: ProcessPoolExecutor, body: bytes
+    ) -> ImageOutcome | None:
+        async with self._shared_slots:
+            return await self._process_in_memfd(executor, body)
+
+    async def _process_in_memfd(
         self, executor: ProcessPoolExecutor, body: bytes
     ) -> ImageOutcome | None:
         fd = _write_memfd(body)

@@ -32,6 +32,9 @@ class FetchSettings:
     # A status line or header field longer than this is refused (status BadResponse).
     max_header_bytes: int = 8190
     max_connections: int = 1000
+    # Downloaded bodies held at once, from the request to the end of their message (see
+    # worker/budget.py): what bounds a worker's memory, more than MAX_TASKS does.
+    max_bytes_in_flight: int = 256 * 1024 * 1024
     user_agent: str = "image-crawler/0.1 (+https://github.com/cc-archive/image-crawler)"
     # Private networks the fetcher may still connect to (everything non-public is refused).
     allowed_private_networks: tuple[IPNetwork, ...] = ()
@@ -101,6 +104,9 @@ class WorkerSettings:
             read_timeout_s=env_float(env, "FETCH_READ_TIMEOUT_S", 30.0, minimum=0.1),
             total_timeout_s=env_float(env, "FETCH_TOTAL_TIMEOUT_S", 120.0, minimum=0.1),
             max_body_bytes=env_int(env, "MAX_BODY_BYTES", 64 * 1024 * 1024, minimum=1024),
+            max_bytes_in_flight=env_int(
+                env, "MAX_BYTES_IN_FLIGHT", 256 * 1024 * 1024, minimum=1024 * 1024
+            ),
             allowed_private_networks=_networks(env, "ALLOWED_PRIVATE_NETWORKS"),
         )
         settings = cls(
