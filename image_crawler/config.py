@@ -179,11 +179,17 @@ class S3Settings:
     bucket: str = "cc-image-analysis"
     endpoint_url: str | None = None
     region: str | None = None
+    # CA certificates to trust for the endpoint (the AWS tools' own variable).
+    ca_bundle: str | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> S3Settings:
+        ca_bundle = env_optional(env, "AWS_CA_BUNDLE")
+        if ca_bundle is not None and not os.path.isfile(ca_bundle):
+            raise ConfigError(f"AWS_CA_BUNDLE: no such file {ca_bundle!r}")
         return cls(
             bucket=env_str(env, "S3_BUCKET", "cc-image-analysis"),
             endpoint_url=env_optional(env, "S3_ENDPOINT_URL"),
             region=env_optional(env, "AWS_DEFAULT_REGION"),
+            ca_bundle=ca_bundle,
         )

@@ -12,7 +12,6 @@ import contextlib
 from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
-import aioboto3
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from image_crawler.contract import CRAWL_ERRORS_TOPIC, WORKER_GROUP, MalformedMessage, SourceTask
@@ -20,9 +19,10 @@ from image_crawler.entrypoint import serve, start_kafka_clients
 from image_crawler.logs import get_logger
 from worker.budget import ByteBudget
 from worker.fetch import Fetcher, close_session, new_session
-from worker.outputs import KafkaSink, LocalThumbnailStore, S3ThumbnailStore, ThumbnailStore
+from worker.outputs import KafkaSink, LocalThumbnailStore, ThumbnailStore
 from worker.pipeline import Pipeline
 from worker.processing import PoolProcessor
+from worker.s3 import SignedS3Store
 from worker.scheduler import Scheduler, SchedulerSettings
 from worker.settings import WorkerSettings
 from worker.stats import RedisStats
@@ -74,12 +74,9 @@ async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
             store = LocalThumbnailStore(settings.thumbnails.directory)
             destination = str(settings.thumbnails.directory.resolve())
         else:
-            s3 = await stack.enter_async_context(
-                aioboto3.Session().client(
-                    "s3", endpoint_url=settings.s3.endpoint_url, region_name=settings.s3.region
-                )
-            )
-            store = S3ThumbnailStore(s3, settings.s3.bucket)
+            s3 = await SignedS3Store.open(settings.s3)
+            stack.push_async_callback(s3.close)
+            store = s3
             destination = f"s3://{settings.s3.bucket}"
         policy = settings.fetch.address_policy
         http = new_session(settings.fetch, policy)

@@ -22,11 +22,10 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
-from botocore.exceptions import BotoCoreError, ClientError
 
 from image_crawler.logs import get_logger
 
@@ -137,24 +136,6 @@ class MetadataSink(Protocol):
     async def publish(self, topic: str, value: bytes, key: bytes | None = None) -> None:
         """Return once the broker has acknowledged the message."""
         ...
-
-
-class S3ThumbnailStore:
-    def __init__(self, client: Any, bucket: str, *, stalls: Stalls | None = None) -> None:
-        self._client = client  # an aioboto3 S3 client, entered by the caller
-        self._bucket = bucket
-        self._stalls = stalls or Stalls("s3")
-
-    async def put(self, key: str, data: bytes) -> None:
-        try:
-            await self._stalls.watch(
-                "s3_put",
-                self._client.put_object(
-                    Bucket=self._bucket, Key=key, Body=data, ContentType="image/jpeg"
-                ),
-            )
-        except (BotoCoreError, ClientError) as e:
-            raise DependencyError("s3", e) from e
 
 
 class LocalThumbnailStore:

@@ -23,7 +23,7 @@ from botocore.exceptions import BotoCoreError
 from yarl import URL
 
 from image_crawler.config import ConfigError, S3Settings
-from worker.outputs import DependencyError
+from worker.outputs import DependencyError, Stalls
 
 DEFAULT_REGION = "us-east-1"
 _ERROR_BODY_CHARS = 300
@@ -46,15 +46,28 @@ def object_url(settings: S3Settings, key: str) -> str:
 class SignedS3Store:
     """A ``ThumbnailStore`` writing ``{key}`` to the bucket of ``settings``."""
 
-    def __init__(self, settings: S3Settings, credentials: Any, http: aiohttp.ClientSession) -> None:
+    def __init__(
+        self,
+        settings: S3Settings,
+        credentials: Any,
+        http: aiohttp.ClientSession,
+        *,
+        stalls: Stalls | None = None,
+    ) -> None:
         self._settings = settings
         self._credentials = credentials  # botocore (Refreshable)Credentials, async API
         self._region = settings.region or DEFAULT_REGION
         self._http = http
+        self._stalls = stalls or Stalls("s3")
 
     @classmethod
     async def open(
-        cls, settings: S3Settings, *, timeout_s: float = 30.0, ca_file: str | None = None
+        cls,
+        settings: S3Settings,
+        *,
+        connect_timeout_s: float = 10.0,
+        read_timeout_s: float = 60.0,
+        stalls: Stalls | None = None,
     ) -> SignedS3Store:
         """Find credentials the way the AWS tools do; ``ConfigError`` when there are none."""
         credentials = await get_session().get_credentials()
@@ -63,17 +76,25 @@ class SignedS3Store:
                 "no S3 credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
                 "(or an AWS profile or instance role)"
             )
-        context = ssl.create_default_context(cafile=ca_file) if ca_file else True
+        ca_bundle = settings.ca_bundle
+        context = ssl.create_default_context(cafile=ca_bundle) if ca_bundle else True
+        # botocore's own timeouts: a put that gets no answer for a minute is tried again
+        # (a second PUT of the same thumbnail is harmless); Stalls reports it meanwhile.
         http = aiohttp.ClientSession(
-            timeout=aiohttp.ClientTimeout(total=timeout_s),
+            timeout=aiohttp.ClientTimeout(
+                total=None, sock_connect=connect_timeout_s, sock_read=read_timeout_s
+            ),
             connector=aiohttp.TCPConnector(ssl=context),
         )
-        return cls(settings, credentials, http)
+        return cls(settings, credentials, http, stalls=stalls)
 
     async def close(self) -> None:
         await self._http.close()
 
     async def put(self, key: str, data: bytes) -> None:
+        await self._stalls.watch("s3_put", self._put(key, data))
+
+    async def _put(self, key: str, data: bytes) -> None:
         url = object_url(self._settings, key)
         try:
             frozen = await self._credentials.get_frozen_credentials()
