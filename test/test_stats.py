@@ -91,3 +91,14 @@ async def test_outcomes_wait_for_a_redis_that_was_away_and_are_counted_once(fake
     assert set(events[:-1]) == {("redis_unavailable", "record_stats")}
     assert events[-1] == ("redis_recovered", "record_stats")
     assert await fake_redis.get(c.num_resized_key("a")) == "1"
+
+
+async def test_a_batch_written_twice_adds_no_window_member_twice(fake_redis, stats):
+    # As when Redis runs a write that timed out, and then the retry.
+    loop = asyncio.get_running_loop()
+    batch = [("a", "500", stats._timestamp(), loop.create_future()) for _ in range(3)]
+    await stats._flush(batch)
+    await stats._flush(batch)
+    for prefix, _ in c.STATUS_WINDOWS:
+        assert await fake_redis.zcard(f"{prefix}a") == 3
+    assert await fake_redis.get(c.resize_errors_key("a")) == "6"  # counters: at least once

@@ -4,6 +4,13 @@ Every outcome adds its status to the 60 s / 1 h / 12 h sliding windows (trimmed 
 go) and to the last-50 list, and bumps the success or failure counters. Outcomes recorded
 at the same time share one pipelined round trip; ``record`` returns once its outcome is
 stored, so a caller may commit the message behind it.
+
+Counting is at least once. A write that timed out (Redis stopped answering) may still be
+run by Redis when it comes back, before or after the retry: the counters and the last-50
+list then count that batch twice, as they count a message twice that is processed again
+after a worker crash. The windows, which the breakers read, do not: each outcome's
+member ``"{status}:{time}"`` is fixed when it is recorded, so writing it again adds
+nothing.
 """
 
 from __future__ import annotations
@@ -33,6 +40,9 @@ log = get_logger(__name__)
 
 SUCCESS_STATUS = "200"
 
+# (source or None for a malformed message, status, Unix time, resolved once stored)
+_Outcome = tuple[str | None, str, float, asyncio.Future[None]]
+
 
 class StatsRecorder(Protocol):
     async def record(self, source: str, status: str) -> None:
@@ -48,7 +58,7 @@ class RedisStats:
     def __init__(self, redis: aioredis.Redis, *, clock: Callable[[], float] = time.time) -> None:
         self._redis = redis
         self._clock = clock
-        self._pending: list[tuple[str | None, str, asyncio.Future[None]]] = []
+        self._pending: list[_Outcome] = []
         self._wake = asyncio.Event()
         self._last_time = 0.0
 
@@ -60,7 +70,9 @@ class RedisStats:
 
     async def _enqueue(self, source: str | None, status: str) -> None:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._pending.append((source, status, future))
+        # Stamped now, not when written: a batch written twice (a timed-out write that
+        # Redis still ran, then the retry) adds the same window members, not new ones.
+        self._pending.append((source, status, self._timestamp(), future))
         self._wake.set()
         await asyncio.shield(future)
 
@@ -85,7 +97,7 @@ class RedisStats:
             if failing_since is not None:
                 unavailable_s = round(time.monotonic() - failing_since, 1)
                 log.info("redis_recovered", op="record_stats", unavailable_s=unavailable_s)
-            for _, _, future in batch:
+            for *_, future in batch:
                 if not future.done():
                     future.set_result(None)
 
@@ -96,16 +108,15 @@ class RedisStats:
         self._last_time = now
         return now
 
-    async def _flush(self, batch: list[tuple[str | None, str, asyncio.Future[None]]]) -> None:
+    async def _flush(self, batch: list[_Outcome]) -> None:
         if not batch:
             return
         async with self._redis.pipeline(transaction=False) as pipe:
             trimmed: set[str] = set()
-            for source, status, _ in batch:
+            for source, status, now, _ in batch:
                 if source is None:
                     pipe.incr(NUM_MALFORMED)
                     continue
-                now = self._timestamp()
                 for prefix, window_s in STATUS_WINDOWS:
                     key = f"{prefix}{source}"
                     pipe.zadd(key, {window_member(status, now): now})
@@ -120,6 +131,6 @@ class RedisStats:
                     pipe.incr(RESIZE_ERRORS)
                     pipe.incr(resize_errors_key(source))
                     pipe.incr(resize_errors_key(source, status))
-            for source in {s for s, _, _ in batch if s is not None}:
+            for source in {s for s, *_ in batch if s is not None}:
                 pipe.ltrim(last50_key(source), -LAST_N_STATUSES, -1)
             await pipe.execute()
