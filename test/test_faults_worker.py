@@ -484,12 +484,6 @@ async def test_kill_9_with_hundreds_in_flight_loses_nothing_and_never_commits_pa
     assert check.held_back > 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug in worker/processing.py: the image pool's processes (forkserver children "
-    "that ignore SIGTERM) and multiprocessing's forkserver and resource tracker outlive "
-    "a worker killed with SIGKILL, forever",
-)
 async def test_the_image_processes_of_a_killed_worker_exit_with_it(
     kafka, redis, redis_url, s3_server, s3_bucket, origin, workers
 ):

@@ -16,7 +16,10 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import os
+import select
 import signal
+import threading
+import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Final, Protocol
@@ -81,11 +84,36 @@ def _write_memfd(body: bytes) -> int | None:
     return fd
 
 
-def _ignore_signals() -> None:
+def _start_pool_process(owner_pid: int) -> None:
     # The parent decides when to stop; a Ctrl-C reaching the whole process group must not
     # kill pool processes mid-image.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # ...but a parent killed with SIGKILL says nothing: the pool's queues stay open (each
+    # pool process holds both ends) and it would wait for work forever, with the
+    # forkserver behind it. A thread watches the owner and ends the process with it.
+    threading.Thread(target=_exit_with, args=(owner_pid,), daemon=True).start()
+
+
+def _exit_with(owner_pid: int) -> None:
+    try:
+        pidfd = os.pidfd_open(owner_pid)
+    except (AttributeError, OSError):  # no pidfd (old kernel): look every second
+        while _alive(owner_pid):
+            time.sleep(1.0)
+    else:
+        select.select([pidfd], [], [])  # readable once the process has exited
+    os._exit(0)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class PoolProcessor:
@@ -108,7 +136,8 @@ class PoolProcessor:
         return ProcessPoolExecutor(
             max_workers=self._processes,
             mp_context=multiprocessing.get_context("forkserver"),
-            initializer=_ignore_signals,
+            initializer=_start_pool_process,
+            initargs=(os.getpid(),),
         )
 
     async def process(self, body: bytes) -> ImageOutcome:
