@@ -1,14 +1,14 @@
 """Where a worker's results go: thumbnails to a store, messages to a sink.
 
-Each is one narrow seam: thumbnails go to S3 (production) or a local folder (the local
-stack of ``image-crawler up``), messages to Kafka. Adapters turn the failures of their
+Each is one narrow seam: thumbnails go to S3 (production, ``worker.s3``) or a local folder
+(the local stack of ``image-crawler up``), messages to Kafka. Adapters turn the failures of their
 service into ``DependencyError`` so the pipeline can wait and retry instead of losing the
 URL.
 
 A service that stops answering (a hung broker, a stalled S3 endpoint) raises nothing for
-a long time: aiokafka and botocore wait up to their own request timeouts (40 s, 60 s),
-and cutting a call short would only send the same message twice. So the S3 and Kafka
-adapters keep waiting, and ``Stalls`` makes the outage visible instead: one
+a long time: aiokafka and the S3 store wait up to their own request timeouts (40 s,
+60 s), and cutting a call short would only send the same message twice. So the S3 and
+Kafka adapters keep waiting, and ``Stalls`` makes the outage visible instead: one
 ``dependency_unavailable`` event once a call has had no answer for ``after_s``, and one
 ``dependency_recovered`` event (with how long it lasted) when the last stuck call ends.
 """
