@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 import pytest
@@ -58,10 +59,36 @@ def test_the_shared_reader_refuses_a_short_file(tmp_path):
         os.close(fd)
 
 
-async def test_a_dead_pool_process_is_one_failed_image_and_a_new_pool(pool):
-    await pool.process(a_jpeg().body)  # the pool is up
-    for pid in list(pool._executor._processes):
-        os.kill(pid, 9)
+async def test_a_dead_pool_process_is_one_failed_image_and_is_replaced(pool):
+    await pool.process(a_jpeg().body)  # one process is up, and idle
+    (pid,) = pool.pids
+    os.kill(pid, 9)
     outcome = await pool.process(a_jpeg().body)
     assert isinstance(outcome, ImageFailure) and outcome.status == "ProcessCrashed"
     assert isinstance(await pool.process(a_jpeg().body), ProcessedImage)
+    assert pid not in pool.pids
+
+
+async def test_more_images_than_processes_wait_their_turn(pool):
+    bodies = [i.body for i in good_images()][:12]
+    outcomes = await asyncio.gather(*(pool.process(b) for b in bodies))
+    assert outcomes == [process_image(b) for b in bodies]
+    assert len(pool.pids) == 2
+
+
+async def test_an_image_abandoned_midway_costs_its_process_not_the_pool(pool):
+    first = asyncio.create_task(pool.process(a_jpeg().body))
+    await asyncio.sleep(0)  # the job is sent
+    first.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    assert isinstance(await pool.process(a_jpeg().body), ProcessedImage)
+
+
+async def test_closing_the_pool_ends_its_processes(pool):
+    await asyncio.gather(pool.process(a_jpeg().body), pool.process(a_jpeg().body))
+    pids = pool.pids
+    pool.close()
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)

@@ -4,11 +4,16 @@ Decoding and thumbnailing are CPU work; done on the loop they would stall downlo
 Kafka heartbeats and token waits behind a large image. Processes, not threads, so that
 an image that crashes the decoder costs one pool process and one URL, not the worker.
 
-A body does not travel through the pool's pipe: pickled, a 2 MB body costs about 3 ms of
-CPU there (the pipe holds 64 KiB, so it crosses in 30-odd pieces, each copied twice).
-It is written once to an anonymous in-memory file (``memfd_create``) that the pool
-process reads through ``/proc/{pid}/fd``: about a third of that. Where that path is
-closed (no memfd, a hardened /proc), the first refusal switches back to the pipe.
+The pool is small and direct: each process has its own pipe, which the event loop
+watches itself, and is given one image at a time. ``concurrent.futures``' process pool
+was measured (bench/) to spend about 1 ms of the worker's CPU per image in its feeder
+and manager threads, their locks and wake-ups; the loop reading the pipe directly spends
+none of that. A body does not travel through the pipe either: pickled, a 2 MB body costs
+about 3 ms of CPU (the pipe holds 64 KiB, so it crosses in 30-odd pieces, each copied
+twice). It is written to the process's own anonymous in-memory file (``memfd_create``,
+reused, so its pages are not faulted in again for every image), which the process reads
+through ``/proc/{pid}/fd``. Where that path is closed (no memfd, a hardened /proc), the
+first refusal switches the pool back to sending bodies through the pipe.
 """
 
 from __future__ import annotations
@@ -16,12 +21,10 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import os
-import select
 import signal
-import threading
-import time
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
+from collections import deque
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from typing import Final, Protocol
 
 from image_crawler.logs import get_logger
@@ -30,6 +33,12 @@ from worker.image import DEFAULT_LIMITS, ImageFailure, ImageLimits, ProcessedIma
 log = get_logger(__name__)
 
 ImageOutcome = ProcessedImage | ImageFailure
+
+# What a pool process answers when it cannot read the parent's file: send the bytes.
+_UNREADABLE: Final = "unreadable"
+# A process's memfd is kept at the size of the largest body it held, up to this; a larger
+# one is shrunk after its image, so one huge body does not pin its memory.
+_KEEP_MEMFD_BYTES = 16 * 1024 * 1024
 
 
 class ImageProcessor(Protocol):
@@ -46,12 +55,13 @@ class InlineProcessor:
         return process_image(body, self._limits)
 
 
-# What a pool process answers when it cannot open the parent's file: send the bytes.
-_UNREADABLE: Final = "unreadable"
+class ProcessDied(Exception):
+    """A pool process ended (killed, or crashed in a decoder) before it answered."""
 
 
 def process_shared(owner_pid: int, fd: int, size: int, limits: ImageLimits) -> ImageOutcome | str:
-    """``process_image`` of the ``size`` bytes in file descriptor ``fd`` of ``owner_pid``."""
+    """``process_image`` of the first ``size`` bytes of file descriptor ``fd`` of
+    ``owner_pid``, or ``"unreadable"``."""
     try:
         own_fd = os.open(f"/proc/{owner_pid}/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
@@ -65,8 +75,27 @@ def process_shared(owner_pid: int, fd: int, size: int, limits: ImageLimits) -> I
     return process_image(body, limits)
 
 
-def _write_memfd(body: bytes) -> int | None:
-    """An anonymous in-memory file holding ``body``, or None where there is none."""
+def _serve(conn: Connection) -> None:
+    """A pool process: one job in, one outcome out, until the worker closes the pipe."""
+    # The worker decides when to stop; a Ctrl-C reaching the whole process group must
+    # not kill images midway. A worker killed outright closes the pipe: EOF ends us.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    while True:
+        try:
+            job = conn.recv()
+        except (EOFError, OSError):
+            os._exit(0)
+        if job[0] == "fd":
+            _, owner_pid, fd, size, limits = job
+            outcome: ImageOutcome | str = process_shared(owner_pid, fd, size, limits)
+        else:
+            _, body, limits = job
+            outcome = process_image(body, limits)
+        conn.send(outcome)
+
+
+def _new_memfd() -> int | None:
     memfd_create = getattr(os, "memfd_create", None)
     if memfd_create is None:
         return None
@@ -74,114 +103,176 @@ def _write_memfd(body: bytes) -> int | None:
         fd: int = memfd_create("image-body", getattr(os, "MFD_CLOEXEC", 0))
     except OSError:
         return None
-    try:
-        view = memoryview(body)
-        while view:
-            view = view[os.write(fd, view) :]
-    except OSError:
-        os.close(fd)
-        return None
     return fd
 
 
-def _start_pool_process(owner_pid: int) -> None:
-    # The parent decides when to stop; a Ctrl-C reaching the whole process group must not
-    # kill pool processes mid-image.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    # ...but a parent killed with SIGKILL says nothing: the pool's queues stay open (each
-    # pool process holds both ends) and it would wait for work forever, with the
-    # forkserver behind it. A thread watches the owner and ends the process with it.
-    threading.Thread(target=_exit_with, args=(owner_pid,), daemon=True).start()
+class _PoolProcess:
+    """One pool process, its end of the pipe, and its memfd."""
 
+    def __init__(self, context: multiprocessing.context.BaseContext) -> None:
+        ours, theirs = context.Pipe(duplex=True)
+        self.process: BaseProcess = context.Process(  # type: ignore[attr-defined]
+            target=_serve, args=(theirs,), daemon=True, name="image-process"
+        )
+        self.process.start()
+        theirs.close()  # only the process holds its end: its death is our EOF
+        self.conn = ours
+        self.memfd = _new_memfd()
+        self._memfd_size = 0
 
-def _exit_with(owner_pid: int) -> None:
-    try:
-        pidfd = os.pidfd_open(owner_pid)
-    except (AttributeError, OSError):  # no pidfd (old kernel): look every second
-        while _alive(owner_pid):
-            time.sleep(1.0)
-    else:
-        select.select([pidfd], [], [])  # readable once the process has exited
-    os._exit(0)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
+    def write_body(self, body: bytes) -> bool:
+        """Put ``body`` at the start of the memfd; False where that is not possible."""
+        if self.memfd is None:
+            return False
+        try:
+            view = memoryview(body)
+            offset = 0
+            while offset < len(view):
+                offset += os.pwrite(self.memfd, view[offset:], offset)
+        except OSError:
+            return False
+        self._memfd_size = max(self._memfd_size, len(body))
         return True
-    return True
+
+    def trim(self) -> None:
+        if self.memfd is not None and self._memfd_size > _KEEP_MEMFD_BYTES:
+            os.ftruncate(self.memfd, 0)
+            self._memfd_size = 0
+
+    async def ask(self, job: tuple[object, ...]) -> ImageOutcome | str:
+        """Send ``job`` and wait for the answer, without blocking the loop meanwhile."""
+        loop = asyncio.get_running_loop()
+        readable: asyncio.Future[None] = loop.create_future()
+        fd = self.conn.fileno()
+
+        def on_readable() -> None:
+            if not readable.done():
+                readable.set_result(None)
+
+        try:
+            self.conn.send(job)  # the process is idle and reading: this does not wait
+            loop.add_reader(fd, on_readable)
+            try:
+                await readable
+            finally:
+                loop.remove_reader(fd)
+            # The answer is one message written at once: what is not there yet follows.
+            outcome: ImageOutcome | str = self.conn.recv()
+        except (EOFError, OSError, BrokenPipeError) as e:
+            raise ProcessDied(repr(e)) from e
+        return outcome
+
+    def alive(self) -> bool:
+        return self.process.is_alive()
+
+    def close(self, *, kill: bool = False) -> None:
+        if kill and self.process.is_alive():
+            self.process.kill()
+        self.conn.close()  # EOF: an idle process exits
+        if self.memfd is not None:
+            os.close(self.memfd)
+            self.memfd = None
+        self.process.join(timeout=5)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(timeout=5)
 
 
 class PoolProcessor:
-    """A process pool running ``process_image``; rebuilt if a process dies."""
+    """``processes`` pool processes (one per CPU by default) running ``process_image``.
+
+    Started on first use; a process that dies is replaced, and the image it had is a
+    ``ProcessCrashed`` failure.
+    """
 
     def __init__(
         self, processes: int = 0, limits: ImageLimits = DEFAULT_LIMITS, *, share: bool = True
     ) -> None:
-        self._processes = processes or os.cpu_count() or 1
+        self._size = processes or os.cpu_count() or 1
         self._limits = limits
-        self._executor = self._new_executor()
-        self.shares_memory = share  # False once a pool process could not read a memfd
-        self._owner_pid = os.getpid()  # whose /proc/{pid}/fd the pool processes open
-        # Bodies in memfds at once: those being processed and one queued per process.
-        # The others wait as the bytes they already are, not as a second copy.
-        self._shared_slots = asyncio.Semaphore(2 * self._processes)
-
-    def _new_executor(self) -> ProcessPoolExecutor:
         # forkserver: forking a process that runs an event loop and threads is unsafe.
-        return ProcessPoolExecutor(
-            max_workers=self._processes,
-            mp_context=multiprocessing.get_context("forkserver"),
-            initializer=_start_pool_process,
-            initargs=(os.getpid(),),
-        )
+        self._context = multiprocessing.get_context("forkserver")
+        self._owner_pid = os.getpid()  # whose /proc/{pid}/fd the pool processes open
+        self.shares_memory = share  # False once a pool process could not read a memfd
+        self._idle: list[_PoolProcess] = []
+        self._waiting: deque[asyncio.Future[_PoolProcess]] = deque()
+        self._started = 0
+        self._all: set[_PoolProcess] = set()
+
+    @property
+    def pids(self) -> list[int]:
+        """The pool's processes, for tools and tests."""
+        return [p.process.pid for p in self._all if p.process.pid is not None]
 
     async def process(self, body: bytes) -> ImageOutcome:
-        executor = self._executor
+        worker = await self._acquire()
+        healthy = False
         try:
-            if self.shares_memory:
-                outcome = await self._process_shared(executor, body)
-                if outcome is not None:
-                    return outcome
-            return await asyncio.get_running_loop().run_in_executor(
-                executor, process_image, body, self._limits
-            )
-        except BrokenProcessPool as e:
-            if executor is self._executor:
-                log.error("image_pool_broken", error=repr(e))
-                executor.shutdown(wait=False, cancel_futures=True)
-                self._executor = self._new_executor()
+            outcome = await self._run(worker, body)
+            healthy = True
+            return outcome
+        except ProcessDied as e:
+            log.error("image_process_died", pid=worker.process.pid, error=str(e))
             return ImageFailure(status="ProcessCrashed", detail="an image process died")
-
-    async def _process_shared(
-        self, executor: ProcessPoolExecutor, body: bytes
-    ) -> ImageOutcome | None:
-        async with self._shared_slots:
-            return await self._process_in_memfd(executor, body)
-
-    async def _process_in_memfd(
-        self, executor: ProcessPoolExecutor, body: bytes
-    ) -> ImageOutcome | None:
-        fd = _write_memfd(body)
-        if fd is None:
-            self._stop_sharing("memfd_create failed")
-            return None
-        try:
-            outcome = await asyncio.get_running_loop().run_in_executor(
-                executor, process_shared, self._owner_pid, fd, len(body), self._limits
-            )
         finally:
-            # After the pool process is done with it (or the await was cancelled, and the
-            # process fails to open it: the result is dropped anyway).
-            os.close(fd)
-        if isinstance(outcome, str):
-            self._stop_sharing(f"a pool process cannot read /proc/{self._owner_pid}/fd")
-            return None
-        return outcome
+            # Cancelled midway, a process may still be working on the image: it is not
+            # given another one, it is replaced.
+            self._release(worker, healthy)
+
+    async def _run(self, worker: _PoolProcess, body: bytes) -> ImageOutcome:
+        if self.shares_memory:
+            if worker.write_body(body):
+                assert worker.memfd is not None
+                answer = await worker.ask(
+                    ("fd", self._owner_pid, worker.memfd, len(body), self._limits)
+                )
+                worker.trim()
+                if not isinstance(answer, str):
+                    return answer
+                self._stop_sharing(f"a pool process cannot read /proc/{self._owner_pid}/fd")
+            else:
+                self._stop_sharing("memfd_create or writing to it failed")
+        answer = await worker.ask(("bytes", body, self._limits))
+        if isinstance(answer, str):  # only the memfd path answers with a string
+            raise ProcessDied(f"unexpected answer {answer!r}")
+        return answer
+
+    async def _acquire(self) -> _PoolProcess:
+        if self._idle:
+            return self._idle.pop()
+        if self._started < self._size:
+            return self._spawn()
+        waiter: asyncio.Future[_PoolProcess] = asyncio.get_running_loop().create_future()
+        self._waiting.append(waiter)
+        try:
+            return await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self._release(waiter.result(), healthy=True)  # handed over as we left
+            else:
+                self._waiting.remove(waiter)
+            raise
+
+    def _spawn(self) -> _PoolProcess:
+        worker = _PoolProcess(self._context)
+        self._started += 1
+        self._all.add(worker)
+        return worker
+
+    def _release(self, worker: _PoolProcess, healthy: bool) -> None:
+        if not healthy or not worker.alive():
+            self._all.discard(worker)
+            self._started -= 1
+            worker.close(kill=True)
+            if not self._waiting:
+                return  # started again when next needed
+            worker = self._spawn()
+        while self._waiting:
+            waiter = self._waiting.popleft()
+            if not waiter.done():
+                waiter.set_result(worker)
+                return
+        self._idle.append(worker)
 
     def _stop_sharing(self, reason: str) -> None:
         if self.shares_memory:
@@ -189,4 +280,8 @@ class PoolProcessor:
             self.shares_memory = False
 
     def close(self) -> None:
-        self._executor.shutdown(wait=True, cancel_futures=True)
+        for worker in list(self._all):
+            worker.close()
+        self._all.clear()
+        self._idle.clear()
+        self._started = 0
