@@ -19,6 +19,7 @@ first refusal switches the pool back to sending bodies through the pipe.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import multiprocessing
 import os
 import signal
@@ -33,6 +34,9 @@ from worker.image import DEFAULT_LIMITS, ImageFailure, ImageLimits, ProcessedIma
 log = get_logger(__name__)
 
 ImageOutcome = ProcessedImage | ImageFailure
+# What a pool process sends back: an outcome, "unreadable", or for a body it read from
+# the memfd, the thumbnail's length with the image (its thumbnail is in the memfd).
+Answer = ImageOutcome | str | tuple[int, ProcessedImage]
 
 # What a pool process answers when it cannot read the parent's file: send the bytes.
 _UNREADABLE: Final = "unreadable"
@@ -59,20 +63,39 @@ class ProcessDied(Exception):
     """A pool process ended (killed, or crashed in a decoder) before it answered."""
 
 
-def process_shared(owner_pid: int, fd: int, size: int, limits: ImageLimits) -> ImageOutcome | str:
+def process_shared(
+    owner_pid: int,
+    fd: int,
+    size: int,
+    limits: ImageLimits,
+    opened: dict[tuple[int, int], int] | None = None,
+) -> ImageOutcome | str:
     """``process_image`` of the first ``size`` bytes of file descriptor ``fd`` of
-    ``owner_pid``, or ``"unreadable"``."""
-    try:
-        own_fd = os.open(f"/proc/{owner_pid}/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
+    ``owner_pid``, or ``"unreadable"``. With ``opened``, the file stays open there for
+    the next call (a pool process's memfd is the same for its whole life)."""
+    own_fd = _open_shared(owner_pid, fd, opened)
+    if own_fd is None:
         return _UNREADABLE
     try:
         body = os.pread(own_fd, size, 0)
     finally:
-        os.close(own_fd)
+        if opened is None:
+            os.close(own_fd)
     if len(body) != size:
         return _UNREADABLE
     return process_image(body, limits)
+
+
+def _open_shared(owner_pid: int, fd: int, opened: dict[tuple[int, int], int] | None) -> int | None:
+    if opened is not None and (owner_pid, fd) in opened:
+        return opened[owner_pid, fd]
+    try:
+        own_fd = os.open(f"/proc/{owner_pid}/fd/{fd}", os.O_RDWR | os.O_CLOEXEC)
+    except OSError:
+        return None
+    if opened is not None:
+        opened[owner_pid, fd] = own_fd
+    return own_fd
 
 
 def _serve(conn: Connection) -> None:
@@ -81,18 +104,37 @@ def _serve(conn: Connection) -> None:
     # not kill images midway. A worker killed outright closes the pipe: EOF ends us.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    opened: dict[tuple[int, int], int] = {}
     while True:
         try:
             job = conn.recv()
         except (EOFError, OSError):
             os._exit(0)
-        if job[0] == "fd":
-            _, owner_pid, fd, size, limits = job
-            outcome: ImageOutcome | str = process_shared(owner_pid, fd, size, limits)
-        else:
+        if job[0] != "fd":
             _, body, limits = job
-            outcome = process_image(body, limits)
-        conn.send(outcome)
+            conn.send(process_image(body, limits))
+            continue
+        _, owner_pid, fd, size, limits = job
+        outcome = process_shared(owner_pid, fd, size, limits, opened)
+        if isinstance(outcome, ProcessedImage):
+            # The thumbnail goes back the way the body came (the body is read by now):
+            # only its length crosses the pipe.
+            thumbnail = outcome.thumbnail
+            try:
+                _write_all(opened[owner_pid, fd], thumbnail)
+            except OSError:
+                conn.send(outcome)  # through the pipe, then
+            else:
+                conn.send((len(thumbnail), dataclasses.replace(outcome, thumbnail=b"")))
+        else:
+            conn.send(outcome)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    offset = 0
+    while offset < len(view):
+        offset += os.pwrite(fd, view[offset:], offset)
 
 
 def _new_memfd() -> int | None:
@@ -125,10 +167,7 @@ class _PoolProcess:
         if self.memfd is None:
             return False
         try:
-            view = memoryview(body)
-            offset = 0
-            while offset < len(view):
-                offset += os.pwrite(self.memfd, view[offset:], offset)
+            _write_all(self.memfd, body)
         except OSError:
             return False
         self._memfd_size = max(self._memfd_size, len(body))
@@ -139,7 +178,14 @@ class _PoolProcess:
             os.ftruncate(self.memfd, 0)
             self._memfd_size = 0
 
-    async def ask(self, job: tuple[object, ...]) -> ImageOutcome | str:
+    def read_thumbnail(self, size: int) -> bytes:
+        assert self.memfd is not None
+        thumbnail = os.pread(self.memfd, size, 0)
+        if len(thumbnail) != size:
+            raise ProcessDied(f"thumbnail of {size} bytes, {len(thumbnail)} in the memfd")
+        return thumbnail
+
+    async def ask(self, job: tuple[object, ...]) -> Answer:
         """Send ``job`` and wait for the answer, without blocking the loop meanwhile."""
         loop = asyncio.get_running_loop()
         readable: asyncio.Future[None] = loop.create_future()
@@ -157,10 +203,10 @@ class _PoolProcess:
             finally:
                 loop.remove_reader(fd)
             # The answer is one message written at once: what is not there yet follows.
-            outcome: ImageOutcome | str = self.conn.recv()
+            answer: Answer = self.conn.recv()
         except (EOFError, OSError, BrokenPipeError) as e:
             raise ProcessDied(repr(e)) from e
-        return outcome
+        return answer
 
     def alive(self) -> bool:
         return self.process.is_alive()
@@ -226,6 +272,9 @@ class PoolProcessor:
                 answer = await worker.ask(
                     ("fd", self._owner_pid, worker.memfd, len(body), self._limits)
                 )
+                if isinstance(answer, tuple):  # the thumbnail is in the memfd
+                    size, image = answer
+                    answer = dataclasses.replace(image, thumbnail=worker.read_thumbnail(size))
                 worker.trim()
                 if not isinstance(answer, str):
                     return answer
@@ -233,7 +282,7 @@ class PoolProcessor:
             else:
                 self._stop_sharing("memfd_create or writing to it failed")
         answer = await worker.ask(("bytes", body, self._limits))
-        if isinstance(answer, str):  # only the memfd path answers with a string
+        if isinstance(answer, str | tuple):  # only the memfd path answers with those
             raise ProcessDied(f"unexpected answer {answer!r}")
         return answer
 
