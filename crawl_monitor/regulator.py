@@ -77,6 +77,11 @@ class RegulatorSettings:
     period_s: float = 1.0
     token_ttl_ms: int = 1500
     window_s: float = WINDOW_S
+    # Each loop reads the whole last-50 histogram of one in this many sources (in turn,
+    # so each is at most this many loops old in the monitoring log); of the others Redis
+    # says only whether all 50 failed (the permanent breaker), which a healthy source
+    # answers at its newest status.
+    full_last_statuses_every: int = 5
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -120,6 +125,8 @@ class Regulator:
         self._reported_key_errors: set[str] = set()
         self._written_rates: dict[str, float] | None = None
         self._loops_since_rates_written = 0
+        self._loops = 0
+        self._last_statuses: dict[str, Mapping[str, int]] = {}
         self.snapshot: RegulatorSnapshot | None = None
 
     @property
@@ -137,8 +144,15 @@ class Regulator:
             return None
         computed = dict(self._computed_rates())
         sources = sorted(computed)
-        observed = await self._store.read(sources, self._clock() - self._settings.window_s)
+        every = self._settings.full_last_statuses_every
+        turn = self._loops % every
+        full = None if self._loops == 0 else {s for i, s in enumerate(sources) if i % every == turn}
+        self._loops += 1
+        observed = await self._store.read(
+            sources, self._clock() - self._settings.window_s, full_last_statuses=full
+        )
         self._report_key_errors(observed)
+        self._remember_last_statuses(sources, full, observed)
 
         resumed: frozenset[str] = frozenset()
         if self._previously_halted is not None:
@@ -231,13 +245,23 @@ class Regulator:
             tokens=tokens,
             halted=halted_now,
             temp_halted=(observed.temp_halted | temp_halt) - lift,
-            last_statuses={
-                s: state.last_statuses
-                for s, state in observed.sources.items()
-                if state.last_statuses
-            },
+            # As of each source's last full read (full_last_statuses_every loops at most).
+            last_statuses=dict(self._last_statuses),
         )
         return self.snapshot
+
+    def _remember_last_statuses(
+        self, sources: list[str], full: set[str] | None, observed: ObservedState
+    ) -> None:
+        """Keep each source's last full last-50 histogram, for the monitoring log."""
+        read_in_full = sources if full is None else full
+        for source in read_in_full:
+            self._last_statuses.pop(source, None)
+        for source, state in observed.sources.items():
+            if state.last_statuses:  # read in full, or all 50 failed (also in full)
+                self._last_statuses[source] = state.last_statuses
+        for gone in self._last_statuses.keys() - set(sources):
+            del self._last_statuses[gone]
 
     async def _stand_by(self, lease: LeaderLease) -> None:
         """Take the lease if it is free; refilling starts on the next loop."""

@@ -32,6 +32,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError
 
 from image_crawler.contract import (
+    EXPECTED_STATUSES,
     HALTED_SET,
     LAST_50_PREFIX,
     LAST_N_STATUSES,
@@ -46,17 +47,26 @@ from image_crawler.contract import (
 
 # KEYS: halted, temp_halted.
 # ARGV: JSON list of sources, window start (Unix s), then the key prefixes of the 60 s
-# window, the last-N list, both override keys, and N.
-# Answers JSON {"h": halted, "t": temp_halted, "s": {source: {"w": window histogram,
-# "l": last-N histogram, "o": override, "a": alias, "x": [errors]}}}, sources with
-# nothing to report left out. A key of the wrong type is reported in "x", not fatal.
+# window, the last-N list, both override keys, N, the JSON list of sources whose full
+# last-N histogram is wanted ("*": all; the others get one only when their last N
+# statuses all failed), and the JSON list of expected statuses.
+# Answers JSON {"h": halted, "t": temp_halted, "s": {source: {"w": window histogram
+# (only when it holds an error), "l": last-N histogram, "o": override, "a": alias, "x":
+# [errors]}}}, sources with nothing to report left out. A key of the wrong type is
+# reported in "x", not fatal.
 _READ_SCRIPT: Final = """
 local sources = cjson.decode(ARGV[1])
 local since = ARGV[2]
 local window_prefix, last_prefix = ARGV[3], ARGV[4]
 local override_prefix, alias_prefix = ARGV[5], ARGV[6]
-local last_n = -tonumber(ARGV[7])
-local pcall_redis, find, sub, next = redis.pcall, string.find, string.sub, next
+local n = tonumber(ARGV[7])
+local full_all, full_for = ARGV[8] == '*', {}
+if not full_all then
+  for _, source in ipairs(cjson.decode(ARGV[8])) do full_for[source] = true end
+end
+local expected = {}
+for _, status in ipairs(cjson.decode(ARGV[9])) do expected[status] = true end
+local pcall_redis, find, sub, byte, next = redis.pcall, string.find, string.sub, string.byte, next
 
 local function call(errors, command, key, ...)
   local reply = pcall_redis(command, key, ...)
@@ -68,30 +78,62 @@ local function call(errors, command, key, ...)
 end
 
 local function histogram(items, strip_time)
-  if #items == 0 then return nil end
-  local counts = {}
+  if #items == 0 then return nil, false end
+  local counts, ok, failed = {}, 0, false
   for i = 1, #items do
     local status = items[i]
     if strip_time then
-      local colon = find(status, ':', 1, true)
-      if colon then status = sub(status, 1, colon - 1) end
+      -- Most members are "200:{time}": counted without cutting a new string.
+      local b1, b2, b3, b4 = byte(status, 1, 4)
+      if b4 == 58 and b1 == 50 and b2 == 48 and b3 == 48 then
+        ok = ok + 1
+        status = nil
+      else
+        local colon = find(status, ':', 1, true)
+        if colon then status = sub(status, 1, colon - 1) end
+      end
     end
-    counts[status] = (counts[status] or 0) + 1
+    if status then
+      counts[status] = (counts[status] or 0) + 1
+      if not expected[status] then failed = true end
+    end
   end
-  return counts
+  if ok > 0 then counts['200'] = (counts['200'] or 0) + ok end
+  return counts, failed
+end
+
+-- Whether the last n statuses are n failures: newest first, so a healthy source
+-- answers at its first status.
+local function all_failed(errors, key)
+  local newest = call(errors, 'LINDEX', key, -1)
+  if not newest or expected[newest] then return false end
+  if not pcall_redis('LINDEX', key, -n) then return false end  -- fewer than n
+  for i = -2, -n, -1 do
+    if expected[pcall_redis('LINDEX', key, i)] then return false end
+  end
+  return true
 end
 
 local found = {}
 for _, source in ipairs(sources) do
   local entry, errors = {}, {}
   local window = call(errors, 'ZRANGEBYSCORE', window_prefix .. source, since, '+inf')
-  if window then entry.w = histogram(window, true) end
-  local last = call(errors, 'LRANGE', last_prefix .. source, last_n, -1)
-  if last then entry.l = histogram(last, false) end
-  local override = call(errors, 'GET', override_prefix .. source)
-  if override then entry.o = override end
-  local alias = call(errors, 'GET', alias_prefix .. source)
-  if alias then entry.a = alias end
+  if window then
+    -- A window without a single error can neither trip nor keep a temporary halt: it is
+    -- left out, and with it most busy sources' whole entry.
+    local counts, failed = histogram(window, true)
+    if failed then entry.w = counts end
+  end
+  local last_key = last_prefix .. source
+  if full_all or full_for[source] or all_failed(errors, last_key) then
+    local last = call(errors, 'LRANGE', last_key, -n, -1)
+    if last then entry.l = histogram(last, false) end
+  end
+  local overrides = call(errors, 'MGET', override_prefix .. source, alias_prefix .. source)
+  if overrides then
+    if overrides[1] then entry.o = overrides[1] end
+    if overrides[2] then entry.a = overrides[2] end
+  end
   if #errors > 0 then entry.x = errors end
   if next(entry) ~= nil then found[source] = entry end
 end
@@ -127,9 +169,11 @@ if plan.rates ~= cjson.null then
   redis.call('DEL', KEYS[3])
   for source, rate in pairs(plan.rates) do redis.call('HSET', KEYS[3], source, rate) end
 end
+local halted = {}
+for _, source in ipairs(redis.call('SMEMBERS', KEYS[1])) do halted[source] = true end
 local set = 0
 for source, tokens in pairs(plan.tokens) do
-  if redis.call('SISMEMBER', KEYS[1], source) == 1 then tokens = '0' end
+  if halted[source] then tokens = '0' end
   redis.call('SET', tokens_prefix .. source, tokens, 'PX', ttl)
   set = set + 1
 end
@@ -176,7 +220,10 @@ class WriteResult:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class SourceState:
-    """What Redis holds about one source (histograms map status -> count)."""
+    """What Redis holds about one source (histograms map status -> count).
+
+    ``window`` is empty when the 60 s window holds no error (nothing a breaker acts on).
+    """
 
     window: Mapping[str, int] = dataclasses.field(default_factory=dict)
     last_statuses: Mapping[str, int] = dataclasses.field(default_factory=dict)
@@ -216,7 +263,13 @@ class Writes:
 
 
 class RegulatorStore(Protocol):
-    async def read(self, sources: Sequence[str], window_start_s: float) -> ObservedState: ...
+    async def read(
+        self,
+        sources: Sequence[str],
+        window_start_s: float,
+        *,
+        full_last_statuses: Collection[str] | None = None,
+    ) -> ObservedState: ...
 
     async def write(
         self, writes: Writes, token_ttl_ms: int, lease: LeaderLease | None = None
@@ -265,6 +318,8 @@ def decode_observed(raw: str | bytes) -> ObservedState:
     )
 
 
+_EXPECTED_JSON: Final = json.dumps(sorted(EXPECTED_STATUSES))
+
 # Sources per read-script call: ~15 ms of Redis time each when every source is busy.
 READ_CHUNK: Final = 500
 
@@ -280,30 +335,48 @@ class RedisRegulatorStore:
         self._release = redis.register_script(_RELEASE_SCRIPT)
         self.round_trips = 0
 
-    async def read(self, sources: Sequence[str], window_start_s: float) -> ObservedState:
+    async def read(
+        self,
+        sources: Sequence[str],
+        window_start_s: float,
+        *,
+        full_last_statuses: Collection[str] | None = None,
+    ) -> ObservedState:
         """Halted sets, 60 s windows, last-50 lists and overrides of ``sources``.
+
+        The last-50 histogram of every source, or with ``full_last_statuses`` only of
+        those sources and of the ones whose last 50 statuses all failed (what the
+        permanent breaker needs).
 
         One round trip: a pipeline of one script call per ``READ_CHUNK`` sources, so that
         Redis serves other clients (workers taking tokens) between chunks instead of
         being held by one long script.
         """
         chunks = [sources[i : i + READ_CHUNK] for i in range(0, len(sources), READ_CHUNK)]
-        args = [
-            repr(window_start_s),
-            STATUS_60S_PREFIX,
-            LAST_50_PREFIX,
-            OVERRIDE_RATE_PREFIX,
-            OVERRIDE_RATE_ALIAS_PREFIX,
-            LAST_N_STATUSES,
+        calls = [
+            [
+                json.dumps(list(chunk)),
+                repr(window_start_s),
+                STATUS_60S_PREFIX,
+                LAST_50_PREFIX,
+                OVERRIDE_RATE_PREFIX,
+                OVERRIDE_RATE_ALIAS_PREFIX,
+                LAST_N_STATUSES,
+                "*"
+                if full_last_statuses is None
+                else json.dumps([s for s in chunk if s in full_last_statuses]),
+                _EXPECTED_JSON,
+            ]
+            for chunk in chunks or [[]]
         ]
         keys = [HALTED_SET, TEMP_HALTED_SET]
         try:
-            answers = await self._read_chunks(chunks or [[]], keys, args)
+            answers = await self._read_chunks(keys, calls)
         except NoScriptError:
             # A restarted or flushed Redis forgot the script: load it, read again.
             self.round_trips += 1
             await self._redis.script_load(_READ_SCRIPT)
-            answers = await self._read_chunks(chunks or [[]], keys, args)
+            answers = await self._read_chunks(keys, calls)
         observed = [decode_observed(raw) for raw in answers]
         # The halted sets come from the last chunk read: the newest of the snapshots.
         return ObservedState(
@@ -312,15 +385,13 @@ class RedisRegulatorStore:
             sources={s: state for part in observed for s, state in part.sources.items()},
         )
 
-    async def _read_chunks(
-        self, chunks: Sequence[Sequence[str]], keys: list[str], args: list[Any]
-    ) -> list[Any]:
+    async def _read_chunks(self, keys: list[str], calls: list[list[Any]]) -> list[Any]:
         # EVALSHA by hand: redis-py's pipelined Script objects add a SCRIPT EXISTS
         # round trip to every execute.
         self.round_trips += 1
         async with self._redis.pipeline(transaction=False) as pipe:
-            for chunk in chunks:
-                pipe.evalsha(self._read.sha, len(keys), *keys, json.dumps(list(chunk)), *args)
+            for args in calls:
+                pipe.evalsha(self._read.sha, len(keys), *keys, *args)
             return list(await pipe.execute())
 
     async def write(

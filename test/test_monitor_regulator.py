@@ -277,3 +277,44 @@ async def test_the_loop_fails_closed_while_redis_is_away(fresh_redis_server):
 
 async def _value(redis: Redis, source: str, expected: str) -> bool:
     return await redis.get(c.tokens_key(source)) == expected
+
+
+async def test_a_partial_read_brings_only_what_a_breaker_or_the_log_needs(redis, clock):
+    now = clock.now
+    await add_statuses(redis, "healthy", ["200"] * 50, now)
+    await add_statuses(redis, "mixed", ["500"] * 30 + ["200"] * 20, now)  # newest: 200
+    await add_statuses(redis, "failing", ["200"] + ["500"] * 50, now)  # last 50 all 500
+    await add_statuses(redis, "erroring", ["200"] * 10 + ["404", "403"], now)
+    store = RedisRegulatorStore(redis)
+    sources = ["erroring", "failing", "healthy", "mixed"]
+    observed = await store.read(sources, now - 60, full_last_statuses={"mixed"})
+    # Windows without an error are left out; last-50 histograms only where asked for, or
+    # where all 50 failed (the permanent breaker).
+    assert set(observed.sources) == {"erroring", "failing", "mixed"}
+    assert observed.of("erroring").window == {"200": 10, "404": 1, "403": 1}
+    assert observed.of("erroring").last_statuses == {}
+    assert observed.of("failing").last_statuses == {"500": 50}
+    assert observed.of("mixed").last_statuses == {"500": 30, "200": 20}
+    full = await store.read(sources, now - 60)
+    assert full.of("healthy").last_statuses == {"200": 50}
+
+
+async def test_every_source_s_last_50_reaches_the_log_within_the_rotation(redis, clock):
+    sources = [f"s{i}" for i in range(7)]
+    for source in sources:
+        await add_statuses(redis, source, ["200"] * 3, clock.now)
+    regulator = Regulator(
+        RedisRegulatorStore(redis),
+        lambda: dict.fromkeys(sources, 1.0),
+        RegulatorSettings(full_last_statuses_every=3),
+        clock=clock,
+    )
+    first = await regulator.tick()  # the first loop reads everything
+    assert first is not None and set(first.last_statuses) == set(sources)
+    await redis.rpush(c.last50_key("s4"), "404")
+    seen = []
+    for _ in range(3):
+        snapshot = await regulator.tick()
+        assert snapshot is not None and set(snapshot.last_statuses) == set(sources)
+        seen.append(snapshot.last_statuses["s4"])
+    assert seen[-1] == {"200": 3, "404": 1}  # refreshed within 3 loops
