@@ -212,9 +212,7 @@ class _Hold:
 
     def keep(self, size: int) -> Callable[[], None]:
         """Give back all but ``size`` bytes now; the returned call gives back the rest."""
-        if self.budget is None:
-            return _nothing
-        if self.held > size:
+        if self.budget is not None and self.held > size:
             self.budget.release(self.held - size)
             self.held = size
         return self.release
@@ -223,10 +221,6 @@ class _Hold:
         if self.budget is not None and self.held:
             self.budget.release(self.held)
         self.held = 0
-
-
-def _nothing() -> None:
-    pass
 
 
 async def close_session(session: aiohttp.ClientSession) -> None:
