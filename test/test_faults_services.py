@@ -24,7 +24,6 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
-from aiokafka import AIOKafkaConsumer
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
@@ -50,47 +49,10 @@ from test.services import (
     read_topic,
     wait_for,
 )
+from test.test_faults_worker import Outputs
 from test.test_worker_e2e import Gate, by_kind, start_sources, worker_env
 
 # --- helpers ------------------------------------------------------------------------------
-
-
-class Outputs:
-    """Every identifier the crawl has resolved, read in the background without a group."""
-
-    def __init__(self, bootstrap: str) -> None:
-        self._consumer = AIOKafkaConsumer(
-            bootstrap_servers=bootstrap,
-            group_id=None,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-        )
-        self.resolved: set[str] = set()
-        # When each resolution was sent (the record's CreateTime, Unix seconds).
-        self.sent_at: dict[str, float] = {}
-        self._task: asyncio.Task[None] | None = None
-
-    async def __aenter__(self) -> Outputs:
-        await self._consumer.start()
-        self._consumer.subscribe([c.METADATA_TOPIC])
-        self._task = asyncio.create_task(self._read())
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-        await self._consumer.stop()
-
-    async def _read(self) -> None:
-        while True:
-            batch = await self._consumer.getmany(timeout_ms=200)
-            for records in batch.values():
-                for record in records:
-                    resolutions, _ = by_kind([record.value])
-                    for identifier in resolutions:
-                        self.sent_at.setdefault(identifier, record.timestamp / 1000)
-                    self.resolved.update(resolutions)
 
 
 def wall_time(event: dict[str, Any]) -> float:
@@ -519,7 +481,13 @@ async def test_redis_losing_its_data_mid_crawl_loses_no_url_and_invents_no_token
             # A worker counts an image after its resolution is sent: one sent once the
             # empty server was there is counted in the new data; one sent before may
             # have been counted in the lost data or not (the reader cannot tell).
-            sent_after_loss = sum(1 for t in outputs.sent_at.values() if t > empty_wall)
+            sent_after_loss = len(
+                {
+                    o.uuid
+                    for o in outputs.records
+                    if o.topic == c.METADATA_TOPIC and o.time_ms / 1000 > empty_wall
+                }
+            )
             assert sent_after_loss <= counted <= GOOD_URLS - counted_before
             for prefix, _ in c.STATUS_WINDOWS:
                 assert await redis.zcard(f"{prefix}{GOOD}") == counted, prefix

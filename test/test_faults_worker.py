@@ -224,6 +224,11 @@ class Outputs:
     def uuids(self) -> set[str]:
         return set(self.first_ms)
 
+    @property
+    def resolved(self) -> set[str]:
+        """The uuids with a resolution message."""
+        return {o.uuid for o in self.records if o.topic == c.METADATA_TOPIC}
+
     def count(self, topic: str) -> Counter[str]:
         return Counter(o.uuid for o in self.records if o.topic == topic)
 
