@@ -33,6 +33,7 @@ from crawl_monitor.store import LeaderLease, RedisRegulatorStore, new_lease_toke
 from image_crawler.contract import INBOUND_TOPIC, SPLITTER_GROUP
 from image_crawler.entrypoint import serve, start_kafka_clients
 from image_crawler.logs import get_logger
+from image_crawler.tasks import cancel_and_wait
 
 log = get_logger("crawl_monitor")
 
@@ -155,8 +156,7 @@ async def _supervise(loops: dict[str, Coroutine[Any, Any, None]], stop: asyncio.
                 log.error("loop_crashed", loop=tasks[task], exc_info=error)
                 status = 1
                 stop.set()
-    stopping.cancel()
-    await asyncio.gather(stopping, return_exceptions=True)
+    await cancel_and_wait([stopping])
     if pending:
         finished, late = await asyncio.wait(pending, timeout=SHUTDOWN_GRACE_S)
         for task in finished:
@@ -165,8 +165,7 @@ async def _supervise(loops: dict[str, Coroutine[Any, Any, None]], stop: asyncio.
                 status = 1
         for task in late:
             log.warning("loop_cancelled", loop=tasks[task])
-            task.cancel()
-        await asyncio.gather(*late, return_exceptions=True)
+        await cancel_and_wait(late)
     return status
 
 

@@ -4,6 +4,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from image_crawler import contract as c
+from image_crawler.tasks import cancel_and_wait
 from test.fakes import FlakyRedis
 from test.services import wait_for
 from worker.stats import RedisStats
@@ -16,8 +17,7 @@ async def stats(fake_redis):
     stats.now = now
     task = asyncio.create_task(stats.run())
     yield stats
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
+    await cancel_and_wait([task])
 
 
 async def test_success_and_failures_are_counted_per_source_and_status(fake_redis, stats):
@@ -85,8 +85,7 @@ async def test_outcomes_wait_for_a_redis_that_was_away_and_are_counted_once(fake
             flaky.away = False
             await asyncio.wait_for(recorded, 5)
     finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+        await cancel_and_wait([task])
     events = [(e["event"], e["op"]) for e in logs]
     assert set(events[:-1]) == {("redis_unavailable", "record_stats")}
     assert events[-1] == ("redis_recovered", "record_stats")

@@ -4,6 +4,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from image_crawler.contract import tokens_key
+from image_crawler.tasks import cancel_and_wait
 from test.fakes import FlakyRedis
 from test.services import wait_for
 from worker.tokens import RedisTokenBucket, tokens_granted
@@ -22,8 +23,7 @@ async def bucket(fake_redis):
     bucket = RedisTokenBucket(fake_redis, retry_s=0.05)
     task = asyncio.create_task(bucket.run())
     yield bucket
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
+    await cancel_and_wait([task])
     bucket.close()
 
 
@@ -78,8 +78,7 @@ async def test_a_redis_that_was_away_is_reported_back_and_grants_again(fake_redi
             flaky.away = False
             await asyncio.wait_for(future, 5)
     finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+        await cancel_and_wait([task])
     events = [(e["event"], e["op"]) for e in logs]
     assert set(events[:-1]) == {("redis_unavailable", "take_tokens")}
     assert events[-1] == ("redis_recovered", "take_tokens")

@@ -17,6 +17,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from image_crawler.contract import CRAWL_ERRORS_TOPIC, WORKER_GROUP, MalformedMessage, SourceTask
 from image_crawler.entrypoint import serve, start_kafka_clients
 from image_crawler.logs import get_logger
+from image_crawler.tasks import cancel_and_wait
 from worker.budget import ByteBudget
 from worker.fetch import Fetcher, close_session, new_session
 from worker.outputs import KafkaSink, LocalThumbnailStore, ThumbnailStore
@@ -38,9 +39,7 @@ async def _background(*coroutines: Coroutine[Any, Any, None]) -> AsyncIterator[N
     try:
         yield
     finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_and_wait(tasks)
 
 
 async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:

@@ -23,6 +23,7 @@ from redis.exceptions import RedisError
 
 from image_crawler.contract import INBOUND_SOURCES_SET, source_of_topic, source_topic
 from image_crawler.logs import get_logger
+from image_crawler.tasks import cancel_and_wait
 from worker.offsets import OffsetTracker
 from worker.schedule import fair_share
 
@@ -89,9 +90,7 @@ class Scheduler:
                     continue
                 await self._schedule_once()
         finally:
-            watcher.cancel()
-            committer.cancel()
-            await asyncio.gather(watcher, committer, return_exceptions=True)
+            await cancel_and_wait([watcher, committer])
             await self._drain()
 
     async def _schedule_once(self) -> None:
@@ -285,9 +284,7 @@ class Scheduler:
             _, pending = await asyncio.wait(pending, timeout=self._settings.shutdown_grace_s)
         if pending:
             log.warning("handing_back", tasks=len(pending))
-            for task in pending:
-                task.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
+            await cancel_and_wait(pending)
         await self.commit()
 
 
