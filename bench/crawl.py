@@ -387,6 +387,12 @@ def _figures(config: RunConfig, stack: _Stack, outputs: Outputs, window: _Window
         "worker_cpu_s_per_image": per_image(cpu_total),
         "worker_main_cpu_s_per_image": per_image(sum(w["main"] for w in window.worker_cpu)),
         "worker_children_cpu_s_per_image": per_image(sum(w["children"] for w in window.worker_cpu)),
+        "worker_main_system_cpu_s_per_image": per_image(
+            sum(w["main_system"] for w in window.worker_cpu)
+        ),
+        "worker_children_system_cpu_s_per_image": per_image(
+            sum(w["children_system"] for w in window.worker_cpu)
+        ),
         "images_per_worker_cpu_s": ok / cpu_total if cpu_total else None,
         "other_cpu_s": window.other_cpu,
         "memory": [

@@ -69,6 +69,7 @@ class ProcessTree:
         self.pid = pid
         self.root = psutil.Process(pid)
         self._cpu_by_pid: dict[int, float] = {}
+        self._system_by_pid: dict[int, float] = {}
         self._hwm_by_pid: dict[int, int] = {}
         self._names: dict[int, str] = {}
 
@@ -87,13 +88,22 @@ class ProcessTree:
                 continue
             used = times.user + times.system
             self._cpu_by_pid[process.pid] = max(used, self._cpu_by_pid.get(process.pid, 0.0))
+            pid_system = self._system_by_pid.get(process.pid, 0.0)
+            self._system_by_pid[process.pid] = max(times.system, pid_system)
         return sum(self._cpu_by_pid.values())
 
     def cpu_by_role(self) -> dict[str, float]:
-        """CPU seconds so far of the main process and of the rest (pool, forkserver...)."""
+        """CPU seconds so far of the main process and of the rest (pool, forkserver...),
+        and the system (kernel) part of each."""
         self.cpu_seconds()
         main = self._cpu_by_pid.get(self.pid, 0.0)
-        return {"main": main, "children": sum(self._cpu_by_pid.values()) - main}
+        main_system = self._system_by_pid.get(self.pid, 0.0)
+        return {
+            "main": main,
+            "children": sum(self._cpu_by_pid.values()) - main,
+            "main_system": main_system,
+            "children_system": sum(self._system_by_pid.values()) - main_system,
+        }
 
     def memory(self, elapsed_s: float, completed: int) -> MemorySample:
         main_rss, pool, tree, memfd = 0, [], 0, 0

@@ -173,8 +173,16 @@ def table(result: dict[str, Any]) -> list[tuple[str, str]]:
         per_image = run["worker_cpu_s_per_image"]
         rows += [
             (f"{tag} worker CPU per image", _ms(per_image)),
-            (f"{tag}   of which main process", _ms(run["worker_main_cpu_s_per_image"])),
-            (f"{tag}   of which pool + forkserver", _ms(run["worker_children_cpu_s_per_image"])),
+            (
+                f"{tag}   of which main process (system part)",
+                f"{_ms(run['worker_main_cpu_s_per_image'])}"
+                f" ({_ms(run.get('worker_main_system_cpu_s_per_image'))})",
+            ),
+            (
+                f"{tag}   of which pool + forkserver (system part)",
+                f"{_ms(run['worker_children_cpu_s_per_image'])}"
+                f" ({_ms(run.get('worker_children_system_cpu_s_per_image'))})",
+            ),
             (
                 f"{tag} worker / kernel",
                 _num(per_image / kernel["cpu_s_per_image"], 2) if per_image else "-",
