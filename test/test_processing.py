@@ -92,3 +92,43 @@ async def test_closing_the_pool_ends_its_processes(pool):
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def _pieces(body: bytes, n: int) -> list[bytes]:
+    step = -(-len(body) // n)
+    return [body[i : i + step] for i in range(0, len(body), step)]
+
+
+async def test_a_body_in_pieces_gives_the_same_result_as_the_whole_body(pool):
+    image = a_jpeg()
+    pieces = _pieces(image.body, 7)
+    assert len(pieces) == 7 and b"".join(pieces) == image.body
+    assert await pool.process(pieces) == process_image(image.body)
+    assert await processing.InlineProcessor().process(pieces) == process_image(image.body)
+    assert pool.shares_memory
+
+
+async def test_a_short_body_after_a_long_one_sees_none_of_the_long_ones_bytes():
+    # One process, so both bodies go through the same memfd: the second, a JPEG cut in
+    # half, must fail as it does alone, not be completed by the first body's tail.
+    pool = PoolProcessor(1)
+    try:
+        long_one = max(
+            (i for i in good_images() if i.content_type == "image/jpeg"), key=lambda i: len(i.body)
+        )
+        cut = long_one.body[: len(long_one.body) // 2]
+        assert isinstance(process_image(cut), ImageFailure)  # alone, it fails
+        assert isinstance(await pool.process(long_one.body), ProcessedImage)
+        assert await pool.process(_pieces(cut, 3)) == process_image(cut)
+        assert pool.shares_memory
+    finally:
+        pool.close()
+
+
+async def test_a_memfd_grown_past_the_keep_size_is_shrunk_after_its_image(pool, monkeypatch):
+    monkeypatch.setattr(processing, "_KEEP_MEMFD_BYTES", 1024)
+    assert isinstance(await pool.process(a_jpeg().body), ProcessedImage)
+    (process,) = pool._all
+    assert process.memfd is not None
+    assert os.fstat(process.memfd).st_size == 0
+    assert isinstance(await pool.process(a_jpeg().body), ProcessedImage)

@@ -16,6 +16,7 @@ from yarl import URL
 
 from worker.budget import ByteBudget
 from worker.netguard import AddressPolicy, BlockedAddressError, GuardedResolver
+from worker.processing import Body, body_size
 from worker.settings import FetchSettings
 
 ALLOWED_SCHEMES = frozenset({"http", "https"})
@@ -28,7 +29,8 @@ _MIN_ESTIMATE = 64 * 1024
 @dataclasses.dataclass(frozen=True, slots=True)
 class FetchResult:
     status: str  # "200", "404", "Timeout", "ServerDisconnected", "TooLarge", "Blocked", ...
-    body: bytes | None = None
+    # As it arrived: pieces are not joined, the image pool copies them where it needs them.
+    body: Body | None = None
     detail: str = ""
     # Gives the body's bytes back to the fetcher's budget; call once the body is done with.
     release: Callable[[], None] = dataclasses.field(default=lambda: None, repr=False)
@@ -121,7 +123,7 @@ class Fetcher:
             raise
         if result.ok:
             assert result.body is not None
-            self._learn(len(result.body))
+            self._learn(body_size(result.body))
         else:
             hold.release()
         return result
@@ -194,7 +196,7 @@ class Fetcher:
                 return FetchResult("TooLarge", detail=f"body over {cap} bytes")
             hold.cover(size)  # no Content-Length, or a wrong one
             chunks.append(chunk)
-        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        body: Body = chunks[0] if len(chunks) == 1 else tuple(chunks)
         return FetchResult("200", body=body, release=hold.keep(size))
 
 

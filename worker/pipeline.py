@@ -32,7 +32,7 @@ from image_crawler.logs import get_logger
 from worker.fetch import FetchResult, UrlFetcher
 from worker.image import ImageFailure
 from worker.outputs import DependencyError, MetadataSink, ThumbnailStore
-from worker.processing import ImageProcessor
+from worker.processing import ImageProcessor, body_size
 from worker.stats import SUCCESS_STATUS, StatsRecorder
 from worker.tokens import TokenBucket
 
@@ -142,7 +142,7 @@ class Pipeline:
             identifier=task.uuid,
             width=image.width,
             height=image.height,
-            filesize=len(fetched.body),
+            filesize=body_size(fetched.body),
             compression_quality=image.compression_quality,
         )
         publishes = [self._publish(METADATA_TOPIC, resolution.to_json(), task.uuid)]
