@@ -1,5 +1,8 @@
 import asyncio
+import time
+from typing import Any
 
+import fakeredis
 import pytest
 from structlog.testing import capture_logs
 
@@ -7,7 +10,7 @@ from image_crawler import contract as c
 from image_crawler.tasks import cancel_and_wait
 from test.fakes import FlakyRedis
 from test.services import wait_for
-from worker.stats import RedisStats
+from worker.stats import SUCCESS_STATUS, RedisStats
 
 
 @pytest.fixture
@@ -101,3 +104,169 @@ async def test_a_batch_written_twice_adds_no_window_member_twice(fake_redis, sta
     for prefix, _ in c.STATUS_WINDOWS:
         assert await fake_redis.zcard(f"{prefix}a") == 3
     assert await fake_redis.get(c.resize_errors_key("a")) == "6"  # counters: at least once
+
+
+async def write_one_outcome_at_a_time(redis, batch):
+    """The writes before aggregation, one command per outcome and key: the reference."""
+    async with redis.pipeline(transaction=False) as pipe:
+        trimmed = set()
+        for source, status, now, _ in batch:
+            if source is None:
+                pipe.incr(c.NUM_MALFORMED)
+                continue
+            for prefix, window_s in c.STATUS_WINDOWS:
+                key = f"{prefix}{source}"
+                pipe.zadd(key, {c.window_member(status, now): now})
+                if key not in trimmed:
+                    trimmed.add(key)
+                    pipe.zremrangebyscore(key, "-inf", now - window_s)
+            pipe.rpush(c.last50_key(source), status)
+            if status == SUCCESS_STATUS:
+                pipe.incr(c.NUM_RESIZED)
+                pipe.incr(c.num_resized_key(source))
+            else:
+                pipe.incr(c.RESIZE_ERRORS)
+                pipe.incr(c.resize_errors_key(source))
+                pipe.incr(c.resize_errors_key(source, status))
+        for source in {s for s, *_ in batch if s is not None}:
+            pipe.ltrim(c.last50_key(source), -c.LAST_N_STATUSES, -1)
+        await pipe.execute()
+
+
+async def dump(redis) -> dict[str, tuple[str, Any]]:
+    state = {}
+    async for key in redis.scan_iter():
+        kind = await redis.type(key)
+        if kind == "string":
+            value = await redis.get(key)
+        elif kind == "list":
+            value = await redis.lrange(key, 0, -1)
+        elif kind == "zset":
+            value = await redis.zrange(key, 0, -1, withscores=True)
+        else:
+            raise AssertionError(f"unexpected {kind} at {key}")
+        state[key] = (kind, value)
+    return state
+
+
+class CommandCounter:
+    """A client whose pipelines note how many commands each ``execute`` sends."""
+
+    def __init__(self, redis: Any) -> None:
+        self._redis = redis
+        self.sent: list[int] = []
+
+    def pipeline(self, transaction: bool = True) -> Any:
+        pipe = self._redis.pipeline(transaction=transaction)
+        execute = pipe.execute
+
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            self.sent.append(len(pipe.command_stack))
+            return await execute(*args, **kwargs)
+
+        pipe.execute = counted
+        return pipe
+
+
+async def test_aggregated_writes_leave_redis_as_one_write_per_outcome_did(fake_redis):
+    now = [1_000_000.0]
+    stats = RedisStats(fake_redis, clock=lambda: now[0])
+    reference = fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer(), decode_responses=True)
+    loop = asyncio.get_running_loop()
+
+    def outcome(source, status):
+        return (source, status, stats._timestamp(), loop.create_future())
+
+    first = []
+    for i in range(70):
+        first.append(outcome("a", ["200", "404", "500", "200"][i % 4]))
+        if i % 10 == 3:
+            first.append(outcome("b", "200" if i % 20 == 3 else "UnidentifiedImageError"))
+        if i % 30 == 5:
+            first += [outcome("c", "500"), outcome(None, "")]
+    now[0] += 61  # the first batch leaves the 60 s windows
+    second = [outcome("a", "200"), outcome("c", "404"), outcome("a", "500")]
+    now[0] += 3601  # within the batch: trimmed by its first time, as before
+    second += [outcome("a", "404"), outcome("b", "200"), outcome(None, "")]
+    try:
+        for batch in (first, second):
+            await stats._flush(batch)
+            await write_one_outcome_at_a_time(reference, batch)
+            assert await dump(fake_redis) == await dump(reference)
+    finally:
+        await reference.aclose()
+    state = await dump(fake_redis)
+    assert len(state[c.last50_key("a")][1]) == 50
+    assert len(state["status60s:a"][1]) == 3  # the 70 of the first batch were trimmed
+    assert state[c.NUM_MALFORMED] == ("string", "4")
+
+
+async def test_a_flush_sends_commands_per_key_not_per_outcome(fake_redis):
+    counter = CommandCounter(fake_redis)
+    stats = RedisStats(counter)
+    task = asyncio.create_task(stats.run())
+    try:
+        await asyncio.wait_for(
+            asyncio.gather(*(stats.record("a", ["200", "404"][i % 2]) for i in range(20))), 5
+        )
+    finally:
+        await cancel_and_wait([task])
+    # Per window a trim and a ZADD, the last-50 RPUSH and LTRIM, five INCRBYs (two
+    # success and three failure counters); one outcome at a time it was 134.
+    assert counter.sent == [3 * 2 + 2 + 5]
+    assert await fake_redis.zcard("status60s:a") == 20
+    assert await fake_redis.llen(c.last50_key("a")) == 20
+    assert await fake_redis.get(c.resize_errors_key("a", "404")) == "10"
+
+
+@pytest.fixture
+async def timed_stats(fake_redis):
+    """Stats flushing at most every 2 s; ``.flushes`` holds (start, outcomes) of each."""
+    stats = RedisStats(fake_redis, min_interval_s=2.0)
+    stats.flushes = []
+    flush = stats._flush
+
+    async def timed_flush(batch):
+        stats.flushes.append((time.monotonic(), len(batch)))
+        await flush(batch)
+
+    stats._flush = timed_flush
+    task = asyncio.create_task(stats.run())
+    yield stats
+    await cancel_and_wait([task])
+
+
+async def test_outcomes_soon_after_a_flush_wait_for_the_interval_and_go_together(timed_stats):
+    started = time.monotonic()
+    await timed_stats.record("a", "200")
+    assert time.monotonic() - started < 1.0  # nothing was flushed before: written at once
+    await asyncio.wait_for(asyncio.gather(*(timed_stats.record("a", "404") for _ in range(10))), 5)
+    assert [n for _, n in timed_stats.flushes] == [1, 10]
+    (first_started, _), (second_started, _) = timed_stats.flushes
+    assert second_started - first_started >= 2.0 - 0.005
+
+
+async def test_an_outcome_after_a_quiet_interval_is_written_at_once(timed_stats):
+    await timed_stats.record("a", "200")
+    await wait_for(
+        lambda: time.monotonic() - timed_stats.flushes[0][0] > 2.1, 5, what="a quiet interval"
+    )
+    started = time.monotonic()
+    await timed_stats.record("a", "200")
+    assert time.monotonic() - started < 1.0  # not held back for another interval
+    assert [n for _, n in timed_stats.flushes] == [1, 1]
+
+
+async def test_run_is_cancellable_while_it_waits_for_the_interval(fake_redis):
+    stats = RedisStats(fake_redis, min_interval_s=60)
+    task = asyncio.create_task(stats.run())
+    waiting = None
+    try:
+        await asyncio.wait_for(stats.record("a", "200"), 5)
+        waiting = asyncio.create_task(stats.record("a", "200"))
+        await wait_for(lambda: stats._pending, 5, what="an outcome waiting for the interval")
+        task.cancel()
+        await asyncio.wait({task}, timeout=1)
+        assert task.cancelled()
+    finally:
+        await cancel_and_wait([task, *([waiting] if waiting else [])])
