@@ -1,6 +1,6 @@
 import pytest
 
-from worker.schedule import fair_share
+from worker.schedule import fair_share, resume_threshold
 
 
 @pytest.mark.parametrize(
@@ -20,3 +20,10 @@ from worker.schedule import fair_share
 )
 def test_fair_share(max_tasks, sources, share):
     assert fair_share(max_tasks, sources) == share
+
+
+@pytest.mark.parametrize(
+    ("share", "resume_at"), [(1, 0), (2, 1), (3, 1), (4, 2), (5, 2), (750, 375), (751, 375)]
+)
+def test_a_full_source_resumes_with_half_its_share_free_and_at_least_one_slot(share, resume_at):
+    assert resume_threshold(share) == resume_at

@@ -344,3 +344,61 @@ async def test_a_revoke_whose_commit_is_refused_starts_over_from_the_committed_o
     revoked = [e for e in logs if e["event"] == "partitions_revoked"]
     assert [e["topic_partitions"] for e in revoked] == [["urls.a:0"]]
     assert any(e["event"] == "commit_failed" for e in logs)
+
+
+class OneByOne:
+    """A handler whose messages each wait for their own release, in order of arrival."""
+
+    def __init__(self) -> None:
+        self.started: list[asyncio.Event] = []
+        self.done = 0
+
+    async def __call__(self, source, value, topic):
+        release = asyncio.Event()
+        self.started.append(release)
+        await release.wait()
+        self.done += 1
+
+    async def on_failure(self, source, value, topic, error):
+        raise AssertionError(error)
+
+
+class CountingConsumer(FakeConsumer):
+    def __init__(self, messages: dict[TopicPartition, int]) -> None:
+        super().__init__(messages)
+        self.polls = 0
+        self.resumes = 0
+
+    async def getmany(self, timeout_ms=0, max_records=None):
+        self.polls += 1
+        return await super().getmany(timeout_ms, max_records)
+
+    def resume(self, *partitions):
+        self.resumes += len(partitions)
+        super().resume(*partitions)
+
+
+async def test_a_full_source_resumes_once_half_its_share_is_free_not_at_the_first_free_slot(
+    fake_redis,
+):
+    # One source of 16 slots: share min(16, 16 // 4) = 4, resumed at 4 - 2 = 2 unfinished.
+    handler = OneByOne()
+    consumer = CountingConsumer({tp("a"): 20})
+    _, scheduler, stop, task = await start(
+        fake_redis, {tp("a"): 20}, handler, max_tasks=16, consumer=consumer
+    )
+    await wait(lambda: len(handler.started) == 4 and tp("a") in consumer.paused_set)
+    handler.started[0].set()
+    await wait(lambda: handler.done == 1)
+    polls = consumer.polls
+    await wait(lambda: consumer.polls >= polls + 5)  # the scheduler looked again, 5 times
+    assert (len(handler.started), consumer.resumes) == (4, 0)
+    assert tp("a") in consumer.paused_set
+    handler.started[1].set()
+    await wait(lambda: len(handler.started) == 6)  # resumed: two slots filled at once
+    assert consumer.resumes == 1
+    assert scheduler.unfinished("a") == 4
+    for release in handler.started:
+        release.set()
+    stop.set()
+    await asyncio.wait_for(task, 10)

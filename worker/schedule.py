@@ -16,3 +16,10 @@ def fair_share(max_tasks: int, num_sources: int) -> int:
         return 0
     share = min(math.floor(max_tasks / num_sources), math.floor(max_tasks / 4))
     return max(1, share)
+
+
+def resume_threshold(share: int) -> int:
+    """A source paused at ``share`` unfinished messages is resumed at this many or fewer:
+    half its share free (rounded up, at least one slot), so that one resume fetches
+    several messages rather than one."""
+    return share - max(1, (share + 1) // 2)
