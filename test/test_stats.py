@@ -16,7 +16,7 @@ from worker.stats import SUCCESS_STATUS, RedisStats
 @pytest.fixture
 async def stats(fake_redis):
     now = [1_000_000.0]
-    stats = RedisStats(fake_redis, clock=lambda: now[0])
+    stats = RedisStats(fake_redis, clock=lambda: now[0], min_interval_s=0.0)
     stats.now = now
     task = asyncio.create_task(stats.run())
     yield stats
