@@ -357,7 +357,7 @@ def _figures(config: RunConfig, stack: _Stack, outputs: Outputs, window: _Window
     # flatter the figure.
     ok = len(outputs.resolved & outputs.wanted)
     wall_s = times[-1] if times else window.t_seen - window.t0
-    cpu_total = sum(sum(w.values()) for w in window.worker_cpu)
+    cpu_total = sum(w["main"] + w["children"] for w in window.worker_cpu)
     sampler = window.sampler
     assert sampler is not None
 
