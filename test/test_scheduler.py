@@ -402,3 +402,21 @@ async def test_a_full_source_resumes_once_half_its_share_is_free_not_at_the_firs
         release.set()
     stop.set()
     await asyncio.wait_for(task, 10)
+
+
+async def test_a_rebalance_giving_back_the_same_partitions_unpaused_keeps_shares_and_progress(
+    fake_redis,
+):
+    handler = Handler()
+    handler.held = {"a"}
+    consumer, scheduler, stop, task = await start(fake_redis, {tp("a"): 10}, handler, max_tasks=8)
+    # One source of eight slots: share min(8, 8 // 4) = 2.
+    await wait(lambda: handler.running["a"] == 2 and tp("a") in consumer.paused_set)
+    consumer.subscribe(["urls.a"], scheduler._listener)  # the same partition, unpaused
+    await wait(lambda: consumer.rebalance is None and tp("a") in consumer.paused_set)
+    assert handler.peak["a"] == 2
+    handler.release.set()
+    await wait(lambda: consumer.committed.get(tp("a")) == 10)
+    assert handler.peak["a"] == 2
+    stop.set()
+    await task
