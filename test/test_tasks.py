@@ -7,7 +7,7 @@ async def _swallows_cancellations(times: int, cancels: list[int]) -> None:
     """Loops like a task whose ``wait_for`` lost a cancellation, ``times`` times over."""
     while True:
         try:
-            await asyncio.sleep(3600)
+            await asyncio.Event().wait()  # until cancelled
         except asyncio.CancelledError:
             cancels.append(1)
             if len(cancels) > times:
@@ -28,7 +28,7 @@ async def test_a_task_cleaning_up_is_not_interrupted_before_the_recancel_delay()
 
     async def cleans_up() -> None:
         try:
-            await asyncio.sleep(3600)
+            await asyncio.Event().wait()  # until cancelled
         finally:
             await asyncio.sleep(0.05)
             cleaned.set()
