@@ -18,7 +18,8 @@ first refusal switches the pool back to sending bodies through the pipe.
 The worker maps that file and copies a body into it in the pieces it was downloaded in
 (``Body``): joining the pieces first and then writing the result with ``pwrite`` cost about
 1 ms of the main process's CPU per 1 MB body (a fresh 1 MB allocation, and the kernel's
-page-by-page copy), a profile showed; one copy into mapped, resident pages costs a tenth.
+page-by-page copy), a profile showed; copying straight into the mapped, resident pages
+took the benchmark's main process from 7.3-7.7 to 6.3 ms per image.
 """
 
 from __future__ import annotations
