@@ -28,6 +28,7 @@ from redis.asyncio import Redis
 from image_crawler import cli
 from image_crawler import contract as c
 from image_crawler.demo import BROKEN_SAMPLE, DEMO_SOURCES, load_samples
+from image_crawler.tasks import cancel_and_wait
 from test.corpus import good_images
 from test.processes import CrawlerProcess
 from test.services import (
@@ -442,8 +443,8 @@ async def test_halt_stops_a_running_crawl_at_once_and_resume_restarts_it(
         worker.signal(signal.SIGTERM)
         assert await asyncio.to_thread(worker.wait, 30) == 0, worker.tail()
     finally:
-        refiller.cancel()
         worker.stop()
+        await cancel_and_wait([refiller])
     # The worker wrote its thumbnails to the local folder (THUMBNAIL_STORE=local).
     written = sorted(thumbnails.iterdir())
     assert len(written) >= after_halt - 1

@@ -35,6 +35,7 @@ from crawl_monitor.rates import (
     compute_crawl_rate,
 )
 from image_crawler import contract as c
+from image_crawler.tasks import cancel_and_wait
 from test.corpus import good_images
 from test.origin import Origin
 from test.processes import CrawlerProcess, committed_offset
@@ -327,8 +328,7 @@ class Refills:
 
     async def __aexit__(self, *exc_info: object) -> None:
         if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            await cancel_and_wait([self._task])
         await self._client.aclose()
 
     async def _watch(self) -> None:

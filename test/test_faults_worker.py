@@ -34,6 +34,7 @@ from aiokafka.errors import KafkaError
 
 from image_crawler import contract as c
 from image_crawler.config import ConfigError
+from image_crawler.tasks import cancel_and_wait
 from test.corpus import good_images
 from test.processes import CrawlerProcess
 from test.services import create_topics, produce, read_records, wait_for
@@ -185,8 +186,7 @@ class Outputs:
 
     async def __aexit__(self, *exc_info: object) -> None:
         assert self._task is not None and self._consumer is not None
-        self._task.cancel()
-        await asyncio.gather(self._task, return_exceptions=True)
+        await cancel_and_wait([self._task])
         await self._consumer.stop()
 
     async def _read(self) -> None:
@@ -267,8 +267,7 @@ class CommitSampler:
 
     async def __aexit__(self, *exc_info: object) -> None:
         assert self._task is not None and self._consumer is not None
-        self._task.cancel()
-        await asyncio.gather(self._task, return_exceptions=True)
+        await cancel_and_wait([self._task])
         await self._consumer.stop()
 
     def latest(self) -> dict[TopicPartition, int]:
