@@ -48,8 +48,8 @@ Answer = ImageOutcome | str | tuple[int, ProcessedImage]
 
 # What a pool process answers when it cannot read the parent's file: send the bytes.
 _UNREADABLE: Final = "unreadable"
-# A process's memfd is kept at the size of the largest body it held, up to this; a larger
-# one is shrunk after its image, so one huge body does not pin its memory.
+# A process's memfd is kept at the size of the largest body it held (in whole steps), up to
+# this; a larger one is shrunk after its image, so one huge body does not pin its memory.
 _KEEP_MEMFD_BYTES = 16 * 1024 * 1024
 # A memfd grows in steps of this, so bodies of similar sizes do not remap it each time.
 _MEMFD_STEP_BYTES = 1024 * 1024
@@ -188,9 +188,8 @@ class _PoolProcess:
         if self.memfd is None:
             return False
         pieces = (body,) if isinstance(body, bytes) else body
-        size = sum(len(piece) for piece in pieces)
         try:
-            view = self._mapped(size)
+            view = self._mapped(body_size(body))
         except (OSError, ValueError):
             return False
         offset = 0
