@@ -59,14 +59,88 @@ def test_the_shared_reader_refuses_a_short_file(tmp_path):
         os.close(fd)
 
 
-async def test_a_dead_pool_process_is_one_failed_image_and_is_replaced(pool):
+async def until(condition, timeout_s=10.0):
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
+def the_largest_jpeg():
+    jpegs = (i for i in good_images() if i.content_type == "image/jpeg")
+    return max(jpegs, key=lambda i: (i.width or 0) * (i.height or 0))
+
+
+def outstanding(pool):
+    return sum(p.outstanding for p in pool._all)
+
+
+async def test_a_pool_process_that_dies_while_idle_costs_no_image(pool):
     await pool.process(a_jpeg().body)  # one process is up, and idle
     (pid,) = pool.pids
     os.kill(pid, 9)
-    outcome = await pool.process(a_jpeg().body)
+    await until(lambda: pid not in pool.pids)  # its pipe's EOF retires it
+    assert isinstance(await pool.process(a_jpeg().body), ProcessedImage)
+    assert pid not in pool.pids
+
+
+async def test_a_pool_process_that_dies_midway_is_one_failed_image_and_is_replaced(pool):
+    task = asyncio.create_task(pool.process(the_largest_jpeg().body))
+    await until(lambda: outstanding(pool) == 1)
+    (pid,) = pool.pids
+    os.kill(pid, 9)
+    outcome = await task
     assert isinstance(outcome, ImageFailure) and outcome.status == "ProcessCrashed"
     assert isinstance(await pool.process(a_jpeg().body), ProcessedImage)
     assert pid not in pool.pids
+
+
+async def test_a_process_is_sent_its_next_image_while_it_works_on_one():
+    pool = PoolProcessor(1)
+    try:
+        image = the_largest_jpeg()
+        tasks = [asyncio.create_task(pool.process(image.body)) for _ in range(3)]
+        await until(lambda: outstanding(pool) == 2)  # two lanes; the third waits
+        assert len(pool.pids) == 1
+        assert await asyncio.gather(*tasks) == [process_image(image.body)] * 3
+    finally:
+        pool.close()
+
+
+async def test_the_image_queued_behind_a_crash_is_tried_again_not_failed():
+    pool = PoolProcessor(1)
+    try:
+        image = the_largest_jpeg()
+        first = asyncio.create_task(pool.process(image.body))
+        second = asyncio.create_task(pool.process(image.body))
+        await until(lambda: outstanding(pool) == 2)
+        (pid,) = pool.pids
+        os.kill(pid, 9)
+        crashed = await first
+        assert isinstance(crashed, ImageFailure) and crashed.status == "ProcessCrashed"
+        assert await second == process_image(image.body)  # in a new process
+        assert pool.pids and pid not in pool.pids
+    finally:
+        pool.close()
+
+
+async def test_an_image_abandoned_while_queued_leaves_the_process_to_finish_the_one_before():
+    pool = PoolProcessor(1)
+    try:
+        image = the_largest_jpeg()
+        first = asyncio.create_task(pool.process(image.body))
+        queued = asyncio.create_task(pool.process(image.body))
+        await until(lambda: outstanding(pool) == 2)
+        (pid,) = pool.pids
+        queued.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await queued
+        assert await first == process_image(image.body)
+        await until(lambda: len(pool._idle) == 2)  # the queued lane is back with its answer
+        assert await pool.process(image.body) == process_image(image.body)
+        assert pool.pids == [pid]
+    finally:
+        pool.close()
 
 
 async def test_more_images_than_processes_wait_their_turn(pool):
@@ -129,6 +203,6 @@ async def test_a_memfd_grown_past_the_keep_size_is_shrunk_after_its_image(pool, 
     monkeypatch.setattr(processing, "_KEEP_MEMFD_BYTES", 1024)
     assert isinstance(await pool.process(a_jpeg().body), ProcessedImage)
     (process,) = pool._all
-    assert process.memfd is not None
-    assert os.fstat(process.memfd).st_size == 0
+    assert all(lane.memfd is not None for lane in process.lanes)
+    assert all(os.fstat(lane.memfd).st_size == 0 for lane in process.lanes)
     assert isinstance(await pool.process(a_jpeg().body), ProcessedImage)
