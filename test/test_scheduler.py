@@ -420,3 +420,63 @@ async def test_a_rebalance_giving_back_the_same_partitions_unpaused_keeps_shares
     assert handler.peak["a"] == 2
     stop.set()
     await task
+
+
+class FreeSlotCheckingConsumer(FakeConsumer):
+    """Records, at every poll, the records asked for and the free slots of the sources
+    assigned: their sum (at least 1) is what a poll may take."""
+
+    def __init__(self, messages: dict[TopicPartition, int]) -> None:
+        super().__init__(messages)
+        self.scheduler = None
+        self.asked: list[tuple[int, int]] = []
+
+    async def getmany(self, timeout_ms=0, max_records=None):
+        if self.scheduler is not None:
+            share = self.scheduler.share()
+            sources = {source_of_topic(tp.topic) for tp in self.assigned}
+            free = sum(max(0, share - self.scheduler.unfinished(s)) for s in sources)
+            self.asked.append((max_records, max(1, free)))
+        return await super().getmany(timeout_ms, max_records)
+
+
+async def test_a_poll_asks_for_exactly_the_free_slots_through_releases_rebalances_and_new_shares(
+    fake_redis,
+):
+    handler = OneByOne()
+    messages = {tp(s): 6 for s in "abcde"} | {tp("f"): 0}  # "f" has nothing to do
+    consumer = FreeSlotCheckingConsumer(messages)
+    _, scheduler, stop, task = await start(
+        fake_redis, messages, handler, max_tasks=8, sources={"a", "b", "f"}, consumer=consumer
+    )
+    consumer.scheduler = scheduler
+    await wait(lambda: len(handler.started) == 4)  # three sources of share 2
+    for release in handler.started[:3]:
+        release.set()
+    await wait(lambda: handler.done == 3)
+    # Three new sources: a rebalance, and a share of min(8 // 6, 8 // 4) = 1.
+    await fake_redis.sadd(INBOUND_SOURCES_SET, "c", "d", "e")
+    await wait(lambda: scheduler.share() == 1 and scheduler.unfinished("e") == 1)
+    handler.started[3].set()
+    await wait(lambda: handler.done == 4)
+    # Another worker takes "b", "e" and "f" (a rebalance revokes them): their free slots go.
+    consumer.subscribe(["urls.a", "urls.c", "urls.d"], scheduler._listener)
+    await wait(lambda: consumer.rebalance is None)
+    done = handler.done
+    for release in handler.started:  # the revoked sources' messages finish meanwhile
+        release.set()
+    await wait(lambda: handler.done > done + 3)
+    polls = len(consumer.asked)
+    await wait(lambda: len(consumer.asked) > polls + 3)
+    consumer.subscribe([f"urls.{s}" for s in "abcdef"], scheduler._listener)
+    await wait(lambda: consumer.rebalance is None)
+    async with asyncio.timeout(20):
+        while handler.done < 30 or not task.done():  # messages revoked midway run again
+            for release in handler.started:
+                release.set()
+            if handler.done >= 30:
+                stop.set()
+            await asyncio.sleep(0.005)
+    await task
+    assert len(consumer.asked) > 20
+    assert [asked for asked in consumer.asked if asked[0] != asked[1]] == []
