@@ -150,7 +150,15 @@ class RefusingConsumer(FakeConsumer):
 
 
 async def start(
-    fake_redis, messages, handler, *, max_tasks=8, grace_s=5.0, sources=None, consumer=None
+    fake_redis,
+    messages,
+    handler,
+    *,
+    max_tasks=8,
+    grace_s=5.0,
+    sources=None,
+    consumer=None,
+    resume_every_s=0.0,
 ):
     if sources is None:
         sources = {source_of_topic(tp.topic) for tp in messages}
@@ -162,6 +170,7 @@ async def start(
         commit_interval_s=0.01,
         poll_timeout_s=0.005,
         shutdown_grace_s=grace_s,
+        resume_every_s=resume_every_s,
     )
     scheduler = Scheduler(consumer, fake_redis, handler, handler.on_failure, settings)
     stop = asyncio.Event()
@@ -480,3 +489,56 @@ async def test_a_poll_asks_for_exactly_the_free_slots_through_releases_rebalance
     await task
     assert len(consumer.asked) > 20
     assert [asked for asked in consumer.asked if asked[0] != asked[1]] == []
+
+
+class ResumeRecordingConsumer(FakeConsumer):
+    def __init__(self, messages: dict[TopicPartition, int]) -> None:
+        super().__init__(messages)
+        self.resumed: list[tuple[float, set[TopicPartition]]] = []
+
+    def resume(self, *partitions):
+        self.resumed.append((asyncio.get_running_loop().time(), set(partitions)))
+        super().resume(*partitions)
+
+
+async def test_resumes_due_within_resume_every_s_of_the_last_are_made_together(fake_redis):
+    # Three sources of eight slots: share 2 each, resumed at 1 unfinished.
+    handler = OneByOne()
+    messages = {tp(s): 4 for s in "abc"}
+    consumer = ResumeRecordingConsumer(messages)
+    _, _scheduler, stop, task = await start(
+        fake_redis, messages, handler, consumer=consumer, resume_every_s=0.5
+    )
+    await wait(lambda: len(handler.started) == 6)  # a0 a1 b0 b1 c0 c1, all three paused
+    await wait(lambda: consumer.paused_set == {tp("a"), tp("b"), tp("c")})
+    handler.started[0].set()  # a0 finishes: a is resumed at once
+    await wait(lambda: len(consumer.resumed) == 1)
+    handler.started[2].set()  # b0 and c0 finish right after: due within 0.5 s of a's
+    handler.started[4].set()
+    await wait(lambda: len(consumer.resumed) == 2)
+    (first_at, first), (second_at, second) = consumer.resumed
+    assert (first, second) == ({tp("a")}, {tp("b"), tp("c")})
+    assert second_at - first_at >= 0.5
+    async with asyncio.timeout(20):
+        while handler.done < 12:
+            for release in handler.started:
+                release.set()
+            await asyncio.sleep(0.005)
+    stop.set()
+    await asyncio.wait_for(task, 10)
+
+
+async def test_a_source_swapped_for_another_in_one_poll_is_still_found(fake_redis):
+    # The set is read in full when its size changes, and every few polls regardless.
+    handler = Handler()
+    messages = {tp("a"): 2, tp("b"): 2, tp("c"): 2}
+    _, scheduler, stop, task = await start(fake_redis, messages, handler, sources={"a", "b"})
+    await wait(lambda: scheduler.sources == {"a", "b"})
+    async with fake_redis.pipeline(transaction=True) as swap:
+        swap.srem(INBOUND_SOURCES_SET, "b").sadd(INBOUND_SOURCES_SET, "c")
+        await swap.execute()
+    await wait(lambda: "c" in scheduler.sources)
+    assert scheduler.sources == {"a", "b", "c"}  # b stays: sources are never dropped
+    await wait(lambda: len(handler.done) == 6)
+    stop.set()
+    await asyncio.wait_for(task, 10)
