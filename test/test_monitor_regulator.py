@@ -299,6 +299,48 @@ async def test_a_partial_read_brings_only_what_a_breaker_or_the_log_needs(redis,
     assert full.of("healthy").last_statuses == {"200": 50}
 
 
+async def test_windows_of_200s_and_expected_statuses_are_left_out_and_others_counted(redis, clock):
+    # The read script decides "all 200" in one C-level count and only then walks the
+    # members: every case on either side of that shortcut.
+    now = clock.now
+    await add_statuses(redis, "all-200", ["200"] * 40, now)
+    await add_statuses(redis, "expected-only", ["200"] * 5 + ["404", "301", "NoRateToken"], now)
+    await add_statuses(redis, "one-500", ["200"] * 7 + ["500"], now)
+    await add_statuses(redis, "no-200", ["Timeout", "Blocked"], now)
+    await add_statuses(redis, "2000-is-not-200", ["2000", "200"], now)
+    await add_statuses(redis, "old-error", ["200"], now)
+    await redis.zadd(
+        f"{c.STATUS_60S_PREFIX}old-error", {c.window_member("500", now - 90): now - 90}
+    )
+    sources = ["all-200", "expected-only", "one-500", "no-200", "2000-is-not-200", "old-error"]
+    observed = await RedisRegulatorStore(redis).read(sources, now - 60, full_last_statuses=())
+    windows = {s: observed.of(s).window for s in sources}
+    assert windows == {
+        "all-200": {},
+        "expected-only": {},
+        "one-500": {"200": 7, "500": 1},
+        "no-200": {"Timeout": 1, "Blocked": 1},
+        "2000-is-not-200": {"2000": 1, "200": 1},
+        "old-error": {},  # its error left the minute
+    }
+
+
+async def test_overrides_and_aliases_are_read_for_every_source_of_every_chunk(redis, clock):
+    sources = [f"site{i:04d}" for i in range(1203)]  # three read chunks
+    await redis.set(f"{c.OVERRIDE_RATE_PREFIX}site0000", "5")
+    await redis.set(f"{c.OVERRIDE_RATE_ALIAS_PREFIX}site0600", "7")
+    await redis.set(f"{c.OVERRIDE_RATE_PREFIX}site1202", "0.5")
+    await redis.set(f"{c.OVERRIDE_RATE_ALIAS_PREFIX}site1202", "9")
+    await redis.rpush(f"{c.OVERRIDE_RATE_PREFIX}site0001", "not a string")  # read as none
+    observed = await RedisRegulatorStore(redis).read(sources, clock.now - 60)
+    found = {
+        s: (state.override, state.override_alias)
+        for s, state in observed.sources.items()
+        if state.override or state.override_alias
+    }
+    assert found == {"site0000": ("5", None), "site0600": (None, "7"), "site1202": ("0.5", "9")}
+
+
 async def test_every_source_s_last_50_reaches_the_log_within_the_rotation(redis, clock):
     sources = [f"s{i}" for i in range(7)]
     for source in sources:
