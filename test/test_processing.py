@@ -95,52 +95,51 @@ async def test_a_pool_process_that_dies_midway_is_one_failed_image_and_is_replac
     assert pid not in pool.pids
 
 
-async def test_a_process_is_sent_its_next_image_while_it_works_on_one():
-    pool = PoolProcessor(1)
-    try:
-        image = the_largest_jpeg()
-        tasks = [asyncio.create_task(pool.process(image.body)) for _ in range(3)]
-        await until(lambda: outstanding(pool) == 2)  # two lanes; the third waits
-        assert len(pool.pids) == 1
-        assert await asyncio.gather(*tasks) == [process_image(image.body)] * 3
-    finally:
-        pool.close()
+@pytest.fixture
+def one_process():
+    processor = PoolProcessor(1)
+    yield processor
+    processor.close()
 
 
-async def test_the_image_queued_behind_a_crash_is_tried_again_not_failed():
-    pool = PoolProcessor(1)
-    try:
-        image = the_largest_jpeg()
-        first = asyncio.create_task(pool.process(image.body))
-        second = asyncio.create_task(pool.process(image.body))
-        await until(lambda: outstanding(pool) == 2)
-        (pid,) = pool.pids
-        os.kill(pid, 9)
-        crashed = await first
-        assert isinstance(crashed, ImageFailure) and crashed.status == "ProcessCrashed"
-        assert await second == process_image(image.body)  # in a new process
-        assert pool.pids and pid not in pool.pids
-    finally:
-        pool.close()
+async def two_jobs_in_one_process(pool, body):
+    """Start two images in ``pool``'s one process, the second queued behind the first."""
+    first = asyncio.create_task(pool.process(body))
+    second = asyncio.create_task(pool.process(body))
+    await until(lambda: outstanding(pool) == 2)
+    (pid,) = pool.pids
+    return first, second, pid
 
 
-async def test_an_image_abandoned_while_queued_leaves_the_process_to_finish_the_one_before():
-    pool = PoolProcessor(1)
-    try:
-        image = the_largest_jpeg()
-        first = asyncio.create_task(pool.process(image.body))
-        queued = asyncio.create_task(pool.process(image.body))
-        await until(lambda: outstanding(pool) == 2)
-        (pid,) = pool.pids
-        queued.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await queued
-        assert await first == process_image(image.body)
-        await until(lambda: len(pool._idle) == 2)  # the queued lane is back with its answer
-        assert await pool.process(image.body) == process_image(image.body)
-        assert pool.pids == [pid]
-    finally:
-        pool.close()
+async def test_a_process_is_sent_its_next_image_while_it_works_on_one(one_process):
+    body = the_largest_jpeg().body
+    first, second, _ = await two_jobs_in_one_process(one_process, body)
+    third = asyncio.create_task(one_process.process(body))  # two lanes: this one waits
+    assert await asyncio.gather(first, second, third) == [process_image(body)] * 3
+
+
+async def test_the_image_queued_behind_a_crash_is_tried_again_not_failed(one_process):
+    body = the_largest_jpeg().body
+    first, second, pid = await two_jobs_in_one_process(one_process, body)
+    os.kill(pid, 9)
+    crashed = await first
+    assert isinstance(crashed, ImageFailure) and crashed.status == "ProcessCrashed"
+    assert await second == process_image(body)  # in a new process
+    assert one_process.pids and pid not in one_process.pids
+
+
+async def test_an_image_abandoned_while_queued_leaves_the_process_to_finish_the_one_before(
+    one_process,
+):
+    body = the_largest_jpeg().body
+    first, queued, pid = await two_jobs_in_one_process(one_process, body)
+    queued.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await queued
+    assert await first == process_image(body)
+    await until(lambda: len(one_process._idle) == 2)  # the queued lane is back with its answer
+    assert await one_process.process(body) == process_image(body)
+    assert one_process.pids == [pid]
 
 
 async def test_more_images_than_processes_wait_their_turn(pool):
