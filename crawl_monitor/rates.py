@@ -106,9 +106,11 @@ class TokenSchedule:
 
     def next_refill(self, rate_rps: float, period_s: float = 1.0) -> int:
         """The bucket's value for the next refill period."""
-        credit = self._credit + max(0.0, rate_rps) * period_s
+        # Conditionals rather than max(): this runs for every source every second.
+        credit = self._credit + (rate_rps * period_s if rate_rps > 0.0 else 0.0)
         tokens = math.floor(credit + _EPSILON)
-        self._credit = max(0.0, credit - tokens)
+        rest = credit - tokens
+        self._credit = rest if rest > 0.0 else 0.0
         return tokens
 
     def reset(self) -> None:

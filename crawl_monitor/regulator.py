@@ -67,9 +67,6 @@ MAX_BACKOFF_S = 8.0
 # crawl_rates is rewritten when a rate changes, and every this many loops in any case
 # (so it comes back after Redis lost it) without rewriting thousands of fields a second.
 RATES_REWRITE_LOOPS = 30
-_NO_CHANGE = BreakerDecision(
-    temp_halted=False, trips_temporary=False, lifts_temporary=False, trips_permanent=False
-)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -80,7 +77,10 @@ class RegulatorSettings:
     # Each loop reads the whole last-50 histogram of one in this many sources (in turn,
     # so each is at most this many loops old in the monitoring log); of the others Redis
     # says only whether all 50 failed (the permanent breaker), which a healthy source
-    # answers at its newest status.
+    # answers at its newest status. A source whose 60 s window holds statuses and no
+    # error is not even asked: its newest statuses are in that window. A list that
+    # disagrees (written by a worker whose clock is over a minute behind) is caught at
+    # the source's turn, so a permanent trip may wait this many loops.
     full_last_statuses_every: int = 5
 
 
@@ -146,7 +146,7 @@ class Regulator:
         sources = sorted(computed)
         every = self._settings.full_last_statuses_every
         turn = self._loops % every
-        full = None if self._loops == 0 else {s for i, s in enumerate(sources) if i % every == turn}
+        full = None if self._loops == 0 else set(sources[turn::every])
         self._loops += 1
         observed = await self._store.read(
             sources, self._clock() - self._settings.window_s, full_last_statuses=full
@@ -160,35 +160,39 @@ class Regulator:
 
         rates: dict[str, float] = {}
         tokens: dict[str, int] = {}
+        # Only of the sources Redis said something about: the others cannot change.
         decisions: dict[str, BreakerDecision] = {}
+        states, halted, temp_halted = observed.sources, observed.halted, observed.temp_halted
+        schedules, period_s = self._schedules, self._settings.period_s
         for source in sources:
-            state = observed.sources.get(source)
-            if state is None and source not in observed.temp_halted:
+            state = states.get(source)
+            if state is None and source not in temp_halted:
                 # Nothing in Redis about it (the common case): no override, no trip.
                 rate = computed[source]
-                decision = _NO_CHANGE
-                self._report_override(source, {})
+                if self._reported_overrides:
+                    self._report_override(source, {})
+                stopped = source in halted
             else:
                 state = state or EMPTY_SOURCE
                 choice = choose_rate(computed[source], state.override, state.override_alias)
                 self._report_override(source, choice.ignored)
                 rate = choice.rate_rps
-                decision = decide(
+                decision = decisions[source] = decide(
                     {} if source in resumed else state.window,
                     state.last_statuses,
-                    temp_halted=source in observed.temp_halted,
-                    halted=source in observed.halted,
+                    temp_halted=source in temp_halted,
+                    halted=source in halted,
                 )
+                stopped = source in halted or decision.trips_permanent or decision.temp_halted
             rates[source] = rate
-            decisions[source] = decision
-            schedule = self._schedules.get(source)
+            schedule = schedules.get(source)
             if schedule is None:
-                schedule = self._schedules[source] = TokenSchedule()
-            if source in observed.halted or decision.trips_permanent or decision.temp_halted:
+                schedule = schedules[source] = TokenSchedule()
+            if stopped:
                 schedule.reset()
                 tokens[source] = 0
             else:
-                tokens[source] = schedule.next_refill(rate, self._settings.period_s)
+                tokens[source] = schedule.next_refill(rate, period_s)
         for gone in self._schedules.keys() - computed.keys():
             del self._schedules[gone]
 

@@ -299,6 +299,63 @@ async def test_a_partial_read_brings_only_what_a_breaker_or_the_log_needs(redis,
     assert full.of("healthy").last_statuses == {"200": 50}
 
 
+async def test_a_window_without_errors_skips_the_last_50_check_until_the_rotation(redis, clock):
+    # A window of expected statuses means the newest statuses are not 50 failures, so the
+    # read skips that check; a last-50 list that disagrees (a worker whose clock is minutes
+    # behind writes statuses the window never holds) is caught by the full-read rotation.
+    sources = ["skewed", "healthy", "idle-failing"]
+    regulator = Regulator(
+        RedisRegulatorStore(redis),
+        lambda: dict.fromkeys(sources, 2.0),
+        RegulatorSettings(full_last_statuses_every=3),
+        clock=clock,
+    )
+    await regulator.tick()  # the first loop reads everything
+    await add_statuses(redis, "healthy", ["200"] * 10 + ["404"], clock.now)
+    await add_statuses(redis, "skewed", ["200"] * 10 + ["404"], clock.now)
+    await redis.rpush(c.last50_key("skewed"), *["500"] * 50)
+    await redis.rpush(c.last50_key("idle-failing"), *["Timeout"] * 50)  # empty window
+
+    partial = await RedisRegulatorStore(redis).read(sources, clock.now - 60, full_last_statuses=())
+    assert partial.of("skewed").last_statuses == {}
+    assert partial.of("idle-failing").last_statuses == {"Timeout": 50}
+
+    tripped_after = None
+    with capture_logs() as logs:
+        for loop in range(1, 4):
+            await regulator.tick()
+            if events(logs, "crawl_halted", source="skewed", type="permanent"):
+                tripped_after = loop
+                break
+    assert tripped_after is not None  # within full_last_statuses_every loops
+    assert await redis.smembers(c.HALTED_SET) == {"skewed", "idle-failing"}
+
+
+async def test_unreadable_keys_are_reported_with_their_own_source(redis, clock):
+    await redis.set(f"{c.STATUS_60S_PREFIX}odd-window", "not a sorted set")
+    await redis.set(c.last50_key("odd-list"), "not a list")  # its window is empty
+    await add_statuses(redis, "fine", ["200"] * 3, clock.now)
+    sources = ["odd-window", "odd-list", "fine"]
+    observed = await RedisRegulatorStore(redis).read(sources, clock.now - 60, full_last_statuses=())
+    errors = {s: observed.of(s).errors for s in sources}
+    assert [len(e) for e in errors.values()] == [1, 1, 0]
+    assert errors["odd-window"][0].startswith(f"{c.STATUS_60S_PREFIX}odd-window: WRONGTYPE")
+    assert errors["odd-list"][0].startswith(f"{c.last50_key('odd-list')}: WRONGTYPE")
+
+
+async def test_crawl_rates_holds_every_source_when_written_in_several_calls(
+    redis, regulator, rates
+):
+    # The write script sets crawl_rates 1,000 fields a call: 2,500 sources take three.
+    rates.update({f"site{i:04d}": 0.2 + i / 100 for i in range(2500)})
+    await regulator.tick()
+    assert await redis.hgetall(c.RATES_HASH) == {s: repr(r) for s, r in rates.items()}
+    del rates["site1000"]
+    await regulator.tick()  # a rate changed: rewritten whole
+    assert await redis.hlen(c.RATES_HASH) == 2499
+    assert "site1000" not in await redis.hkeys(c.RATES_HASH)
+
+
 async def test_windows_of_200s_and_expected_statuses_are_left_out_and_others_counted(redis, clock):
     # The read script decides "all 200" in one C-level count and only then walks the
     # members: every case on either side of that shortcut.
