@@ -25,19 +25,22 @@ from image_crawler.localstack import RedisServer
 
 
 async def measure_monitor(sizes: list[int], log_dir: Path, loops: int = 5) -> list[dict[str, Any]]:
-    """One fresh redis-server; for each size, the loop's duration and CPU."""
+    """One fresh redis-server; for each size, the loop's duration and CPU (and its version)."""
     results = []
     with RedisServer(log_dir=log_dir / "monitor-redis") as server:
         assert server.pid is not None
         redis_tree = ProcessTree(server.pid)
         redis = aioredis.from_url(server.url, decode_responses=True)
         try:
+            # Lua's cost per redis.call, most of the loop, differs between versions.
+            version = (await redis.info("server")).get("redis_version", "?")
             for n in sizes:
                 measured = await measure_loop(redis, n, loops=loops)
                 cpu = await _loop_cpu(redis, measured, redis_tree, loops)
                 results.append(
                     {
                         "sources": n,
+                        "redis_version": version,
                         "loop_s_median": measured.median_s,
                         "loop_s_slowest": measured.slowest_s,
                         "loop_s_first": measured.first_s,

@@ -239,7 +239,8 @@ def table(result: dict[str, Any]) -> list[tuple[str, str]]:
             (
                 f"monitor loop, {loop['sources']:,} sources",
                 f"{_ms(loop['loop_s_median'])} wall, {_ms(loop['loop_cpu_s_median'])} CPU "
-                f"(+ redis-server {_ms(loop['redis_server_cpu_s_per_loop'])})",
+                f"(+ redis-server {loop.get('redis_version', '?')} "
+                f"{_ms(loop['redis_server_cpu_s_per_loop'])})",
             )
         )
     return rows
