@@ -22,7 +22,7 @@ from typing import Any
 import structlog
 from PIL import features
 
-from bench.corpus import DEFAULT_DIR, ensure_corpus
+from bench.corpus import DEFAULT_DIR, Corpus, ensure_corpus
 from bench.crawl import RunConfig, run_crawl
 from bench.kernel import measure_kernel
 from bench.monitor_loop import measure_monitor
@@ -114,6 +114,12 @@ def _machine() -> dict[str, Any]:
     }
 
 
+def _kernel(corpus: Corpus, rounds: int) -> dict[str, Any]:
+    bodies = corpus.bodies()  # read again each time: not held in memory during a crawl
+    print(f"kernel: {rounds} rounds over {len(bodies)} bodies", file=sys.stderr)
+    return measure_kernel(bodies, rounds=rounds)
+
+
 def _quiet_logs() -> None:
     # The monitor's regulator runs in this process for the loop measurement: its halts
     # of the seeded failing sources are expected, not news.
@@ -128,10 +134,10 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
     print(f"logs in {log_dir}", file=sys.stderr)
     corpus = ensure_corpus(args.corpus_dir, args.corpus_files, args.photos)
     print(f"corpus: {corpus.summary()}", file=sys.stderr)
-    bodies = corpus.bodies()
-    print(f"kernel: {args.kernel_rounds} rounds over {len(bodies)} bodies", file=sys.stderr)
-    kernel = measure_kernel(bodies, rounds=args.kernel_rounds)
-    del bodies
+    # The kernel is measured before each crawl and after the last, and each crawl is
+    # compared with the mean of the two measurements around it: the machine's speed
+    # drifts over minutes (the same code measured 17.7-18.3 ms in one evening).
+    kernels = [_kernel(corpus, args.kernel_rounds)]
     runs = []
     with Origin(corpus.directory, log_dir) as origin:
         for count in [int(s) for s in args.sources.split(",") if s.strip()]:
@@ -151,7 +157,12 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
                 log_dir=log_dir / f"run-{count}-sources",
             )
             print(f"crawl: {count} source(s), {args.images} images", file=sys.stderr)
-            runs.append(await run_crawl(config, origin.url, len(corpus.files)))
+            run = await run_crawl(config, origin.url, len(corpus.files))
+            kernels.append(_kernel(corpus, args.kernel_rounds))
+            around = (kernels[-2]["cpu_s_per_image"], kernels[-1]["cpu_s_per_image"])
+            run["kernel_cpu_s_per_image_around"] = list(around)
+            run["kernel_cpu_s_per_image"] = sum(around) / 2
+            runs.append(run)
     monitor_sizes = [int(s) for s in args.monitor_sources.split(",") if s.strip()]
     print(f"monitor loop: {monitor_sizes}", file=sys.stderr)
     monitor = await measure_monitor(monitor_sizes, log_dir) if monitor_sizes else []
@@ -161,7 +172,9 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
         "machine": machine,
         "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
         "corpus": corpus.summary(),
-        "kernel": kernel,
+        # The first measurement; all of them, in order, in kernel_measurements.
+        "kernel": kernels[0],
+        "kernel_measurements": kernels,
         "runs": runs,
         "monitor": monitor,
         "log_dir": str(log_dir),

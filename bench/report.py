@@ -28,14 +28,21 @@ def _num(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{value:,.{digits}f}"
 
 
+def run_kernel(result: dict[str, Any], run: dict[str, Any]) -> float:
+    """The kernel CPU per image a crawl is compared with: the mean of the measurements
+    just before and just after it (results of older benches have only the first)."""
+    around = run.get("kernel_cpu_s_per_image")
+    return float(around) if around else float(result["kernel"]["cpu_s_per_image"])
+
+
 def verdicts(result: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per target: what was measured, the limit, and whether it holds."""
     rows: list[dict[str, Any]] = []
-    kernel = result["kernel"]["cpu_s_per_image"]
     runs = result["runs"]
     for run in runs:
         name = f"{run['sources']} source(s)"
         per_image = run["worker_cpu_s_per_image"]
+        kernel = run_kernel(result, run)
         if run["errors"]:
             # Failed images cost the worker little CPU and no kernel: no honest ratio.
             name += f", {sum(run['errors'].values())} errors"
@@ -168,6 +175,14 @@ def table(result: dict[str, Any]) -> list[tuple[str, str]]:
         ),
         ("kernel CPU per image", _ms(kernel["cpu_s_per_image"])),
     ]
+    measured = result.get("kernel_measurements", [])
+    if len(measured) > 1:
+        rows.append(
+            (
+                "  measured before each crawl and after the last",
+                " / ".join(_ms(k["cpu_s_per_image"]) for k in measured),
+            )
+        )
     for run in result["runs"]:
         tag = f"[{run['sources']} src, {run['config']['workers']} wkr, {run['images_ok']} img]"
         per_image = run["worker_cpu_s_per_image"]
@@ -184,8 +199,10 @@ def table(result: dict[str, Any]) -> list[tuple[str, str]]:
                 f" ({_ms(run.get('worker_children_system_cpu_s_per_image'))})",
             ),
             (
-                f"{tag} worker / kernel",
-                _num(per_image / kernel["cpu_s_per_image"], 2) if per_image else "-",
+                f"{tag} worker / kernel (kernel around this crawl)",
+                f"{_num(per_image / run_kernel(result, run), 2)} ({_ms(run_kernel(result, run))})"
+                if per_image
+                else "-",
             ),
             (f"{tag} images per worker CPU second", _num(run["images_per_worker_cpu_s"])),
             (f"{tag} throughput (whole run)", f"{_num(run['images_per_s'])} images/s"),
