@@ -81,10 +81,12 @@ class FakeStats:
 
 
 class FlakyRedis:
-    """A Redis client whose pipelines fail with ``ConnectionError`` while ``away``.
+    """A Redis client whose pipelines and script calls fail with ``ConnectionError``
+    while ``away``.
 
-    Wraps a real (or fake) async client; only ``pipeline()`` is affected, as the token
-    bucket and the statistics use nothing else.
+    Wraps a real (or fake) async client; only ``pipeline()`` (the token bucket) and
+    ``evalsha()`` (the statistics) are affected, as they use nothing else but
+    ``script_load()``.
     """
 
     def __init__(self, redis: Any) -> None:
@@ -102,3 +104,12 @@ class FlakyRedis:
 
             pipe.execute = refuse
         return pipe
+
+    async def evalsha(self, *args: Any) -> Any:
+        if self.away:
+            self.refused += 1
+            raise RedisConnectionError("Redis is away")
+        return await self._redis.evalsha(*args)
+
+    async def script_load(self, script: str) -> Any:
+        return await self._redis.script_load(script)

@@ -4,6 +4,7 @@ from typing import Any
 
 import fakeredis
 import pytest
+from redis.asyncio import Redis
 from structlog.testing import capture_logs
 
 from image_crawler import contract as c
@@ -14,16 +15,16 @@ from worker.stats import SUCCESS_STATUS, RedisStats
 
 
 @pytest.fixture
-async def stats(fake_redis):
+async def stats(redis):
     now = [1_000_000.0]
-    stats = RedisStats(fake_redis, clock=lambda: now[0], min_interval_s=0.0)
+    stats = RedisStats(redis, clock=lambda: now[0], min_interval_s=0.0)
     stats.now = now
     task = asyncio.create_task(stats.run())
     yield stats
     await cancel_and_wait([task])
 
 
-async def test_success_and_failures_are_counted_per_source_and_status(fake_redis, stats):
+async def test_success_and_failures_are_counted_per_source_and_status(redis, stats):
     await asyncio.gather(
         stats.record("a", "200"),
         stats.record("a", "200"),
@@ -31,7 +32,7 @@ async def test_success_and_failures_are_counted_per_source_and_status(fake_redis
         stats.record("b", "500"),
         stats.record("b", "UnidentifiedImageError"),
     )
-    values = await fake_redis.mget(
+    values = await redis.mget(
         c.NUM_RESIZED,
         c.num_resized_key("a"),
         c.RESIZE_ERRORS,
@@ -45,39 +46,39 @@ async def test_success_and_failures_are_counted_per_source_and_status(fake_redis
     assert values == ["2", "2", "3", "1", "1", "2", "1", "1", None]
 
 
-async def test_windows_hold_status_and_time_and_are_trimmed(fake_redis, stats):
+async def test_windows_hold_status_and_time_and_are_trimmed(redis, stats):
     await stats.record("a", "500")
     stats.now[0] += 61
     await stats.record("a", "200")
-    minute = await fake_redis.zrange("status60s:a", 0, -1, withscores=True)
+    minute = await redis.zrange("status60s:a", 0, -1, withscores=True)
     assert [c.status_of_window_member(m) for m, _ in minute] == ["200"]
     assert minute[0][1] == pytest.approx(1_000_061.0)
-    hour = await fake_redis.zrange("status1hr:a", 0, -1)
+    hour = await redis.zrange("status1hr:a", 0, -1)
     assert [c.status_of_window_member(m) for m in hour] == ["500", "200"]
-    assert await fake_redis.zcard("status12hr:a") == 2
+    assert await redis.zcard("status12hr:a") == 2
 
 
-async def test_equal_statuses_at_the_same_instant_are_all_kept(fake_redis, stats):
+async def test_equal_statuses_at_the_same_instant_are_all_kept(redis, stats):
     await asyncio.gather(*(stats.record("a", "200") for _ in range(20)))
-    assert await fake_redis.zcard("status60s:a") == 20
+    assert await redis.zcard("status60s:a") == 20
 
 
-async def test_last_50_keeps_the_newest_50(fake_redis, stats):
+async def test_last_50_keeps_the_newest_50(redis, stats):
     for i in range(60):
         await stats.record("a", "200" if i < 55 else "500")
-    last = await fake_redis.lrange(c.last50_key("a"), 0, -1)
+    last = await redis.lrange(c.last50_key("a"), 0, -1)
     assert len(last) == 50
     assert last[-5:] == ["500"] * 5
 
 
-async def test_malformed_messages_are_counted(fake_redis, stats):
+async def test_malformed_messages_are_counted(redis, stats):
     await stats.record_malformed()
     await stats.record_malformed()
-    assert await fake_redis.get(c.NUM_MALFORMED) == "2"
+    assert await redis.get(c.NUM_MALFORMED) == "2"
 
 
-async def test_outcomes_wait_for_a_redis_that_was_away_and_are_counted_once(fake_redis):
-    flaky = FlakyRedis(fake_redis)
+async def test_outcomes_wait_for_a_redis_that_was_away_and_are_counted_once(redis):
+    flaky = FlakyRedis(redis)
     stats = RedisStats(flaky)
     task = asyncio.create_task(stats.run())
     try:
@@ -92,18 +93,18 @@ async def test_outcomes_wait_for_a_redis_that_was_away_and_are_counted_once(fake
     events = [(e["event"], e["op"]) for e in logs]
     assert set(events[:-1]) == {("redis_unavailable", "record_stats")}
     assert events[-1] == ("redis_recovered", "record_stats")
-    assert await fake_redis.get(c.num_resized_key("a")) == "1"
+    assert await redis.get(c.num_resized_key("a")) == "1"
 
 
-async def test_a_batch_written_twice_adds_no_window_member_twice(fake_redis, stats):
+async def test_a_batch_written_twice_adds_no_window_member_twice(redis, stats):
     # As when Redis runs a write that timed out, and then the retry.
     loop = asyncio.get_running_loop()
     batch = [("a", "500", stats._timestamp(), loop.create_future()) for _ in range(3)]
     await stats._flush(batch)
     await stats._flush(batch)
     for prefix, _ in c.STATUS_WINDOWS:
-        assert await fake_redis.zcard(f"{prefix}a") == 3
-    assert await fake_redis.get(c.resize_errors_key("a")) == "6"  # counters: at least once
+        assert await redis.zcard(f"{prefix}a") == 3
+    assert await redis.get(c.resize_errors_key("a")) == "6"  # counters: at least once
 
 
 async def write_one_outcome_at_a_time(redis, batch):
@@ -149,28 +150,9 @@ async def dump(redis) -> dict[str, tuple[str, Any]]:
     return state
 
 
-class CommandCounter:
-    """A client whose pipelines note how many commands each ``execute`` sends."""
-
-    def __init__(self, redis: Any) -> None:
-        self._redis = redis
-        self.sent: list[int] = []
-
-    def pipeline(self, transaction: bool = True) -> Any:
-        pipe = self._redis.pipeline(transaction=transaction)
-        execute = pipe.execute
-
-        async def counted(*args: Any, **kwargs: Any) -> Any:
-            self.sent.append(len(pipe.command_stack))
-            return await execute(*args, **kwargs)
-
-        pipe.execute = counted
-        return pipe
-
-
-async def test_aggregated_writes_leave_redis_as_one_write_per_outcome_did(fake_redis):
-    now = [1_000_000.0]
-    stats = RedisStats(fake_redis, clock=lambda: now[0])
+async def test_aggregated_writes_leave_redis_as_one_write_per_outcome_did(redis):
+    now = [1_763_764_000.123456]  # a Unix time of today: 16 digits, more than Lua prints
+    stats = RedisStats(redis, clock=lambda: now[0])
     reference = fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer(), decode_responses=True)
     loop = asyncio.get_running_loop()
 
@@ -192,37 +174,88 @@ async def test_aggregated_writes_leave_redis_as_one_write_per_outcome_did(fake_r
         for batch in (first, second):
             await stats._flush(batch)
             await write_one_outcome_at_a_time(reference, batch)
-            assert await dump(fake_redis) == await dump(reference)
+            assert await dump(redis) == await dump(reference)
     finally:
         await reference.aclose()
-    state = await dump(fake_redis)
+    state = await dump(redis)
     assert len(state[c.last50_key("a")][1]) == 50
     assert len(state["status60s:a"][1]) == 3  # the 70 of the first batch were trimmed
     assert state[c.NUM_MALFORMED] == ("string", "4")
 
 
-async def test_a_flush_sends_commands_per_key_not_per_outcome(fake_redis):
-    counter = CommandCounter(fake_redis)
-    stats = RedisStats(counter)
+_STATS_COMMANDS = {
+    "evalsha",
+    "eval",
+    "zremrangebyscore",
+    "zadd",
+    "rpush",
+    "ltrim",
+    "incrby",
+    "incr",
+}
+
+
+async def commands_run(redis: Redis) -> dict[str, int]:
+    """Calls of each command since the last CONFIG RESETSTAT (scripts' commands too)."""
+    stats = await redis.info("commandstats")
+    return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()}
+
+
+async def test_a_flush_is_one_script_call_that_writes_per_key_not_per_outcome(redis):
+    stats = RedisStats(redis)
     task = asyncio.create_task(stats.run())
     try:
+        await stats.record("warm", "200")  # the first flush loads the script
+        await redis.config_resetstat()
         await asyncio.wait_for(
             asyncio.gather(*(stats.record("a", ["200", "404"][i % 2]) for i in range(20))), 5
         )
     finally:
         await cancel_and_wait([task])
-    # Per window a trim and a ZADD, the last-50 RPUSH and LTRIM, five INCRBYs (two
-    # success and three failure counters); one outcome at a time it was 134.
-    assert counter.sent == [3 * 2 + 2 + 5]
-    assert await fake_redis.zcard("status60s:a") == 20
-    assert await fake_redis.llen(c.last50_key("a")) == 20
-    assert await fake_redis.get(c.resize_errors_key("a", "404")) == "10"
+    # One round trip; inside it, per window a trim and a ZADD, the last-50 RPUSH and
+    # LTRIM, five INCRBYs (two success and three failure counters). One outcome at a
+    # time it was 134 commands.
+    run = {k: v for k, v in (await commands_run(redis)).items() if k in _STATS_COMMANDS}
+    assert run == {
+        "evalsha": 1,
+        "zremrangebyscore": 3,
+        "zadd": 3,
+        "rpush": 1,
+        "ltrim": 1,
+        "incrby": 5,
+    }
+    assert await redis.zcard("status60s:a") == 20
+    assert await redis.llen(c.last50_key("a")) == 20
+    assert await redis.get(c.resize_errors_key("a", "404")) == "10"
+
+
+async def test_a_redis_that_forgot_the_script_gets_it_again(redis):
+    stats = RedisStats(redis, min_interval_s=0.0)
+    task = asyncio.create_task(stats.run())
+    try:
+        await asyncio.wait_for(stats.record("a", "200"), 5)
+        await redis.script_flush()  # as after a restart
+        await asyncio.wait_for(stats.record("a", "500"), 5)
+    finally:
+        await cancel_and_wait([task])
+    assert await redis.lrange(c.last50_key("a"), 0, -1) == ["200", "500"]
+
+
+async def test_a_batch_too_long_for_one_lua_unpack_is_written_whole(redis):
+    # As after Redis was away for a while: thousands of one source's outcomes at once.
+    stats = RedisStats(redis)
+    loop = asyncio.get_running_loop()
+    batch = [("a", "200", stats._timestamp(), loop.create_future()) for _ in range(5_001)]
+    await stats._flush(batch)
+    assert await redis.zcard("status60s:a") == 5_001
+    assert await redis.llen(c.last50_key("a")) == c.LAST_N_STATUSES
+    assert await redis.get(c.num_resized_key("a")) == "5001"
 
 
 @pytest.fixture
-async def timed_stats(fake_redis):
+async def timed_stats(redis):
     """Stats flushing at most every 2 s; ``.flushes`` holds (start, outcomes) of each."""
-    stats = RedisStats(fake_redis, min_interval_s=2.0)
+    stats = RedisStats(redis, min_interval_s=2.0)
     stats.flushes = []
     flush = stats._flush
 
@@ -257,8 +290,8 @@ async def test_an_outcome_after_a_quiet_interval_is_written_at_once(timed_stats)
     assert [n for _, n in timed_stats.flushes] == [1, 1]
 
 
-async def test_run_is_cancellable_while_it_waits_for_the_interval(fake_redis):
-    stats = RedisStats(fake_redis, min_interval_s=60)
+async def test_run_is_cancellable_while_it_waits_for_the_interval(redis):
+    stats = RedisStats(redis, min_interval_s=60)
     task = asyncio.create_task(stats.run())
     waiting = None
     try:

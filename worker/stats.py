@@ -8,10 +8,16 @@ Writes cost CPU per Redis command (redis-py packs each command and reads each re
 Python): written one outcome at a time, ~8 commands each, they took ~13% of the worker
 main process's CPU in a profile. So outcomes queue and are flushed at most every
 ``min_interval_s`` (0.2 s: at 50 images/s that is ten outcomes a flush; at once when
-nothing was flushed for longer), and a flush sends commands per key, not per outcome:
-one ZADD and one trim per window, one RPUSH per last-50 list, one INCRBY per counter.
+nothing was flushed for longer), and a flush writes per key, not per outcome: one ZADD
+and one trim per window, one RPUSH and LTRIM per last-50 list, one INCRBY per counter.
 Redis ends up in the same state either way. The breakers read the windows once a second,
 so 0.2 s later is soon enough; a message is committed up to 0.2 s later too.
+
+With many sources a flush still held ~9 commands per outcome (each outcome its own
+source's keys): 139 us of the worker's CPU per outcome with 70 sources a flush, against
+20 us with one. So a flush is one call of a Lua script (``_FLUSH_SCRIPT``) that runs
+those commands inside Redis, with the batch as one JSON argument: 33 us per outcome with
+70 sources, 15 us with one. The script also makes each flush atomic.
 
 Counting is at least once. A write that timed out (Redis stopped answering) may still be
 run by Redis when it comes back, before or after the retry: the counters and the last-50
@@ -24,14 +30,16 @@ nothing.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import math
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Final, Protocol
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
+from redis.exceptions import NoScriptError, RedisError
 
 from image_crawler.contract import (
     LAST_N_STATUSES,
@@ -49,6 +57,33 @@ from image_crawler.logs import get_logger
 log = get_logger(__name__)
 
 SUCCESS_STATUS = "200"
+
+# ARGV: a JSON batch {"w": [[window key, trim score, [score, member, ...]], ...], "l":
+# [[last-N key, [status, ...]], ...], "c": {counter key: increment}}, then N. Each window
+# is trimmed before its ZADD, each list trimmed after its RPUSH. Scores travel as the
+# strings Python prints (repr: exact).
+_FLUSH_SCRIPT: Final = """
+local batch = cjson.decode(ARGV[1])
+local n = tonumber(ARGV[2])
+-- At most 1,000 arguments a call: unpack has a limit (a batch queued while Redis was
+-- away can hold thousands of one source's outcomes).
+local function chunked(command, key, items)
+  for i = 1, #items, 1000 do
+    redis.call(command, key, unpack(items, i, math.min(i + 999, #items)))
+  end
+end
+for _, window in ipairs(batch.w) do
+  redis.call('ZREMRANGEBYSCORE', window[1], '-inf', window[2])
+  chunked('ZADD', window[1], window[3])
+end
+for _, last in ipairs(batch.l) do
+  chunked('RPUSH', last[1], last[2])
+  redis.call('LTRIM', last[1], -n, -1)
+end
+for key, count in pairs(batch.c) do redis.call('INCRBY', key, count) end
+return 1
+"""
+_FLUSH_SHA: Final = hashlib.sha1(_FLUSH_SCRIPT.encode()).hexdigest()
 
 # (source or None for a malformed message, status, Unix time, resolved once stored)
 _Outcome = tuple[str | None, str, float, asyncio.Future[None]]
@@ -127,43 +162,51 @@ class RedisStats:
 
     def _timestamp(self) -> float:
         # Window members are "{status}:{time}"; strictly increasing times keep two equal
-        # statuses of this process from collapsing into one sorted-set member.
-        now = max(self._clock(), self._last_time + 1e-6)
+        # statuses of this process from collapsing into one sorted-set member. On the
+        # microsecond grid, as the member shows 6 decimals: a Unix time's float is only
+        # good to ~0.2 us, so two times 1 us apart off the grid could print the same.
+        now = round(max(self._clock(), self._last_time + 1e-6), 6)
         self._last_time = now
         return now
 
     async def _flush(self, batch: list[_Outcome]) -> None:
         if not batch:
             return
-        members: defaultdict[str, dict[str, float]] = defaultdict(dict)
-        # Each window is trimmed by the batch's first time, not its newest, as when each
-        # outcome was written on its own (a batch queued while Redis was away may span
-        # more than a window); and before the ZADD, as that trim removed none of the
-        # batch's own members.
-        trim_to: dict[str, float] = {}
+        # window key -> [key, trim score, [score, member, ...]]. Each window is trimmed by
+        # the batch's first time, not its newest, as when each outcome was written on its
+        # own (a batch queued while Redis was away may span more than a window); and
+        # before the ZADD, as that trim removed none of the batch's own members.
+        windows: dict[str, list[Any]] = {}
         statuses: defaultdict[str, list[str]] = defaultdict(list)
         counts: Counter[str] = Counter()
         for source, status, now, _ in batch:
             if source is None:
                 counts[NUM_MALFORMED] += 1
                 continue
+            score = repr(now)
+            member = window_member(status, now)
             for prefix, window_s in STATUS_WINDOWS:
                 key = f"{prefix}{source}"
-                members[key][window_member(status, now)] = now
-                trim_to.setdefault(key, now - window_s)
+                window = windows.get(key)
+                if window is None:
+                    window = windows[key] = [key, repr(now - window_s), []]
+                window[2] += (score, member)
             statuses[source].append(status)
             if status == SUCCESS_STATUS:
                 counts.update((NUM_RESIZED, num_resized_key(source)))
             else:
                 keys = (RESIZE_ERRORS, resize_errors_key(source), resize_errors_key(source, status))
                 counts.update(keys)
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for key, mapping in members.items():
-                pipe.zremrangebyscore(key, "-inf", trim_to[key])
-                pipe.zadd(key, mapping)
-            for source, source_statuses in statuses.items():
-                pipe.rpush(last50_key(source), *source_statuses)
-                pipe.ltrim(last50_key(source), -LAST_N_STATUSES, -1)
-            for key, n in counts.items():
-                pipe.incrby(key, n)
-            await pipe.execute()
+        document = json.dumps(
+            {
+                "w": list(windows.values()),
+                "l": [[last50_key(source), values] for source, values in statuses.items()],
+                "c": counts,
+            }
+        )
+        try:
+            await self._redis.evalsha(_FLUSH_SHA, 0, document, LAST_N_STATUSES)
+        except NoScriptError:
+            # A restarted or flushed Redis forgot the script: load it, write again.
+            await self._redis.script_load(_FLUSH_SCRIPT)
+            await self._redis.evalsha(_FLUSH_SHA, 0, document, LAST_N_STATUSES)
