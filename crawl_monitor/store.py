@@ -66,7 +66,7 @@ if not full_all then
 end
 local expected = {}
 for _, status in ipairs(cjson.decode(ARGV[9])) do expected[status] = true end
-local pcall_redis, find, sub, byte = redis.pcall, string.find, string.sub, string.byte
+local pcall_redis, find, sub = redis.pcall, string.find, string.sub
 
 -- Keys of the current source that could not be read (e.g. of the wrong type).
 local problems = {}
