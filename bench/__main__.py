@@ -136,7 +136,7 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
     print(f"corpus: {corpus.summary()}", file=sys.stderr)
     # The kernel is measured before each crawl and after the last, and each crawl is
     # compared with the mean of the two measurements around it: the machine's speed
-    # drifts over minutes (the same code measured 17.7-18.3 ms in one evening).
+    # drifts over minutes (19.1, 18.4 and 17.8 ms within 15 minutes).
     kernels = [_kernel(corpus, args.kernel_rounds)]
     runs = []
     with Origin(corpus.directory, log_dir) as origin:

@@ -186,6 +186,7 @@ def table(result: dict[str, Any]) -> list[tuple[str, str]]:
     for run in result["runs"]:
         tag = f"[{run['sources']} src, {run['config']['workers']} wkr, {run['images_ok']} img]"
         per_image = run["worker_cpu_s_per_image"]
+        around = run_kernel(result, run)
         rows += [
             (f"{tag} worker CPU per image", _ms(per_image)),
             (
@@ -200,9 +201,7 @@ def table(result: dict[str, Any]) -> list[tuple[str, str]]:
             ),
             (
                 f"{tag} worker / kernel (kernel around this crawl)",
-                f"{_num(per_image / run_kernel(result, run), 2)} ({_ms(run_kernel(result, run))})"
-                if per_image
-                else "-",
+                f"{_num(per_image / around, 2)} ({_ms(around)})" if per_image else "-",
             ),
             (f"{tag} images per worker CPU second", _num(run["images_per_worker_cpu_s"])),
             (f"{tag} throughput (whole run)", f"{_num(run['images_per_s'])} images/s"),
