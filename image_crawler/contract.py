@@ -297,6 +297,11 @@ class UnparseableMessage:
     @classmethod
     def from_raw(cls, raw: bytes | None, error: str, topic: str) -> UnparseableMessage:
         text = (raw or b"")[:RAW_MESSAGE_CAP_BYTES].decode("utf-8", errors="replace")
+        encoded = text.encode()
+        if len(encoded) > RAW_MESSAGE_CAP_BYTES:
+            # Each invalid byte became U+FFFD, three bytes in UTF-8 (a character cut in
+            # two at the cap is one). Cut again, dropping the character that straddles.
+            text = encoded[:RAW_MESSAGE_CAP_BYTES].decode("utf-8", errors="ignore")
         return cls(raw=text, error=error, topic=topic, time=utc_now_iso())
 
     def to_json(self) -> bytes:

@@ -68,6 +68,24 @@ def test_unparseable_message_caps_raw_at_4_kib():
 
 
 @pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        # "é" is two bytes: the cap cuts it in two, and the half is dropped, not replaced.
+        ("x" * 4095 + "é" * 10, "x" * 4095),
+        ("é" * 3000, "é" * 2048),
+        # Invalid bytes are replaced with U+FFFD, three bytes each: as many as fit.
+        (b"\xff" * 5000, "\ufffd" * 1365),
+        (b"ab\xffcd", "ab\ufffdcd"),
+    ],
+)
+def test_raw_is_at_most_4_kib_of_utf8(raw: str | bytes, expected: str) -> None:
+    body = raw.encode() if isinstance(raw, str) else raw
+    message = c.UnparseableMessage.from_raw(body, "not JSON", "urls.s")
+    assert message.raw == expected
+    assert len(message.raw.encode()) <= c.RAW_MESSAGE_CAP_BYTES
+
+
+@pytest.mark.parametrize(
     ("source", "valid"),
     [
         ("flickr", True),
