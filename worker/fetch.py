@@ -65,6 +65,10 @@ def new_session(settings: FetchSettings, policy: AddressPolicy) -> aiohttp.Clien
         timeout=timeout,
         trust_env=False,
         headers={"User-Agent": settings.user_agent},
+        # No cookies: each URL is fetched as if it were the first. A jar would send one
+        # source's cookies back on every later request and keep those of every host the
+        # crawl ever touched, for the life of the process.
+        cookie_jar=aiohttp.DummyCookieJar(),
         max_line_size=settings.max_header_bytes,
         max_field_size=settings.max_header_bytes,
         # Reads of up to a chunk at a time (aiohttp's default of 64 KiB makes a 2 MB body
