@@ -7,6 +7,7 @@ import json
 from collections import defaultdict
 from typing import Any
 
+from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from worker.fetch import FetchResult
@@ -91,6 +92,7 @@ class FlakyRedis:
 
     def __init__(self, redis: Any) -> None:
         self._redis = redis
+        self.connection_pool = redis.connection_pool  # for register_script's encoding
         self.away = True
         self.refused = 0
 
@@ -113,3 +115,7 @@ class FlakyRedis:
 
     async def script_load(self, script: str) -> Any:
         return await self._redis.script_load(script)
+
+    def register_script(self, script: str) -> AsyncScript:
+        # Its calls come back through evalsha() here, so they fail while away.
+        return AsyncScript(self, script)  # type: ignore[arg-type]

@@ -30,7 +30,6 @@ nothing.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import math
 import time
@@ -39,7 +38,7 @@ from collections.abc import Callable
 from typing import Any, Final, Protocol
 
 import redis.asyncio as aioredis
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import RedisError
 
 from image_crawler.contract import (
     LAST_N_STATUSES,
@@ -83,7 +82,6 @@ end
 for key, count in pairs(batch.c) do redis.call('INCRBY', key, count) end
 return 1
 """
-_FLUSH_SHA: Final = hashlib.sha1(_FLUSH_SCRIPT.encode()).hexdigest()
 
 # (source or None for a malformed message, status, Unix time, resolved once stored)
 _Outcome = tuple[str | None, str, float, asyncio.Future[None]]
@@ -107,7 +105,8 @@ class RedisStats:
         clock: Callable[[], float] = time.time,
         min_interval_s: float = 0.2,
     ) -> None:
-        self._redis = redis
+        # EVALSHA; a Redis that forgot the script (restarted, flushed) is sent it again.
+        self._flush_script = redis.register_script(_FLUSH_SCRIPT)
         self._clock = clock
         self._min_interval_s = min_interval_s
         self._pending: list[_Outcome] = []
@@ -204,9 +203,4 @@ class RedisStats:
                 "c": counts,
             }
         )
-        try:
-            await self._redis.evalsha(_FLUSH_SHA, 0, document, LAST_N_STATUSES)
-        except NoScriptError:
-            # A restarted or flushed Redis forgot the script: load it, write again.
-            await self._redis.script_load(_FLUSH_SCRIPT)
-            await self._redis.evalsha(_FLUSH_SHA, 0, document, LAST_N_STATUSES)
+        await self._flush_script(args=(document, LAST_N_STATUSES))
