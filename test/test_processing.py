@@ -7,9 +7,9 @@ import os
 
 import pytest
 
-from test.corpus import good_images
+from test.corpus import broken_images, good_images
 from worker import processing
-from worker.image import ImageFailure, ProcessedImage, process_image
+from worker.image import DEFAULT_LIMITS, ImageFailure, ProcessedImage, process_image
 from worker.processing import PoolProcessor
 
 
@@ -55,6 +55,23 @@ def test_the_shared_reader_refuses_a_short_file(tmp_path):
         assert processing.process_shared(os.getpid(), fd, 10, processing.DEFAULT_LIMITS) == (
             "unreadable"
         )
+    finally:
+        os.close(fd)
+
+
+def test_a_mapped_body_gives_what_its_bytes_give_whatever_follows_it():
+    """The pool decodes a map of exactly the body: a larger earlier body's tail, still in
+    the file behind it, must not change any outcome (a truncated image stays truncated)."""
+    images = good_images() + broken_images()
+    tail = max(images, key=lambda image: len(image.body)).body  # a JPEG, as a stale tail
+    fd = os.memfd_create("test-body")
+    try:
+        for image in [*images, None]:
+            body = b"" if image is None else image.body
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, body + tail, 0)
+            shared = processing.process_shared(os.getpid(), fd, len(body), DEFAULT_LIMITS)
+            assert shared == process_image(body), image and image.name
     finally:
         os.close(fd)
 

@@ -8,11 +8,12 @@ too big) is an `ImageFailure` value; exceptions are left for bugs.
 from __future__ import annotations
 
 import io
+import mmap
 import struct
 import warnings
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import IO, Any, cast
 
 from PIL import Image, JpegImagePlugin
 
@@ -115,9 +116,12 @@ def thumbnail_size(width: int, height: int, max_px: int) -> tuple[int, int]:
 
 
 def process_image(
-    body: bytes, limits: ImageLimits = DEFAULT_LIMITS
+    body: bytes | mmap.mmap, limits: ImageLimits = DEFAULT_LIMITS
 ) -> ProcessedImage | ImageFailure:
     """Decode `body` once and describe it, or say why it cannot be.
+
+    `body` is the downloaded bytes, or a read-only map of exactly them (how the worker's
+    pool processes see a body, without copying it); the results are the same.
 
     CPU only, no I/O. Pillow's warnings about the data (decompression bombs, corrupt
     EXIF) are silenced inside this call only, with `warnings.catch_warnings()`, which is
@@ -130,7 +134,7 @@ def process_image(
         warnings.simplefilter("ignore", UserWarning)
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)
         try:
-            im = Image.open(io.BytesIO(body), formats=limits.formats)
+            im = Image.open(_readable(body), formats=limits.formats)
         except Image.UnidentifiedImageError:
             return ImageFailure(
                 "UnidentifiedImageError",
@@ -147,6 +151,15 @@ def process_image(
                 return _failure("DecompressionBombError", err)
             except _DECODE_ERRORS as err:
                 return _failure("ImageDecodeError", err)
+
+
+def _readable(body: bytes | mmap.mmap) -> IO[bytes]:
+    # Never a str: Image.open would take it for a path and open that file.
+    if isinstance(body, bytes):
+        return io.BytesIO(body)
+    if isinstance(body, mmap.mmap):
+        return cast(IO[bytes], body)  # read, seek and tell, as Pillow needs
+    raise TypeError(f"body must be bytes or mmap, not {type(body).__name__}")
 
 
 def _process(im: Image.Image, limits: ImageLimits) -> ProcessedImage | ImageFailure:
