@@ -106,7 +106,7 @@ def process_shared(
     if own_fd is None:
         return _UNREADABLE
     try:
-        if size == 0:
+        if size == 0:  # mmap's length 0 would map the whole file
             return process_image(b"", limits)
         try:
             view = mmap.mmap(own_fd, size, access=mmap.ACCESS_READ)
