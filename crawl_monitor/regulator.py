@@ -80,7 +80,12 @@ class RegulatorSettings:
     # answers at its newest status. A source whose 60 s window holds statuses and no
     # error is not even asked: its newest statuses are in that window. A list that
     # disagrees (written by a worker whose clock is over a minute behind) is caught at
-    # the source's turn, so a permanent trip may wait this many loops.
+    # the source's turn, so a permanent trip may wait this many loops. Between turns, a
+    # source whose window held no error at the last loop and whose failure counter
+    # (resize_errors:{source}, bumped in the same flush as the failure) has not moved is
+    # not read at all (with 10,000 busy sources: ~210 ms a loop instead of ~255 on this
+    # VM, measured by the bench on one day). Statuses written without
+    # the counter (not by a worker) wait for the turn too.
     full_last_statuses_every: int = 5
 
 
@@ -127,6 +132,10 @@ class Regulator:
         self._loops_since_rates_written = 0
         self._loops = 0
         self._last_statuses: dict[str, Mapping[str, int]] = {}
+        # The failure counters of the last read, of the sources whose window then held no
+        # error: those of them whose counter has not moved are not read again (None: read
+        # every source).
+        self._quiet_counters: dict[str, str] | None = None
         self.snapshot: RegulatorSnapshot | None = None
 
     @property
@@ -149,8 +158,15 @@ class Regulator:
         full = None if self._loops == 0 else set(sources[turn::every])
         self._loops += 1
         observed = await self._store.read(
-            sources, self._clock() - self._settings.window_s, full_last_statuses=full
+            sources,
+            self._clock() - self._settings.window_s,
+            full_last_statuses=full,
+            failure_counters=self._quiet_counters,
         )
+        unquiet = {s for s, state in observed.sources.items() if state.window or state.errors}
+        self._quiet_counters = {
+            s: n for s, n in observed.failure_counters.items() if s not in unquiet
+        }
         self._report_key_errors(observed)
         self._remember_last_statuses(sources, full, observed)
 
@@ -276,6 +292,7 @@ class Regulator:
             self._schedules.clear()
             self._previously_halted = None
             self._written_rates = None
+            self._quiet_counters = None
             log.info("leadership_acquired", token=lease.token, lease_ms=lease.ttl_ms)
         elif holder != self._holder_seen:
             log.info("leadership_standby", token=lease.token, holder=holder)

@@ -40,6 +40,7 @@ from image_crawler.contract import (
     OVERRIDE_RATE_ALIAS_PREFIX,
     OVERRIDE_RATE_PREFIX,
     RATES_HASH,
+    RESIZE_ERRORS,
     STATUS_60S_PREFIX,
     TEMP_HALTED_SET,
     TOKENS_PREFIX,
@@ -49,11 +50,16 @@ from image_crawler.contract import (
 # ARGV: JSON list of sources, window start (Unix s), then the key prefixes of the 60 s
 # window, the last-N list, both override keys, N, the JSON list of sources whose full
 # last-N histogram is wanted ("*": all; the others get one only when their last N
-# statuses all failed), and the JSON list of expected statuses.
-# Answers JSON {"h": halted, "t": temp_halted, "s": {source: {"w": window histogram
-# (only when it holds an error), "l": last-N histogram, "o": override, "a": alias, "x":
-# [errors]}}}, sources with nothing to report left out. A key of the wrong type is
-# reported in "x", not fatal.
+# statuses all failed), the JSON list of expected statuses, the prefix of the failure
+# counters, and the JSON list of each source's failure counter as last seen ("" when it
+# was missing, null when not known; the whole argument "": none known).
+# A source whose counter is as last seen, and not asked in full, is not read: workers
+# bump the counter in the same atomic flush that adds a failure to the window and the
+# last-N list, so neither holds a failure the caller has not seen.
+# Answers JSON {"h": halted, "t": temp_halted, "c": [each source's failure counter, ""
+# when missing], "s": {source: {"w": window histogram (only when it holds an error),
+# "l": last-N histogram, "o": override, "a": alias, "x": [errors]}}}, sources with
+# nothing to report left out. A key of the wrong type is reported in "x", not fatal.
 _READ_SCRIPT: Final = """
 local sources = cjson.decode(ARGV[1])
 local since = ARGV[2]
@@ -66,6 +72,8 @@ if not full_all then
 end
 local expected = {}
 for _, status in ipairs(cjson.decode(ARGV[9])) do expected[status] = true end
+local counter_prefix = ARGV[10]
+local seen_counters = ARGV[11] ~= '' and cjson.decode(ARGV[11]) or nil
 local pcall_redis, find, sub = redis.pcall, string.find, string.sub
 
 -- Keys of the current source that could not be read (e.g. of the wrong type).
@@ -116,47 +124,56 @@ local function all_failed(key)
   return true
 end
 
--- The overrides of every source in one MGET (a key missing or not a string is false):
--- one call instead of one per source. 2 keys a source, well under unpack's limit.
-local override_keys = {}
+-- The overrides and failure counters of every source in one MGET (a key missing or not
+-- a string is false): one call instead of one per source. 3 keys a source, well under
+-- unpack's limit.
+local mget_keys = {}
 for i, source in ipairs(sources) do
-  override_keys[2 * i - 1] = override_prefix .. source
-  override_keys[2 * i] = alias_prefix .. source
+  mget_keys[3 * i - 2] = override_prefix .. source
+  mget_keys[3 * i - 1] = alias_prefix .. source
+  mget_keys[3 * i] = counter_prefix .. source
 end
-local overrides = #override_keys > 0 and redis.call('MGET', unpack(override_keys)) or {}
+local values = #mget_keys > 0 and redis.call('MGET', unpack(mget_keys)) or {}
 
-local found = {}
+local found, counters = {}, {}
 for i, source in ipairs(sources) do
   local entry = nil
-  -- A window of expected statuses only, and at least one, means the newest statuses
-  -- are not 50 failures: the permanent breaker's check is skipped (below).
-  local healthy = false
-  local window = call('ZRANGEBYSCORE', window_prefix .. source, since, '+inf')
-  if window and #window > 0 then
-    -- Most windows are all "200:{time}": one 4-byte compare a member (interned, so no
-    -- new string). A window without an error can neither trip nor keep a temporary
-    -- halt: it is left out, and with it most busy sources' whole entry.
-    healthy = true
-    for j = 1, #window do
-      if sub(window[j], 1, 4) ~= '200:' then healthy = false break end
+  local counter = values[3 * i] or ''
+  counters[i] = counter
+  local full = full_all or full_for[source]
+  -- No failure since the caller last looked (and not asked in full): nothing a breaker
+  -- acts on can have changed, so neither key is read. Busy, healthy sources end here.
+  if full or seen_counters == nil or seen_counters[i] ~= counter then
+    -- A window of expected statuses only, and at least one, means the newest statuses
+    -- are not 50 failures: the permanent breaker's check is skipped (below).
+    local healthy = false
+    local window = call('ZRANGEBYSCORE', window_prefix .. source, since, '+inf')
+    if window and #window > 0 then
+      -- Most windows are all "200:{time}": one 4-byte compare a member (interned, so no
+      -- new string). A window without an error can neither trip nor keep a temporary
+      -- halt: it is left out, and with it most busy sources' whole entry.
+      healthy = true
+      for j = 1, #window do
+        if sub(window[j], 1, 4) ~= '200:' then healthy = false break end
+      end
+      if not healthy then
+        local counts, failed = histogram(window, true)
+        if failed then entry = {w = counts} else healthy = true end
+      end
     end
-    if not healthy then
-      local counts, failed = histogram(window, true)
-      if failed then entry = {w = counts} else healthy = true end
-    end
-  end
-  local last_key = last_prefix .. source
-  if full_all or full_for[source] or (not healthy and all_failed(last_key)) then
-    local last = call('LRANGE', last_key, -n, -1)
-    if last then
-      local counts = list_histogram(last)
-      if counts then
-        entry = entry or {}
-        entry.l = counts
+    local last_key = last_prefix .. source
+    if full or (not healthy and all_failed(last_key)) then
+      local last = call('LRANGE', last_key, -n, -1)
+      if last then
+        local counts = list_histogram(last)
+        if counts then
+          entry = entry or {}
+          entry.l = counts
+        end
       end
     end
   end
-  local override, alias = overrides[2 * i - 1], overrides[2 * i]
+  local override, alias = values[3 * i - 2], values[3 * i - 1]
   if override or alias or #problems > 0 then
     entry = entry or {}
     if override then entry.o = override end
@@ -171,6 +188,7 @@ end
 return cjson.encode({
   h = redis.call('SMEMBERS', KEYS[1]),
   t = redis.call('SMEMBERS', KEYS[2]),
+  c = counters,
   s = found,
 })
 """
@@ -284,6 +302,8 @@ class ObservedState:
     halted: frozenset[str]
     temp_halted: frozenset[str]
     sources: Mapping[str, SourceState]
+    # Every requested source's failure counter (resize_errors:{source}), "" when missing.
+    failure_counters: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     def of(self, source: str) -> SourceState:
         return self.sources.get(source, EMPTY_SOURCE)
@@ -310,6 +330,7 @@ class RegulatorStore(Protocol):
         window_start_s: float,
         *,
         full_last_statuses: Collection[str] | None = None,
+        failure_counters: Mapping[str, str] | None = None,
     ) -> ObservedState: ...
 
     async def write(
@@ -338,8 +359,8 @@ def _members(value: Any) -> frozenset[str]:
     return frozenset(value) if isinstance(value, list) else frozenset()
 
 
-def decode_observed(raw: str | bytes) -> ObservedState:
-    """The read script's JSON answer as an ``ObservedState``."""
+def decode_observed(raw: str | bytes, sources_asked: Sequence[str]) -> ObservedState:
+    """The read script's JSON answer, for ``sources_asked``, as an ``ObservedState``."""
     document = json.loads(raw)
     sources: dict[str, SourceState] = {}
     entries = document.get("s")
@@ -352,17 +373,22 @@ def decode_observed(raw: str | bytes) -> ObservedState:
                 override_alias=entry.get("a"),
                 errors=tuple(entry.get("x") or ()),
             )
+    counters = document.get("c")
     return ObservedState(
         halted=_members(document.get("h")),
         temp_halted=_members(document.get("t")),
         sources=sources,
+        # One counter per source asked (an empty list comes back as {}, like the sets).
+        failure_counters=dict(zip(sources_asked, counters, strict=True))
+        if isinstance(counters, list)
+        else {},
     )
 
 
 _EXPECTED_JSON: Final = json.dumps(sorted(EXPECTED_STATUSES))
 
 # Sources per read-script call: ~15 ms of Redis time each when every source is busy.
-# At most 3,000: the script passes 2 keys a source to one MGET through Lua's unpack.
+# At most 2,000: the script passes 3 keys a source to one MGET through Lua's unpack.
 READ_CHUNK: Final = 500
 
 
@@ -383,12 +409,19 @@ class RedisRegulatorStore:
         window_start_s: float,
         *,
         full_last_statuses: Collection[str] | None = None,
+        failure_counters: Mapping[str, str] | None = None,
     ) -> ObservedState:
-        """Halted sets, 60 s windows, last-50 lists and overrides of ``sources``.
+        """Halted sets, 60 s windows, last-50 lists, overrides and failure counters of
+        ``sources``.
 
         The last-50 histogram of every source, or with ``full_last_statuses`` only of
         those sources and of the ones whose last 50 statuses all failed (what the
         permanent breaker needs).
+
+        ``failure_counters`` are the counters as an earlier read answered them: a source
+        whose counter has not moved since, and not in ``full_last_statuses``, has neither
+        its window nor its last-50 list read (its ``SourceState`` has no histogram). The
+        caller passes them only for sources whose window held no error at that read.
 
         One round trip: a pipeline of one script call per ``READ_CHUNK`` sources, so that
         Redis serves other clients (workers taking tokens) between chunks instead of
@@ -408,6 +441,10 @@ class RedisRegulatorStore:
                 if full_last_statuses is None
                 else json.dumps([s for s in chunk if s in full_last_statuses]),
                 _EXPECTED_JSON,
+                f"{RESIZE_ERRORS}:",
+                ""
+                if failure_counters is None
+                else json.dumps([failure_counters.get(s) for s in chunk]),
             ]
             for chunk in chunks or [[]]
         ]
@@ -419,12 +456,15 @@ class RedisRegulatorStore:
             self.round_trips += 1
             await self._redis.script_load(_READ_SCRIPT)
             answers = await self._read_chunks(keys, calls)
-        observed = [decode_observed(raw) for raw in answers]
+        observed = [
+            decode_observed(raw, chunk) for raw, chunk in zip(answers, chunks or [[]], strict=True)
+        ]
         # The halted sets come from the last chunk read: the newest of the snapshots.
         return ObservedState(
             halted=observed[-1].halted,
             temp_halted=observed[-1].temp_halted,
             sources={s: state for part in observed for s, state in part.sources.items()},
+            failure_counters={s: n for part in observed for s, n in part.failure_counters.items()},
         )
 
     async def _read_chunks(self, keys: list[str], calls: list[list[Any]]) -> list[Any]:

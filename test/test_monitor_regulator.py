@@ -17,7 +17,9 @@ from structlog.testing import capture_logs
 from crawl_monitor.regulator import Regulator, RegulatorSettings
 from crawl_monitor.store import RedisRegulatorStore, WriteResult, Writes
 from image_crawler import contract as c
+from image_crawler.tasks import cancel_and_wait
 from test.services import wait_for
+from worker.stats import RedisStats
 
 
 class Clock:
@@ -329,6 +331,60 @@ async def test_a_window_without_errors_skips_the_last_50_check_until_the_rotatio
                 break
     assert tripped_after is not None  # within full_last_statuses_every loops
     assert await redis.smembers(c.HALTED_SET) == {"skewed", "idle-failing"}
+
+
+async def test_a_failure_a_worker_records_is_weighed_on_the_next_loop(redis, clock):
+    # Quiet sources (failure counter unchanged, window without an error) are not read;
+    # a worker's flush bumps the counter with the failure, so the next loop reads them.
+    sources = ["flaky", "dead", "calm"]
+    regulator = Regulator(
+        RedisRegulatorStore(redis),
+        lambda: dict.fromkeys(sources, 5.0),
+        RegulatorSettings(full_last_statuses_every=1000),  # no rotation to lean on
+        clock=clock,
+    )
+    stats = RedisStats(redis, clock=clock, min_interval_s=0.0)
+    flushing = asyncio.create_task(stats.run())
+    try:
+        await asyncio.gather(*(stats.record(s, "200") for s in sources for _ in range(20)))
+        await regulator.tick()
+        await regulator.tick()  # every source quiet now
+        assert await redis.smembers(c.TEMP_HALTED_SET) == set()
+        await asyncio.gather(
+            *(stats.record("flaky", "500") for _ in range(5)),
+            *(stats.record("dead", "Timeout") for _ in range(50)),
+        )
+        with capture_logs() as logs:
+            await regulator.tick()
+    finally:
+        await cancel_and_wait([flushing])
+    assert events(logs, "crawl_halted", source="flaky", type="temporary")
+    assert events(logs, "crawl_halted", source="dead", type="permanent")
+    assert not events(logs, "crawl_halted", source="calm")
+    assert await bucket(redis, "flaky") == 0 and await bucket(redis, "dead") == 0
+
+
+async def test_a_source_whose_failure_counter_did_not_move_waits_for_its_turn(redis, clock):
+    # Statuses written without the counter (not by a worker) are only seen when the
+    # rotation reads the source in full: the proof that quiet sources are not read.
+    sources = ["a", "b", "c"]
+    regulator = Regulator(
+        RedisRegulatorStore(redis),
+        lambda: dict.fromkeys(sources, 5.0),
+        RegulatorSettings(full_last_statuses_every=3),
+        clock=clock,
+    )
+    await regulator.tick()
+    await add_statuses(redis, "a", ["500"] * 20, clock.now)
+    tripped_after = None
+    with capture_logs() as logs:
+        for loop in range(1, 4):
+            await regulator.tick()
+            if events(logs, "crawl_halted", source="a"):
+                tripped_after = loop
+                break
+    # Loop k reads sources[k % 3::3] in full: "a" (the first) at loop 3.
+    assert tripped_after == 3
 
 
 async def test_unreadable_keys_are_reported_with_their_own_source(redis, clock):
