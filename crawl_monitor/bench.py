@@ -3,7 +3,10 @@
 ``measure_loop(redis, n_sources)`` seeds ``n_sources`` sources (every one with a full
 last-50 list and a busy 60 s window, some halted, one failing, one overridden), runs the
 regulator's loop a few times and reports the duration and Redis round trips of a loop.
-It overwrites keys of the ``bench-*`` sources only. From a shell::
+Between loops every source gets a new status, as a worker records it: one in
+``failing_every`` (other ones each loop) a failure, which makes the next loop read its
+window (``failing_every=1``: every source, the worst case). It overwrites keys of the
+``bench-*`` sources only. From a shell::
 
     REDIS_URL=redis://127.0.0.1:6379/0 python -m crawl_monitor.bench 1000 10000
 """
@@ -25,15 +28,19 @@ from crawl_monitor.regulator import Regulator, RegulatorSettings, RegulatorSnaps
 from crawl_monitor.store import RedisRegulatorStore
 from image_crawler.contract import (
     HALTED_SET,
+    LAST_N_STATUSES,
     OVERRIDE_RATE_PREFIX,
     STATUS_60S_PREFIX,
     TEMP_HALTED_SET,
     last50_key,
+    resize_errors_key,
     window_member,
 )
 
 WINDOW_SAMPLES: Final = 20
 SEED_CHUNK: Final = 500
+# One source in this many fails between two loops (a 404: counted, but trips nothing).
+FAILING_EVERY: Final = 10
 
 
 def bench_source(i: int) -> str:
@@ -61,6 +68,7 @@ class BenchSources:
 class LoopMeasurement:
     sources: int
     loops: int
+    failing_every: int
     # Median and slowest loop and round trips per loop, the first loop (which loads the
     # scripts) excluded.
     median_s: float
@@ -114,13 +122,41 @@ async def seed(
     )
 
 
-async def measure_loop(
-    redis: aioredis.Redis, n_sources: int, *, loops: int = 5, busy_every: int = 1
-) -> LoopMeasurement:
-    """Seed ``n_sources`` sources and time ``loops`` regulator loops (run back to back).
+async def add_traffic(
+    redis: aioredis.Redis, seeded: BenchSources, loop: int, failing_every: int = FAILING_EVERY
+) -> None:
+    """A second of traffic: a new status for every source but the failing and erroring
+    ones, written as a worker's flush writes it (window, last-50 list, and the failure
+    counter for a failure): a 404 for one in ``failing_every`` (others each ``loop``)."""
+    now_s = time.time()
+    names = list(seeded.image_counts)
+    for start in range(0, len(names), SEED_CHUNK):
+        async with redis.pipeline(transaction=False) as pipe:
+            for i, name in enumerate(names[start : start + SEED_CHUNK], start):
+                if name in (seeded.failing, seeded.erroring):
+                    continue
+                status = "404" if (i + loop) % failing_every == 0 else "200"
+                pipe.zadd(f"{STATUS_60S_PREFIX}{name}", {window_member(status, now_s): now_s})
+                pipe.rpush(last50_key(name), status)
+                pipe.ltrim(last50_key(name), -LAST_N_STATUSES, -1)
+                if status != "200":
+                    pipe.incr(resize_errors_key(name))
+            await pipe.execute()
 
-    By default every source is busy (see ``seed``): the worst case for the loop, whose
-    cost grows with the number of statuses it reads.
+
+async def measure_loop(
+    redis: aioredis.Redis,
+    n_sources: int,
+    *,
+    loops: int = 5,
+    busy_every: int = 1,
+    failing_every: int = FAILING_EVERY,
+) -> LoopMeasurement:
+    """Seed ``n_sources`` sources and time ``loops`` regulator loops, with a second of
+    traffic (``add_traffic``, not timed) before each but the first.
+
+    By default every source is busy (see ``seed``), and one in ``failing_every`` failed
+    since the last loop.
     """
     seeded = await seed(redis, n_sources, time.time(), busy_every=busy_every)
     rates = {name: compute_crawl_rate(n) for name, n in seeded.image_counts.items()}
@@ -129,7 +165,9 @@ async def measure_loop(
     durations = []
     round_trips = []
     snapshot = None
-    for _ in range(loops):
+    for loop in range(loops):
+        if loop:
+            await add_traffic(redis, seeded, loop, failing_every)
         started, before = time.perf_counter(), store.round_trips
         snapshot = await regulator.tick()
         durations.append(time.perf_counter() - started)
@@ -140,6 +178,7 @@ async def measure_loop(
     return LoopMeasurement(
         sources=n_sources,
         loops=loops,
+        failing_every=failing_every,
         median_s=statistics.median(steady),
         slowest_s=max(steady),
         first_s=durations[0],
@@ -155,7 +194,7 @@ async def _bench(url: str, sizes: list[int]) -> None:
         for n, busy_every in [(size, b) for size in sizes for b in (1, 10, size)]:
             m = await measure_loop(redis, n, busy_every=busy_every)
             print(
-                f"{n:>6} sources, 1 in {busy_every} busy: median "
+                f"{n:>6} sources, 1 in {busy_every} busy, 1 in {m.failing_every} failing: median "
                 f"{m.median_s * 1000:.1f} ms, slowest "
                 f"{m.slowest_s * 1000:.1f} ms, first {m.first_s * 1000:.1f} ms, "
                 f"{m.round_trips_per_loop:g} round trips per loop"
