@@ -37,7 +37,8 @@ async def measure_monitor(sizes: list[int], log_dir: Path, loops: int = 5) -> li
         try:
             # Lua's cost per redis.call, most of the loop, differs between versions.
             version = (await redis.info("server")).get("redis_version", "?")
-            cases = [(n, FAILING_EVERY) for n in sizes] + [(max(sizes), 1)] if sizes else []
+            # Each size as the target counts it, then the largest with every source failing.
+            cases = [(n, FAILING_EVERY) for n in sizes] + ([(max(sizes), 1)] if sizes else [])
             for n, failing_every in cases:
                 measured = await measure_loop(redis, n, loops=loops, failing_every=failing_every)
                 cpu = await _loop_cpu(redis, measured, redis_tree, loops)

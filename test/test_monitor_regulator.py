@@ -62,6 +62,26 @@ def events(logs, name, **fields):
     return [e for e in logs if e["event"] == name and all(e.get(k) == v for k, v in fields.items())]
 
 
+def rotating_regulator(redis: Redis, sources: list[str], clock, every: int) -> Regulator:
+    """A regulator of ``sources`` (2 requests/s each) reading one in ``every`` in full."""
+    return Regulator(
+        RedisRegulatorStore(redis),
+        lambda: dict.fromkeys(sources, 2.0),
+        RegulatorSettings(full_last_statuses_every=every),
+        clock=clock,
+    )
+
+
+async def loops_until_halted(regulator: Regulator, source: str, loops: int, **fields) -> int | None:
+    """The loop (1-based) whose tick logged ``source``'s crawl_halted, None within ``loops``."""
+    with capture_logs() as logs:
+        for loop in range(1, loops + 1):
+            await regulator.tick()
+            if events(logs, "crawl_halted", source=source, **fields):
+                return loop
+    return None
+
+
 async def test_buckets_over_several_seconds(redis, regulator, rates):
     rates.update({"slow": 0.2, "fast": 50.0, "half": 2.5})
     seen: dict[str, list[int | None]] = {s: [] for s in rates}
@@ -306,12 +326,7 @@ async def test_a_window_without_errors_skips_the_last_50_check_until_the_rotatio
     # read skips that check; a last-50 list that disagrees (a worker whose clock is minutes
     # behind writes statuses the window never holds) is caught by the full-read rotation.
     sources = ["skewed", "healthy", "idle-failing"]
-    regulator = Regulator(
-        RedisRegulatorStore(redis),
-        lambda: dict.fromkeys(sources, 2.0),
-        RegulatorSettings(full_last_statuses_every=3),
-        clock=clock,
-    )
+    regulator = rotating_regulator(redis, sources, clock, every=3)
     await regulator.tick()  # the first loop reads everything
     await add_statuses(redis, "healthy", ["200"] * 10 + ["404"], clock.now)
     await add_statuses(redis, "skewed", ["200"] * 10 + ["404"], clock.now)
@@ -322,13 +337,7 @@ async def test_a_window_without_errors_skips_the_last_50_check_until_the_rotatio
     assert partial.of("skewed").last_statuses == {}
     assert partial.of("idle-failing").last_statuses == {"Timeout": 50}
 
-    tripped_after = None
-    with capture_logs() as logs:
-        for loop in range(1, 4):
-            await regulator.tick()
-            if events(logs, "crawl_halted", source="skewed", type="permanent"):
-                tripped_after = loop
-                break
+    tripped_after = await loops_until_halted(regulator, "skewed", 3, type="permanent")
     assert tripped_after is not None  # within full_last_statuses_every loops
     assert await redis.smembers(c.HALTED_SET) == {"skewed", "idle-failing"}
 
@@ -337,12 +346,7 @@ async def test_a_failure_a_worker_records_is_weighed_on_the_next_loop(redis, clo
     # Quiet sources (failure counter unchanged, window without an error) are not read;
     # a worker's flush bumps the counter with the failure, so the next loop reads them.
     sources = ["flaky", "dead", "calm"]
-    regulator = Regulator(
-        RedisRegulatorStore(redis),
-        lambda: dict.fromkeys(sources, 5.0),
-        RegulatorSettings(full_last_statuses_every=1000),  # no rotation to lean on
-        clock=clock,
-    )
+    regulator = rotating_regulator(redis, sources, clock, every=1000)  # no rotation to lean on
     stats = RedisStats(redis, clock=clock, min_interval_s=0.0)
     flushing = asyncio.create_task(stats.run())
     try:
@@ -367,22 +371,10 @@ async def test_a_failure_a_worker_records_is_weighed_on_the_next_loop(redis, clo
 async def test_a_source_whose_failure_counter_did_not_move_waits_for_its_turn(redis, clock):
     # Statuses written without the counter (not by a worker) are only seen when the
     # rotation reads the source in full: the proof that quiet sources are not read.
-    sources = ["a", "b", "c"]
-    regulator = Regulator(
-        RedisRegulatorStore(redis),
-        lambda: dict.fromkeys(sources, 5.0),
-        RegulatorSettings(full_last_statuses_every=3),
-        clock=clock,
-    )
+    regulator = rotating_regulator(redis, ["a", "b", "c"], clock, every=3)
     await regulator.tick()
     await add_statuses(redis, "a", ["500"] * 20, clock.now)
-    tripped_after = None
-    with capture_logs() as logs:
-        for loop in range(1, 4):
-            await regulator.tick()
-            if events(logs, "crawl_halted", source="a"):
-                tripped_after = loop
-                break
+    tripped_after = await loops_until_halted(regulator, "a", 3)
     # Loop k reads sources[k % 3::3] in full: "a" (the first) at loop 3.
     assert tripped_after == 3
 
@@ -458,12 +450,7 @@ async def test_every_source_s_last_50_reaches_the_log_within_the_rotation(redis,
     sources = [f"s{i}" for i in range(7)]
     for source in sources:
         await add_statuses(redis, source, ["200"] * 3, clock.now)
-    regulator = Regulator(
-        RedisRegulatorStore(redis),
-        lambda: dict.fromkeys(sources, 1.0),
-        RegulatorSettings(full_last_statuses_every=3),
-        clock=clock,
-    )
+    regulator = rotating_regulator(redis, sources, clock, every=3)
     first = await regulator.tick()  # the first loop reads everything
     assert first is not None and set(first.last_statuses) == set(sources)
     await redis.rpush(c.last50_key("s4"), "404")
