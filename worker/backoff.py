@@ -1,0 +1,120 @@
+"""How long to wait before trying a URL again: the server's Retry-After, and our backoff.
+
+A 429 or 503 may say when to come back (RFC 9110, section 10.2.3): ``Retry-After`` is
+either a number of seconds (``120``) or an HTTP date (``Fri, 31 Dec 1999 23:59:59 GMT``).
+``parse_retry_after`` turns either into seconds from now, capped by ``max_s``; a value
+that is neither is malformed and treated as absent (the caller logs it). Without one, a
+retry waits ``backoff_delay``: exponential growth with "equal jitter", so that the URLs
+that failed together do not come back together. Pure functions: the clock and the
+randomness are arguments.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import email.utils
+import math
+import random
+import re
+from collections.abc import Callable
+
+# delta-seconds = 1*DIGIT. Matched as text, never converted blindly: a header of 10,000
+# digits must not become a huge int (Python refuses str-to-int past 4,300 digits).
+_DELTA_SECONDS = re.compile(r"[0-9]+")
+# Any delay of this many digits is over every sensible cap (10**12 s is 31,000 years).
+_MAX_DIGITS = 12
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RetryAfter:
+    """What a ``Retry-After`` header asks: ``delay_s`` seconds from now (None when there
+    is no usable header), whether it was ``malformed``, and whether ``capped`` cut it
+    down to the maximum."""
+
+    delay_s: float | None
+    malformed: bool = False
+    capped: bool = False
+
+
+NO_RETRY_AFTER = RetryAfter(None)
+MALFORMED = RetryAfter(None, malformed=True)
+
+
+def parse_retry_after(value: str | None, now_unix_s: float, max_s: float = math.inf) -> RetryAfter:
+    """Seconds to wait from ``now_unix_s`` (a Unix time), at most ``max_s``.
+
+    Accepts delta-seconds (digits only: no sign, fraction or unit) and HTTP dates in the
+    IMF-fixdate form and the obsolete RFC 850 and asctime forms; a date in the past means
+    0. Surrounding whitespace is ignored. ``None`` or a blank value is no header at all.
+    """
+    if value is None or not value.strip():
+        return NO_RETRY_AFTER
+    text = value.strip()
+    if _DELTA_SECONDS.fullmatch(text):
+        digits = text.lstrip("0") or "0"
+        seconds = math.inf if len(digits) > _MAX_DIGITS else float(int(digits))
+    else:
+        date_s = _http_date(text)
+        if date_s is None:
+            return MALFORMED
+        seconds = max(0.0, date_s - now_unix_s)
+    return cap_retry_after(seconds, max_s)
+
+
+def cap_retry_after(seconds: float, max_s: float) -> RetryAfter:
+    """``seconds`` as a ``RetryAfter``, cut to ``max_s`` (and flagged ``capped``) if over."""
+    if seconds > max_s:
+        return RetryAfter(max_s, capped=True)
+    return RetryAfter(seconds)
+
+
+def _http_date(text: str) -> float | None:
+    """The Unix time of an HTTP date, or None if ``text`` is not one."""
+    # parsedate_to_datetime is lenient (it takes numeric zones and dates without a
+    # weekday, as HTTP recipients may); what it cannot read at all it raises on.
+    try:
+        when = email.utils.parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    if when.tzinfo is None:
+        # RFC 850 and asctime dates carry no zone (or "-0000"): HTTP dates are all GMT.
+        when = when.replace(tzinfo=datetime.UTC)
+    try:
+        return when.timestamp()
+    except (OverflowError, ValueError, OSError):
+        return None
+
+
+RandomSource = random.Random | Callable[[], float]
+
+
+def backoff_delay(
+    attempt: int,
+    *,
+    base_s: float = 1.0,
+    cap_s: float = 60.0,
+    rng: RandomSource | None = None,
+) -> float:
+    """Seconds to wait before try ``attempt + 1``, after ``attempt`` tries (1 = the first).
+
+    ``d = min(cap_s, base_s * 2 ** (attempt - 1))``, then "equal jitter": ``d/2`` plus a
+    uniform draw from ``[0, d/2)``, so the wait never falls below half the exponential
+    step and never exceeds ``cap_s``. ``rng`` is a ``random.Random`` or a function
+    returning a float in ``[0, 1)`` (default: the module's shared generator).
+    """
+    if attempt < 1:
+        raise ValueError(f"attempt counts from 1, got {attempt}")
+    # 2 ** 1100 is past a float's range; any exponent beyond the cap's is the cap anyway.
+    exponent = min(attempt - 1, 1023)
+    step = min(cap_s, base_s * 2.0**exponent)
+    draw = _draw(rng)
+    return step / 2 + draw * step / 2
+
+
+def _draw(rng: RandomSource | None) -> float:
+    if rng is None:
+        return random.random()
+    if isinstance(rng, random.Random):
+        return rng.random()
+    return rng()
