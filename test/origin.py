@@ -13,7 +13,8 @@ Routes are registered at runtime, per exact path::
     assert origin.requests("/cat.jpg") == 1
     origin.stop()
 
-Unknown paths answer 404. Every request is counted and logged with its monotonic time.
+Unknown paths answer 404. Every request is counted and logged with its monotonic time,
+and its headers are kept (``origin.request_headers("/cat.jpg")``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Self
 
 from aiohttp import web
+from multidict import CIMultiDict
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -94,6 +96,7 @@ class Origin:
         self.shutdown_timeout_s = shutdown_timeout_s
         self._routes: dict[str, Route] = {}
         self._log: list[tuple[float, str]] = []
+        self._headers: list[tuple[str, str, CIMultiDict[str]]] = []
         self._counts: Counter[str] = Counter()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -246,6 +249,16 @@ class Origin:
         with self._lock:
             return list(self._log)
 
+    def request_headers(self, path: str | None = None) -> list[CIMultiDict[str]]:
+        """The headers of every request (only those for ``path``, with any query string,
+        when given), in arrival order."""
+        with self._lock:
+            return [
+                headers.copy()
+                for bare, path_qs, headers in self._headers
+                if path is None or path in (bare, path_qs)
+            ]
+
     @property
     def total_requests(self) -> int:
         with self._lock:
@@ -256,6 +269,7 @@ class Origin:
         path, path_qs = request.path, request.path_qs
         with self._lock:
             self._log.append((time.monotonic(), path_qs))
+            self._headers.append((path, path_qs, request.headers.copy()))
             self._counts[path] += 1
             if path_qs != path:
                 self._counts[path_qs] += 1

@@ -2,16 +2,19 @@
 
 import asyncio
 import dataclasses
+import time
 
 import pytest
 from aiohttp import web
 
+from image_crawler.config import ConfigError
+from test.origin import Reply
 from test.services import wait_for
 from worker.budget import ByteBudget
-from worker.fetch import Fetcher, new_session
+from worker.fetch import RETRY_AFTER_MAX_CHARS, Fetcher, new_session
 from worker.netguard import AddressPolicy, parse_networks
 from worker.processing import joined
-from worker.settings import FetchSettings
+from worker.settings import DEFAULT_USER_AGENT, FetchSettings, WorkerSettings
 
 SETTINGS = FetchSettings(
     connect_timeout_s=1, read_timeout_s=0.5, total_timeout_s=3, max_body_bytes=100_000
@@ -56,6 +59,14 @@ async def test_a_dropped_connection_is_server_disconnected_after_exactly_one_req
     result = await fetch(url)
     assert result.status == "ServerDisconnected"
     # aiohttp would silently repeat the GET without a token; the session forbids it.
+    assert origin.requests("/drop") == 1
+
+
+async def test_a_connection_dropped_after_it_was_reused_is_not_repeated_either(origin, fetch):
+    # aiohttp's repeat is meant for a kept-alive connection the server closed meanwhile.
+    assert (await fetch(origin.add("/a.jpg", b"img", "image/jpeg"))).ok
+    result = await fetch(origin.add_disconnect("/drop"))
+    assert result.status == "ServerDisconnected"
     assert origin.requests("/drop") == 1
 
 
@@ -249,3 +260,138 @@ async def test_a_refused_or_failed_fetch_holds_nothing(origin):
         assert budget.used == 0
     finally:
         await session.close()
+
+
+# --- Retry-After and response times --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("status", "retry_after"),
+    [
+        (429, "120"),
+        (503, "120"),
+        (429, "Wed, 21 Oct 2015 07:28:00 GMT"),
+        (503, "Wed, 21 Oct 2015 07:28:00 GMT"),
+        (503, "in a while"),  # passed on as it came: the caller judges it
+        (429, None),
+        (503, None),
+    ],
+)
+async def test_a_final_response_carries_its_retry_after(origin, fetch, status, retry_after):
+    headers = {} if retry_after is None else {"Retry-After": retry_after}
+    url = origin.add("/busy", b"busy", "text/plain", status=status, headers=headers)
+    result = await fetch(url)
+    assert (result.status, result.retry_after, result.body) == (str(status), retry_after, None)
+    assert result.response_s is not None and 0 <= result.response_s < SETTINGS.total_timeout_s
+
+
+async def test_a_long_retry_after_is_cut_short(origin, fetch):
+    url = origin.add("/busy", b"", "text/plain", status=503, headers={"Retry-After": "9" * 5000})
+    result = await fetch(url)
+    assert result.retry_after == "9" * RETRY_AFTER_MAX_CHARS
+
+
+async def test_retry_after_is_kept_only_from_a_final_refusal(origin, fetch):
+    later = {"Retry-After": "60"}
+    ok = await fetch(origin.add("/a.jpg", b"img", "image/jpeg", headers=later))
+    assert ok.ok and ok.retry_after is None
+    origin.add("/b.jpg", b"img", "image/jpeg")
+    origin.add("/r", b"", "text/plain", status=302, headers={"Location": "/b.jpg", **later})
+    redirected = await fetch(origin.url("/r"))
+    assert redirected.ok and redirected.retry_after is None
+
+
+async def test_the_response_time_is_the_final_hops_wait_for_headers(origin, fetch):
+    origin.add_sequence("/late.jpg", [Reply(b"img", "image/jpeg", delay_s=0.3)])
+    origin.add("/r", b"", "text/plain", status=302, headers={"Location": "/late.jpg"})
+    result = await fetch(origin.url("/r"))
+    assert result.ok
+    assert result.response_s is not None and 0.3 <= result.response_s < 2.0
+    fast = await fetch(origin.add("/a.jpg", b"img", "image/jpeg"))
+    assert fast.response_s is not None and fast.response_s < 0.3
+
+
+async def test_the_response_time_leaves_out_the_wait_for_a_connection(origin):
+    # One connection: the second fetch waits for the first one's slow answer before its
+    # request is even sent. Its response time is the server's, not that wait.
+    settings = dataclasses.replace(SETTINGS, max_connections=1, read_timeout_s=5)
+    session = new_session(settings, ORIGIN_ONLY)
+    fetch = Fetcher(session, settings, ORIGIN_ONLY).fetch
+    try:
+        origin.add_sequence("/slow.jpg", [Reply(b"img", "image/jpeg", delay_s=1.0)])
+        url = origin.add("/fast.jpg", b"img", "image/jpeg")
+        slow = asyncio.create_task(fetch(origin.url("/slow.jpg")))
+        await wait_for(lambda: origin.requests("/slow.jpg") == 1, 5, what="the slow request")
+        started = time.monotonic()
+        fast = await fetch(url)
+        waited = time.monotonic() - started
+        assert (await slow).ok and fast.ok
+        assert fast.response_s is not None
+        assert waited >= 0.5 and fast.response_s < waited / 2, (waited, fast.response_s)
+    finally:
+        await session.close()
+
+
+@pytest.mark.parametrize("failure", ["disconnect", "timeout", "refused", "blocked"])
+async def test_no_response_no_response_time(origin, fetch, failure):
+    from test.services import free_port
+
+    url = {
+        "disconnect": lambda: origin.add_disconnect("/drop"),
+        "timeout": lambda: origin.add_slow("/slow", b"late", delay_s=5),
+        "refused": lambda: f"http://127.0.0.1:{free_port()}/a.jpg",
+        "blocked": lambda: "http://10.0.0.1/a.jpg",
+    }[failure]()
+    result = await fetch(url)
+    assert not result.ok and result.status != "200"
+    assert (result.response_s, result.retry_after) == (None, None)
+
+
+# --- Identity ------------------------------------------------------------------------------
+
+
+async def test_every_request_carries_the_configured_user_agent(origin):
+    ua = "image-crawler/0.1 (+https://example.org/crawl; crawl-ops@example.org)"
+    settings = WorkerSettings.from_env(
+        {"USER_AGENT": f"  {ua} ", "ALLOWED_PRIVATE_NETWORKS": "127.0.0.1/32"}
+    ).fetch
+    assert settings.user_agent == ua
+    session = new_session(settings, settings.address_policy)
+    fetch = Fetcher(session, settings, settings.address_policy).fetch
+    try:
+        origin.add("/a.jpg", b"img", "image/jpeg")
+        origin.add("/r", b"", "text/plain", status=302, headers={"Location": "/a.jpg"})
+        origin.add_status("/gone", 404)
+        origin.add_status("/busy", 429)
+        for path in ("/a.jpg", "/r", "/gone", "/busy", "/a.jpg"):
+            await fetch(origin.url(path))
+    finally:
+        await session.close()
+    seen = [headers.getall("User-Agent") for headers in origin.request_headers()]
+    assert len(seen) == 6  # the redirect's two hops included
+    assert seen == [[ua]] * 6
+
+
+async def test_the_default_user_agent_names_the_project_its_version_and_url(origin, fetch):
+    await fetch(origin.add("/a.jpg", b"img", "image/jpeg"))
+    (headers,) = origin.request_headers("/a.jpg")
+    assert headers.getall("User-Agent") == [DEFAULT_USER_AGENT]
+    assert WorkerSettings.from_env({}).fetch.user_agent == DEFAULT_USER_AGENT
+    name, version = DEFAULT_USER_AGENT.split(" ", 1)[0].split("/")
+    assert name == "image-crawler" and version[0].isdigit()
+    assert DEFAULT_USER_AGENT.endswith("(+https://github.com/cc-archive/image-crawler)")
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("", "set but empty"),
+        ("   ", "set but empty"),
+        ("crawler\r\nX-Injected: 1", "carriage return"),
+        ("crawler\nX-Injected: 1", "line feed"),
+        ("crawler\x00", "control character"),
+    ],
+)
+def test_a_user_agent_that_is_not_a_header_value_is_refused(value, message):
+    with pytest.raises(ConfigError, match=f"USER_AGENT.*{message}"):
+        WorkerSettings.from_env({"USER_AGENT": value})

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
+import types
 from collections.abc import Callable
 from typing import Protocol
 
@@ -24,6 +26,8 @@ REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 _CHUNK_BYTES = 256 * 1024
 _FIRST_ESTIMATE = 1024 * 1024  # what a fetch takes of the budget before it knows better
 _MIN_ESTIMATE = 64 * 1024
+# A Retry-After is a number or a date: anything longer is junk, kept short for the logs.
+RETRY_AFTER_MAX_CHARS = 200
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -34,6 +38,12 @@ class FetchResult:
     detail: str = ""
     # Gives the body's bytes back to the fetcher's budget; call once the body is done with.
     release: Callable[[], None] = dataclasses.field(default=lambda: None, repr=False)
+    # The raw Retry-After header of a final response other than 200 or a redirect (the
+    # first RETRY_AFTER_MAX_CHARS characters), None without one; see worker/backoff.py.
+    retry_after: str | None = None
+    # Seconds from sending the final hop's request to its response headers: the server's
+    # answer time, without the wait for a connection. None when no response came.
+    response_s: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -60,6 +70,10 @@ def new_session(settings: FetchSettings, policy: AddressPolicy) -> aiohttp.Clien
     connector = aiohttp.TCPConnector(
         limit=settings.max_connections, ttl_dns_cache=300, resolver=GuardedResolver(policy)
     )
+    # Marks when each request's headers are written: the response time the fetcher reports
+    # starts there, not before a wait for a free connection (our queue, not the server's).
+    timing = aiohttp.TraceConfig()
+    timing.on_request_headers_sent.append(_headers_sent)
     session = aiohttp.ClientSession(
         connector=connector,
         timeout=timeout,
@@ -74,12 +88,35 @@ def new_session(settings: FetchSettings, policy: AddressPolicy) -> aiohttp.Clien
         # Reads of up to a chunk at a time (aiohttp's default of 64 KiB makes a 2 MB body
         # four times as many wake-ups).
         read_bufsize=_CHUNK_BYTES,
+        trace_configs=[timing],
     )
-    # aiohttp silently repeats a GET whose connection was dropped: a second request to the
-    # source without a token. There is no public switch; aiohttp's own test client turns
-    # it off the same way, and test_fetch pins one request per fetch.
+    # aiohttp (3.10 onwards, 3.14 included) silently repeats a GET whose connection was
+    # dropped or reset: a second request to the source that pacing never granted. 3.10 has
+    # no way to stop it; from 3.11 on this private flag does (aiohttp's own test client
+    # sets it the same way), hence aiohttp>=3.11. test_fetch pins one request per fetch.
     session._retry_connection = False
     return session
+
+
+class _Timing:
+    """When one request's headers were sent (``time.monotonic()``), None until then."""
+
+    __slots__ = ("sent_at",)
+
+    def __init__(self) -> None:
+        self.sent_at: float | None = None
+
+
+async def _headers_sent(
+    session: aiohttp.ClientSession,
+    context: types.SimpleNamespace,
+    params: aiohttp.TraceRequestHeadersSentParams,
+) -> None:
+    request_context = context.trace_request_ctx
+    if isinstance(request_context, dict):
+        timing = request_context.get("timing")
+        if isinstance(timing, _Timing):
+            timing.sent_at = time.monotonic()
 
 
 class Fetcher:
@@ -158,16 +195,32 @@ class Fetcher:
 
     async def _get_once(self, url: URL, hold: _Hold) -> FetchResult | URL:
         """One request: a final result, or the URL a redirect points to."""
+        timing = _Timing()
+        # The fallback start, for a session built without new_session's trace.
+        started = time.monotonic()
         try:
-            async with self._session.get(url, allow_redirects=False) as response:
+            async with self._session.get(
+                url, allow_redirects=False, trace_request_ctx={"timing": timing}
+            ) as response:
+                sent_at = started if timing.sent_at is None else timing.sent_at
+                response_s = max(0.0, time.monotonic() - sent_at)
                 if response.status in REDIRECT_STATUSES:
                     location = response.headers.get("Location")
                     if not location:
-                        return FetchResult(str(response.status), detail="redirect without Location")
+                        return FetchResult(
+                            str(response.status),
+                            detail="redirect without Location",
+                            response_s=response_s,
+                        )
                     return response.url.join(URL(location))
                 if response.status != 200:
-                    return FetchResult(str(response.status))
-                return await self._read_body(response, hold)
+                    retry_after = response.headers.get("Retry-After")
+                    if retry_after is not None:
+                        retry_after = retry_after[:RETRY_AFTER_MAX_CHARS]
+                    return FetchResult(
+                        str(response.status), retry_after=retry_after, response_s=response_s
+                    )
+                return await self._read_body(response, hold, response_s)
         except aiohttp.ServerDisconnectedError as e:
             return FetchResult("ServerDisconnected", detail=str(e))
         except (TimeoutError, aiohttp.ServerTimeoutError) as e:
@@ -185,11 +238,15 @@ class Fetcher:
         except aiohttp.ClientError as e:
             return FetchResult("ClientError", detail=repr(e))
 
-    async def _read_body(self, response: aiohttp.ClientResponse, hold: _Hold) -> FetchResult:
+    async def _read_body(
+        self, response: aiohttp.ClientResponse, hold: _Hold, response_s: float
+    ) -> FetchResult:
         cap = self._settings.max_body_bytes
         declared = response.content_length
         if declared is not None and declared > cap:
-            return FetchResult("TooLarge", detail=f"Content-Length {declared}")
+            return FetchResult(
+                "TooLarge", detail=f"Content-Length {declared}", response_s=response_s
+            )
         if declared is not None:
             hold.cover(declared)
         chunks: list[bytes] = []
@@ -197,11 +254,13 @@ class Fetcher:
         async for chunk in response.content.iter_chunked(_CHUNK_BYTES):
             size += len(chunk)
             if size > cap:
-                return FetchResult("TooLarge", detail=f"body over {cap} bytes")
+                return FetchResult(
+                    "TooLarge", detail=f"body over {cap} bytes", response_s=response_s
+                )
             hold.cover(size)  # no Content-Length, or a wrong one
             chunks.append(chunk)
         body: Body = chunks[0] if len(chunks) == 1 else tuple(chunks)
-        return FetchResult("200", body=body, release=hold.keep(size))
+        return FetchResult("200", body=body, release=hold.keep(size), response_s=response_s)
 
 
 class _Hold:

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
+import re
 from collections.abc import Mapping
+from importlib import metadata
 from pathlib import Path
 from typing import Literal
 
+from image_crawler import contract
 from image_crawler.config import (
     ConfigError,
     KafkaSettings,
@@ -18,6 +22,20 @@ from image_crawler.config import (
     env_str,
 )
 from worker.netguard import AddressPolicy, IPNetwork, parse_networks
+
+PROJECT_URL = "https://github.com/cc-archive/image-crawler"
+
+
+def _package_version() -> str:
+    try:
+        return metadata.version("image-crawler")
+    except metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return "0+unknown"
+
+
+# Who we are, on every request. Operators should set USER_AGENT to say who runs the
+# crawl and how to reach them: a webmaster who sees this one can only reach the project.
+DEFAULT_USER_AGENT = f"image-crawler/{_package_version()} (+{PROJECT_URL})"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -35,7 +53,7 @@ class FetchSettings:
     # Downloaded bodies held at once, from the request to the end of their message (see
     # worker/budget.py): what bounds a worker's memory, more than MAX_TASKS does.
     max_bytes_in_flight: int = 256 * 1024 * 1024
-    user_agent: str = "image-crawler/0.1 (+https://github.com/cc-archive/image-crawler)"
+    user_agent: str = DEFAULT_USER_AGENT
     # Private networks the fetcher may still connect to (everything non-public is refused).
     allowed_private_networks: tuple[IPNetwork, ...] = ()
 
@@ -88,6 +106,11 @@ class WorkerSettings:
     token_retry_s: float = 1.0
     # A URL still waiting for a token after this long logs `rate_limit_timeout`.
     rate_limit_timeout_s: float = 6 * 3600.0
+    # Tries of one URL in all (counting the `attempts` its inbound message carries) before
+    # a retryable failure goes to crawl_errors.
+    max_attempts: int = contract.MAX_ATTEMPTS
+    # The longest Retry-After obeyed; a server asking for longer is waited for this long.
+    max_retry_after_s: float = contract.MAX_RETRY_AFTER_S
     # On SIGTERM: how long in-flight work may take to finish before it is handed back.
     shutdown_grace_s: float = 30.0
     # Kafka's max.poll.interval: a consumer that does not poll for this long is dropped
@@ -108,6 +131,7 @@ class WorkerSettings:
                 env, "MAX_BYTES_IN_FLIGHT", 256 * 1024 * 1024, minimum=1024 * 1024
             ),
             allowed_private_networks=_networks(env, "ALLOWED_PRIVATE_NETWORKS"),
+            user_agent=_user_agent(env, "USER_AGENT"),
         )
         settings = cls(
             kafka=KafkaSettings.from_env(env),
@@ -122,6 +146,10 @@ class WorkerSettings:
             token_retry_s=env_float(env, "TOKEN_RETRY_SECONDS", 1.0, minimum=0.01),
             rate_limit_timeout_s=env_float(
                 env, "RATE_LIMIT_TIMEOUT_SECONDS", 6 * 3600.0, minimum=0.01
+            ),
+            max_attempts=env_int(env, "MAX_ATTEMPTS", contract.MAX_ATTEMPTS, minimum=1),
+            max_retry_after_s=_positive_seconds(
+                env, "MAX_RETRY_AFTER_S", contract.MAX_RETRY_AFTER_S
             ),
             shutdown_grace_s=env_float(env, "SHUTDOWN_GRACE_SECONDS", 30.0),
             kafka_max_poll_interval_s=env_float(
@@ -147,3 +175,34 @@ def _networks(env: Mapping[str, str], name: str) -> tuple[IPNetwork, ...]:
         raise ConfigError(
             f"{name}: {e} (expected CIDRs such as 127.0.0.0/8, comma separated)"
         ) from None
+
+
+# Control characters (tab aside) cannot be in a header value; CR and LF would even start
+# a header of their own.
+_CONTROL_CHARACTERS = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+
+
+def _user_agent(env: Mapping[str, str], name: str) -> str:
+    if name not in env:
+        return DEFAULT_USER_AGENT
+    value = env[name].strip()
+    if not value:
+        raise ConfigError(
+            f"{name} is set but empty: unset it for the default ({DEFAULT_USER_AGENT!r}), "
+            "or say who runs this crawl and how to reach them, e.g. "
+            f"'image-crawler (+{PROJECT_URL}; crawl-admin@example.org)'"
+        )
+    bad = _CONTROL_CHARACTERS.search(value)
+    if bad is not None:
+        what = {"\r": "a carriage return (CR)", "\n": "a line feed (LF)"}.get(
+            bad.group(), f"the control character {bad.group()!r}"
+        )
+        raise ConfigError(f"{name} must be one line of text for a header; it contains {what}")
+    return value
+
+
+def _positive_seconds(env: Mapping[str, str], name: str, default: float) -> float:
+    value = env_float(env, name, default)
+    if not (value > 0 and math.isfinite(value)):
+        raise ConfigError(f"{name} must be a number of seconds above 0, got {value}")
+    return value
