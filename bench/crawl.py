@@ -3,7 +3,7 @@
 Per run, on free loopback ports: a fresh tansu broker, redis-server and moto S3 server
 (so nothing of an earlier run is in them), the real monitor (``python -m crawl_monitor``)
 with every source in its ``SOURCES_FILE`` and ``override_rate:{source}`` at
-``rate_rps``, so that the monitor SETs each bucket to that many tokens every second, and
+``rate_rps``, so that the monitor paces each source at that many requests a second, and
 the workers (``python -m worker``). The origin (``bench.origin``) is shared by the runs.
 
 The URLs are produced straight to the per-source queues ``urls.{source}`` (as the
@@ -292,7 +292,7 @@ async def _start_monitor(
     monitor = ModuleProcess("monitor", "crawl_monitor", env, config.log_dir / "monitor.log")
     stack.monitor = exits.enter_context(monitor.start())
     await wait_for(
-        lambda: redis.get(c.tokens_key(stack.sources[-1])),
+        lambda: redis.get(c.pace_rate_key(stack.sources[-1])),
         60,
         0.1,
         what="the monitor's first refill",

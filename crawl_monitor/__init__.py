@@ -1,12 +1,14 @@
 """The crawl monitor (``python -m crawl_monitor``): it splits ``inbound_images`` into
-per-source queues and regulates the crawl through Redis token buckets and breakers.
+per-source queues and regulates the crawl through per-source rates in Redis and breakers.
 
 - ``settings``: ``MonitorSettings.from_env()``
-- ``rates``: ``compute_crawl_rate``, overrides, ``TokenSchedule`` (pure)
+- ``rates``: ``compute_crawl_rate``, overrides (pure)
+- ``adaptive``: the effective rate while a server pushes back (AIMD, pure)
 - ``breakers``: temporary and permanent halt decisions (pure)
 - ``sources``: the known sources, from ``SOURCES_FILE`` / ``SOURCES_URL``
 - ``store``: the regulator's Redis reads and writes (one round trip each)
-- ``regulator``: the 1 s loop: buckets and breakers
+- ``decision``: one loop's decision: rates, pacing, breakers, writes (pure)
+- ``regulator``: the 1 s loop: read, decide, write; the leader lease
 - ``monitoring``: the ``monitoring_update`` event
 - ``splitter``: ``inbound_images`` -> ``urls.{source}``
 - ``bench``: ``measure_loop``, the regulator's loop timed with many sources

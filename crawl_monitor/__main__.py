@@ -1,14 +1,14 @@
 """``python -m crawl_monitor``: the crawl monitor.
 
-Runs four loops concurrently: the source list refresher, the regulator (token buckets and
-circuit breakers, every second, while this monitor holds the leader lease), the
+Runs four loops concurrently: the source list refresher, the regulator (each source's
+rate and circuit breakers, every second, while this monitor holds the leader lease), the
 monitoring log, and the splitter (in every monitor: the consumer group shares the
 partitions). Every client is
 built here, once, entered through one ``AsyncExitStack`` and passed to the loops.
 
 Kafka and Redis may be away at start or later: each loop logs it and retries with
-backoff; the regulator keeps ticking without Kafka, and without Redis no source gets a
-token. SIGTERM or SIGINT stops the loops (the splitter finishes and commits its batch),
+backoff; the regulator keeps ticking without Kafka, and without Redis no source keeps a
+rate. SIGTERM or SIGINT stops the loops (the splitter finishes and commits its batch),
 then the consumer leaves its group, the producer flushes, and the process exits 0. A loop
 that dies of an unexpected error stops the process with exit status 1.
 """
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import Coroutine
 from typing import Any
 
@@ -83,7 +84,9 @@ async def run(settings: MonitorSettings, stop: asyncio.Event) -> int:
             RedisRegulatorStore(redis),
             lambda: catalog.rates,
             RegulatorSettings(
-                period_s=settings.refill_period_s, token_ttl_ms=settings.token_ttl_ms
+                period_s=settings.refill_period_s,
+                token_ttl_ms=settings.token_ttl_ms,
+                adaptive=settings.backoff,
             ),
             lease=lease,
         )
@@ -120,6 +123,7 @@ async def run(settings: MonitorSettings, stop: asyncio.Event) -> int:
             sources_file=str(settings.sources_file) if settings.sources_file else None,
             sources_url=settings.sources_url,
             token_ttl_ms=settings.token_ttl_ms,
+            backoff=dataclasses.asdict(settings.backoff),
             leader_token=lease.token,
             leader_lease_ms=lease.ttl_ms,
             log_frequency_s=settings.log_frequency_s,

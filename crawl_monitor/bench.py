@@ -5,7 +5,9 @@ last-50 list and a busy 60 s window, some halted, one failing, one overridden), 
 regulator's loop a few times and reports the duration and Redis round trips of a loop.
 Between loops every source gets a new status, as a worker records it: one in
 ``failing_every`` (other ones each loop) a failure, which makes the next loop read its
-window (``failing_every=1``: every source, the worst case). It overwrites keys of the
+window (``failing_every=1``: every source, the worst case), and one in ``backoff_every``
+a 503, a backoff signal that cuts its rate. The regulator's clock advances one period a
+loop, so cuts and climbs happen as they would a second apart. It overwrites keys of the
 ``bench-*`` sources only. From a shell::
 
     REDIS_URL=redis://127.0.0.1:6379/0 python -m crawl_monitor.bench 1000 10000
@@ -23,8 +25,9 @@ from typing import Final
 
 import redis.asyncio as aioredis
 
+from crawl_monitor.decision import RegulatorSnapshot
 from crawl_monitor.rates import compute_crawl_rate
-from crawl_monitor.regulator import Regulator, RegulatorSettings, RegulatorSnapshot
+from crawl_monitor.regulator import Regulator, RegulatorSettings
 from crawl_monitor.store import RedisRegulatorStore
 from image_crawler.contract import (
     HALTED_SET,
@@ -32,15 +35,19 @@ from image_crawler.contract import (
     OVERRIDE_RATE_PREFIX,
     STATUS_60S_PREFIX,
     TEMP_HALTED_SET,
+    backoff_signals_key,
     last50_key,
     resize_errors_key,
     window_member,
 )
+from image_crawler.logs import configure_logging
 
 WINDOW_SAMPLES: Final = 20
 SEED_CHUNK: Final = 500
 # One source in this many fails between two loops (a 404: counted, but trips nothing).
 FAILING_EVERY: Final = 10
+# One source in this many answers a 503 between two loops (a backoff signal).
+BACKOFF_EVERY: Final = 20
 
 
 def bench_source(i: int) -> str:
@@ -69,6 +76,7 @@ class LoopMeasurement:
     sources: int
     loops: int
     failing_every: int
+    backoff_every: int
     # Median and slowest loop and round trips per loop, the first loop (which loads the
     # scripts) excluded.
     median_s: float
@@ -96,7 +104,9 @@ async def seed(
     for start in range(0, n_sources, SEED_CHUNK):
         async with redis.pipeline(transaction=False) as pipe:
             for i, name in enumerate(names[start : start + SEED_CHUNK], start):
-                pipe.delete(last50_key(name), f"{STATUS_60S_PREFIX}{name}")
+                pipe.delete(
+                    last50_key(name), f"{STATUS_60S_PREFIX}{name}", backoff_signals_key(name)
+                )
                 if i % busy_every and name not in (failing, erroring):
                     continue
                 status = "500" if name == failing else "200"
@@ -123,11 +133,18 @@ async def seed(
 
 
 async def add_traffic(
-    redis: aioredis.Redis, seeded: BenchSources, loop: int, failing_every: int = FAILING_EVERY
+    redis: aioredis.Redis,
+    seeded: BenchSources,
+    loop: int,
+    failing_every: int = FAILING_EVERY,
+    *,
+    backoff_every: int = BACKOFF_EVERY,
 ) -> None:
     """A second of traffic: a new status for every source but the failing and erroring
-    ones, written as a worker's flush writes it (window, last-50 list, and the failure
-    counter for a failure): a 404 for one in ``failing_every`` (others each ``loop``)."""
+    ones, written as a worker's flush writes it (window, last-50 list, the failure counter
+    for a failure and the backoff signal counter for a backoff status): a 404 for one in
+    ``failing_every``, else a 503 for one in ``backoff_every`` (0: none), others each
+    ``loop``."""
     now_s = time.time()
     names = list(seeded.image_counts)
     for start in range(0, len(names), SEED_CHUNK):
@@ -135,12 +152,18 @@ async def add_traffic(
             for i, name in enumerate(names[start : start + SEED_CHUNK], start):
                 if name in (seeded.failing, seeded.erroring):
                     continue
-                status = "404" if (i + loop) % failing_every == 0 else "200"
+                status = "200"
+                if (i + loop) % failing_every == 0:
+                    status = "404"
+                elif backoff_every and (i + loop) % backoff_every == 1:
+                    status = "503"
                 pipe.zadd(f"{STATUS_60S_PREFIX}{name}", {window_member(status, now_s): now_s})
                 pipe.rpush(last50_key(name), status)
                 pipe.ltrim(last50_key(name), -LAST_N_STATUSES, -1)
                 if status != "200":
                     pipe.incr(resize_errors_key(name))
+                if status == "503":
+                    pipe.incr(backoff_signals_key(name))
             await pipe.execute()
 
 
@@ -151,23 +174,29 @@ async def measure_loop(
     loops: int = 5,
     busy_every: int = 1,
     failing_every: int = FAILING_EVERY,
+    backoff_every: int = BACKOFF_EVERY,
 ) -> LoopMeasurement:
     """Seed ``n_sources`` sources and time ``loops`` regulator loops, with a second of
     traffic (``add_traffic``, not timed) before each but the first.
 
-    By default every source is busy (see ``seed``), and one in ``failing_every`` failed
-    since the last loop.
+    By default every source is busy (see ``seed``), one in ``failing_every`` failed and
+    one in ``backoff_every`` was asked to slow down since the last loop.
     """
-    seeded = await seed(redis, n_sources, time.time(), busy_every=busy_every)
+    started_s = time.time()
+    seeded = await seed(redis, n_sources, started_s, busy_every=busy_every)
     rates = {name: compute_crawl_rate(n) for name, n in seeded.image_counts.items()}
     store = RedisRegulatorStore(redis)
-    regulator = Regulator(store, lambda: rates, RegulatorSettings())
+    settings = RegulatorSettings()
+    loop = 0
+    regulator = Regulator(
+        store, lambda: rates, settings, clock=lambda: started_s + loop * settings.period_s
+    )
     durations = []
     round_trips = []
     snapshot = None
     for loop in range(loops):
         if loop:
-            await add_traffic(redis, seeded, loop, failing_every)
+            await add_traffic(redis, seeded, loop, failing_every, backoff_every=backoff_every)
         started, before = time.perf_counter(), store.round_trips
         snapshot = await regulator.tick()
         durations.append(time.perf_counter() - started)
@@ -179,6 +208,7 @@ async def measure_loop(
         sources=n_sources,
         loops=loops,
         failing_every=failing_every,
+        backoff_every=backoff_every,
         median_s=statistics.median(steady),
         slowest_s=max(steady),
         first_s=durations[0],
@@ -189,12 +219,16 @@ async def measure_loop(
 
 
 async def _bench(url: str, sizes: list[int]) -> None:
+    # As the monitor logs, but only warnings: the bench's churn of pacing changes would
+    # drown the figures.
+    configure_logging("WARNING")
     redis = aioredis.from_url(url, decode_responses=True)
     try:
         for n, busy_every in [(size, b) for size in sizes for b in (1, 10, size)]:
             m = await measure_loop(redis, n, busy_every=busy_every)
             print(
-                f"{n:>6} sources, 1 in {busy_every} busy, 1 in {m.failing_every} failing: median "
+                f"{n:>6} sources, 1 in {busy_every} busy, 1 in {m.failing_every} failing, "
+                f"1 in {m.backoff_every} backing off: median "
                 f"{m.median_s * 1000:.1f} ms, slowest "
                 f"{m.slowest_s * 1000:.1f} ms, first {m.first_s * 1000:.1f} ms, "
                 f"{m.round_trips_per_loop:g} round trips per loop"

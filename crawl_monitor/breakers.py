@@ -8,6 +8,9 @@ Statuses arrive as histograms (status -> count), as the regulator reads them:
   failed, which only an operator lifts.
 
 An error is any status outside the contract's ``EXPECTED_STATUSES`` (so 404 is not one).
+While a source's adaptive rate is above its floor, its ``BACKOFF_STATUSES`` (429, 503,
+timeouts) are left out of both histograms: the server is asking for a lower rate, which
+it is getting. At the floor the rate cannot fall further, and they count as errors again.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import json
 from collections.abc import Mapping
 from typing import Final, Literal
 
-from image_crawler.contract import EXPECTED_STATUSES, LAST_N_STATUSES
+from image_crawler.contract import BACKOFF_STATUSES, EXPECTED_STATUSES, LAST_N_STATUSES
 
 # A window trips when errors are MORE than this share of its samples...
 ERROR_SHARE_LIMIT: Final = 0.10
@@ -64,18 +67,29 @@ class BreakerDecision:
     trips_permanent: bool
 
 
+def without_backoff(histogram: Mapping[str, int]) -> Mapping[str, int]:
+    """``histogram`` without its ``BACKOFF_STATUSES``."""
+    if BACKOFF_STATUSES.isdisjoint(histogram):
+        return histogram
+    return {status: n for status, n in histogram.items() if status not in BACKOFF_STATUSES}
+
+
 def decide(
     window: Mapping[str, int],
     last_statuses: Mapping[str, int],
     *,
     temp_halted: bool,
     halted: bool,
+    backoff_excused: bool = False,
 ) -> BreakerDecision:
     """Check one source, given its statuses and whether it is halted now.
 
+    With ``backoff_excused`` (its rate is above its floor), backoff statuses are left out.
     Trips are transitions: an already halted source does not trip again, so each trip
     is reported once. Nothing here lifts a permanent halt.
     """
+    if backoff_excused:
+        window, last_statuses = without_backoff(window), without_backoff(last_statuses)
     unhealthy = window_unhealthy(window)
     return BreakerDecision(
         temp_halted=unhealthy,

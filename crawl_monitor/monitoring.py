@@ -1,16 +1,21 @@
 """The monitoring log: a ``monitoring_update`` event every ``LOG_FREQUENCY_SECONDS``.
 
-Its keys are those of the original README's example::
+Its keys are those of the original README's example, and the pacing of each source::
 
     general:  global_max_rps, error_rps, processing_rate, success_rps,
               circuit_breaker_tripped, num_resized, resize_errors, split_rate
-    specific: {source: {successful, error, last_50_statuses, rate_limit}}
+    specific: {source: {successful, error, last_50_statuses, rate_limit,
+                        effective_rate, pacing, pacing_why}}
 
-Counters come from Redis (one pipelined round trip); rates, halts and the last-50
-histograms from the regulator's latest snapshot. ``*_rps`` and ``*_rate`` values are the
-counters' growth over the measured interval, per second. ``global_max_rps`` sums the rates
-of the known sources that are not halted. ``specific`` lists the sources with any success,
-error or recent status, and every halted one.
+Counters come from Redis (one pipelined round trip); rates, pacing, halts and the
+last-50 histograms from the regulator's latest snapshot. ``*_rps`` and ``*_rate`` values
+are the counters' growth over the measured interval, per second. ``rate_limit`` is a
+source's configured rate (computed, or its override), ``effective_rate`` the rate its
+requests are paced at now (lower while its server pushes back, 0 while halted),
+``pacing`` its state (``image_crawler.contract.PACE_STATES``) and ``pacing_why`` why.
+``global_max_rps`` sums the effective rates of the known sources that are not halted.
+``specific`` lists the sources with any success, error or recent status, every halted
+one, and every one held below its configured rate.
 """
 
 from __future__ import annotations
@@ -25,18 +30,25 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from crawl_monitor.decision import RegulatorSnapshot
 from crawl_monitor.rates import next_tick_at
-from crawl_monitor.regulator import RegulatorSnapshot
 from image_crawler.contract import (
     NUM_RESIZED,
     NUM_SPLIT,
+    PACE_BACKOFF,
+    PACE_FLOOR,
+    PACE_RECOVERING,
     RESIZE_ERRORS,
+    PacingInfo,
     num_resized_key,
     resize_errors_key,
 )
 from image_crawler.logs import get_logger
 
 log = get_logger(__name__)
+
+# Pacing states of a source held below its configured rate.
+_CUT = frozenset({PACE_BACKOFF, PACE_RECOVERING, PACE_FLOOR})
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -77,11 +89,12 @@ def build_update(
     error_rps = _per_second(now.resize_errors, before.resize_errors if before else None, elapsed_s)
     split_rate = _per_second(now.num_split, before.num_split if before else None, elapsed_s)
     rates: Mapping[str, float] = snapshot.rates if snapshot else {}
+    pacing: Mapping[str, PacingInfo] = snapshot.pacing if snapshot else {}
     tripped = (snapshot.halted | snapshot.temp_halted) if snapshot else frozenset()
     last_statuses: Mapping[str, Mapping[str, int]] = snapshot.last_statuses if snapshot else {}
     general = {
         "global_max_rps": round(
-            sum((rate for source, rate in rates.items() if source not in tripped), 0.0), 6
+            sum((p.rate_rps for source, p in pacing.items() if source not in tripped), 0.0), 6
         ),
         "error_rps": error_rps,
         "processing_rate": round(success_rps + error_rps, 6),
@@ -96,13 +109,18 @@ def build_update(
         successful = now.successful.get(source, 0)
         error = now.errors.get(source, 0)
         last = dict(sorted(last_statuses.get(source, {}).items()))
-        if not (successful or error or last or source in tripped):
+        paced = pacing.get(source)
+        adapted = paced is not None and paced.state in _CUT
+        if not (successful or error or last or source in tripped or adapted):
             continue
         specific[source] = {
             "successful": successful,
             "error": error,
             "last_50_statuses": last,
             "rate_limit": rates.get(source, 0.0),
+            "effective_rate": paced.rate_rps if paced else 0.0,
+            "pacing": paced.state if paced else None,
+            "pacing_why": paced.why if paced else None,
         }
     return MonitoringUpdate(general=general, specific=specific)
 

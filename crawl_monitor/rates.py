@@ -1,6 +1,7 @@
-"""Rate policy: how fast a source may be crawled and how its tokens are handed out.
+"""Rate policy: how fast a source may be crawled (its configured rate), and the loop's grid.
 
-Pure functions and one small stateful class, no I/O. Rates are in requests per second.
+Pure functions, no I/O. Rates are in requests per second. How far below its configured
+rate a source is held while its server pushes back is ``adaptive``'s business.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def parse_override(raw: str) -> float:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class RateChoice:
-    """The rate a source gets this second and where it came from."""
+    """A source's configured rate and where it came from."""
 
     rate_rps: float
     # "computed", or the key prefix of the override that won.
@@ -80,42 +81,6 @@ def choose_rate(computed_rps: float, override: str | None, alias: str | None) ->
             continue
         return RateChoice(rate, prefix, ignored)
     return RateChoice(computed_rps, COMPUTED, ignored)
-
-
-# Float sums such as 0.1 + 0.2 + ... land a hair below the whole number they stand for.
-_EPSILON: Final = 1e-9
-
-
-class TokenSchedule:
-    """The whole tokens of one source's refills, carrying fractions between refills.
-
-    Each refill credits ``rate * period`` tokens; the bucket gets the whole part of the
-    credit and the rest carries over. So 2.5/s gives 2, 3, 2, 3, ... and 0.2/s gives a
-    token on every fifth refill (0, 0, 0, 0, 1, ...): the long-run average is the rate.
-    """
-
-    __slots__ = ("_credit",)
-
-    def __init__(self) -> None:
-        self._credit = 0.0
-
-    @property
-    def credit(self) -> float:
-        """The fraction of a token carried to the next refill."""
-        return self._credit
-
-    def next_refill(self, rate_rps: float, period_s: float = 1.0) -> int:
-        """The bucket's value for the next refill period."""
-        # Conditionals rather than max(): this runs for every source every second.
-        credit = self._credit + (rate_rps * period_s if rate_rps > 0.0 else 0.0)
-        tokens = math.floor(credit + _EPSILON)
-        rest = credit - tokens
-        self._credit = rest if rest > 0.0 else 0.0
-        return tokens
-
-    def reset(self) -> None:
-        """Forget the carried fraction (a halted source starts afresh)."""
-        self._credit = 0.0
 
 
 def next_tick_at(origin_s: float, now_s: float, period_s: float) -> float:

@@ -12,7 +12,11 @@
 | ``SOURCE_TOPIC_PARTITIONS`` | ``4`` | partitions of a new ``urls.{source}`` topic |
 | ``SOURCE_TOPIC_REPLICATION_FACTOR`` | ``1`` | its replication factor |
 | ``SPLITTER_BATCH_SIZE`` | ``500`` | most inbound messages split per batch |
-| ``TOKEN_TTL_MS`` | ``1500`` | expiry of each token bucket SET; no monitor, no tokens after this |
+| ``TOKEN_TTL_MS`` | ``1500`` | expiry of each ``pace_rate:`` SET; no monitor, no rate after this |
+| ``BACKOFF_FLOOR_RPS`` | ``0.1`` | lowest rate a cut reaches (capped at the configured rate) |
+| ``BACKOFF_DECREASE_FACTOR`` | ``0.7`` | each cut multiplies the rate by this (between 0 and 1) |
+| ``BACKOFF_INCREASE_SHARE_PER_S`` | ``0.01`` | climb back by this share of the rate a second |
+| ``BACKOFF_COOLDOWN_SECONDS`` | ``1`` | at most one cut per this long |
 | ``LEADER_LEASE_MS`` | ``3000`` | expiry of the leader's lease (``monitor_leader``) |
 | ``REDIS_TIMEOUT_SECONDS`` | ``5`` | socket timeout of Redis commands |
 | ``LOG_LEVEL`` | ``INFO`` | |
@@ -22,10 +26,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from crawl_monitor.adaptive import AdaptiveSettings
 from image_crawler.config import (
     ConfigError,
     KafkaSettings,
@@ -36,7 +42,7 @@ from image_crawler.config import (
     env_str,
 )
 
-# The contract: buckets are refilled every second.
+# The contract: rates are set every second.
 REFILL_PERIOD_S = 1.0
 
 
@@ -52,11 +58,12 @@ class MonitorSettings:
     source_topic_partitions: int = 4
     source_topic_replication_factor: int = 1
     splitter_batch_size: int = 500
-    # A bucket SET expires after this; it must outlive one refill period.
+    # A pace_rate SET expires after this; it must outlive one refill period.
     token_ttl_ms: int = 1500
     # The leader renews its lease every refill; it must outlive a refill and a slow loop.
     leader_lease_ms: int = 3000
     refill_period_s: float = REFILL_PERIOD_S
+    backoff: AdaptiveSettings = dataclasses.field(default_factory=AdaptiveSettings)
     redis_timeout_s: float = 5.0
     log_level: str = "INFO"
 
@@ -74,7 +81,7 @@ class MonitorSettings:
         if token_ttl_ms < REFILL_PERIOD_S * 1000:
             raise ConfigError(
                 f"TOKEN_TTL_MS must be at least {int(REFILL_PERIOD_S * 1000)} (one refill "
-                f"period), or buckets empty between refills; got {token_ttl_ms}"
+                f"period), or rates expire between loops; got {token_ttl_ms}"
             )
         leader_lease_ms = env_int(env, "LEADER_LEASE_MS", 3000, minimum=1)
         if leader_lease_ms < 2 * REFILL_PERIOD_S * 1000:
@@ -101,6 +108,34 @@ class MonitorSettings:
             splitter_batch_size=env_int(env, "SPLITTER_BATCH_SIZE", 500, minimum=1),
             token_ttl_ms=token_ttl_ms,
             leader_lease_ms=leader_lease_ms,
+            backoff=backoff_from_env(env),
             redis_timeout_s=env_float(env, "REDIS_TIMEOUT_SECONDS", 5.0, minimum=0.1),
             log_level=log_level,
         )
+
+
+def backoff_from_env(env: Mapping[str, str]) -> AdaptiveSettings:
+    """The adaptive rate's settings; raises ``ConfigError`` naming the first bad variable."""
+    floor_rps = env_float(env, "BACKOFF_FLOOR_RPS", 0.1)
+    if not 0.0 < floor_rps < math.inf:
+        raise ConfigError(
+            f"BACKOFF_FLOOR_RPS must be a rate above 0 (a cut never stops a source; halts "
+            f"do), got {floor_rps}"
+        )
+    factor = env_float(env, "BACKOFF_DECREASE_FACTOR", 0.7)
+    if not 0.0 < factor < 1.0:
+        raise ConfigError(f"BACKOFF_DECREASE_FACTOR must be between 0 and 1, got {factor}")
+    share = env_float(env, "BACKOFF_INCREASE_SHARE_PER_S", 0.01)
+    if not 0.0 < share <= 1.0:
+        raise ConfigError(
+            f"BACKOFF_INCREASE_SHARE_PER_S must be above 0 and at most 1, got {share}"
+        )
+    cooldown_s = env_float(env, "BACKOFF_COOLDOWN_SECONDS", REFILL_PERIOD_S)
+    if cooldown_s == math.inf:
+        raise ConfigError("BACKOFF_COOLDOWN_SECONDS must be finite")
+    return AdaptiveSettings(
+        floor_rps=floor_rps,
+        decrease_factor=factor,
+        increase_share_per_s=share,
+        cooldown_s=cooldown_s,
+    )

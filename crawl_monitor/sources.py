@@ -5,7 +5,7 @@ Both inputs hold a JSON list of ``{"source_name": str, "image_count": int}`` obj
 endpoint). Names are lower-cased. The two are merged; the URL wins where both name a
 source. An entry with a bad name or count is skipped and logged; an input that cannot be
 read, is not a list, or has no usable entry keeps its last known list (``sources_unavailable``).
-A source in neither input is unknown: it gets no rate and so no tokens.
+A source in neither input is unknown: it gets no rate, so nothing of it is crawled.
 """
 
 from __future__ import annotations
@@ -231,7 +231,7 @@ class SourceCatalog:
         if not self.configured:
             log.warning(
                 "no_sources_configured",
-                msg="neither SOURCES_FILE nor SOURCES_URL is set: no source gets tokens, "
+                msg="neither SOURCES_FILE nor SOURCES_URL is set: no source gets a rate, "
                 "nothing will be crawled",
             )
             return

@@ -1,4 +1,4 @@
-"""The regulator's Redis seam: one round trip to read a second's state, one to write it.
+"""The regulator's Redis seam: one round trip to read a loop's state, one to write it.
 
 With thousands of sources, one command per source and key is too slow even pipelined
 (redis-py spends ~1 s encoding and parsing 50,000 commands). So each direction is a
@@ -11,7 +11,7 @@ read never holds Redis for long; each chunk is a consistent snapshot of its sour
 writing is one atomic script. Keys are built inside the scripts, which is fine for
 a single Redis server (not for Redis Cluster).
 
-Leadership rides in the write script: it applies a second's writes only while the
+Leadership rides in the write script: it applies a loop's writes only while the
 monitor's ``LeaderLease`` token is the one in ``monitor_leader``, and renews the lease in
 the same call, so a leader spends no extra round trip on it and a monitor that lost the
 lease (stalled past its expiry) can never write over the new leader. A standby's only
@@ -32,6 +32,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError
 
 from image_crawler.contract import (
+    BACKOFF_SIGNALS_PREFIX,
     EXPECTED_STATUSES,
     HALTED_SET,
     LAST_50_PREFIX,
@@ -39,11 +40,12 @@ from image_crawler.contract import (
     MONITOR_LEADER_KEY,
     OVERRIDE_RATE_ALIAS_PREFIX,
     OVERRIDE_RATE_PREFIX,
+    PACE_RATE_PREFIX,
     RATES_HASH,
     RESIZE_ERRORS,
     STATUS_60S_PREFIX,
     TEMP_HALTED_SET,
-    TOKENS_PREFIX,
+    PacingInfo,
 )
 
 # KEYS: halted, temp_halted.
@@ -51,13 +53,15 @@ from image_crawler.contract import (
 # window, the last-N list, both override keys, N, the JSON list of sources whose full
 # last-N histogram is wanted ("*": all; the others get one only when their last N
 # statuses all failed), the JSON list of expected statuses, the prefix of the failure
-# counters, and the JSON list of each source's failure counter as last seen ("" when it
-# was missing, null when not known; the whole argument "": none known).
+# counters, the JSON list of each source's failure counter as last seen ("" when it
+# was missing, null when not known; the whole argument "": none known), and the prefix of
+# the backoff signal counters.
 # A source whose counter is as last seen, and not asked in full, is not read: workers
 # bump the counter in the same atomic flush that adds a failure to the window and the
 # last-N list, so neither holds a failure the caller has not seen.
 # Answers JSON {"h": halted, "t": temp_halted, "c": [each source's failure counter, ""
-# when missing], "s": {source: {"w": window histogram (only when it holds an error),
+# when missing], "b": {source: backoff signal counter, of the sources that have one},
+# "s": {source: {"w": window histogram (only when it holds an error),
 # "l": last-N histogram, "o": override, "a": alias, "x": [errors]}}}, sources with
 # nothing to report left out. A key of the wrong type is reported in "x", not fatal.
 _READ_SCRIPT: Final = """
@@ -74,6 +78,7 @@ local expected = {}
 for _, status in ipairs(cjson.decode(ARGV[9])) do expected[status] = true end
 local counter_prefix = ARGV[10]
 local seen_counters = ARGV[11] ~= '' and cjson.decode(ARGV[11]) or nil
+local backoff_prefix = ARGV[12]
 local pcall_redis, find, sub = redis.pcall, string.find, string.sub
 
 -- Keys of the current source that could not be read (e.g. of the wrong type).
@@ -124,22 +129,26 @@ local function all_failed(key)
   return true
 end
 
--- The overrides and failure counters of every source in one MGET (a key missing or not
--- a string is false): one call instead of one per source. 3 keys a source, well under
--- unpack's limit.
+-- The overrides, failure counters and backoff signal counters of every source in one
+-- MGET (a key missing or not a string is false): one call instead of one per source.
+-- 4 keys a source: READ_CHUNK keeps them under unpack's limit.
 local mget_keys = {}
 for i, source in ipairs(sources) do
-  mget_keys[3 * i - 2] = override_prefix .. source
-  mget_keys[3 * i - 1] = alias_prefix .. source
-  mget_keys[3 * i] = counter_prefix .. source
+  local k = 4 * i
+  mget_keys[k - 3] = override_prefix .. source
+  mget_keys[k - 2] = alias_prefix .. source
+  mget_keys[k - 1] = counter_prefix .. source
+  mget_keys[k] = backoff_prefix .. source
 end
 local values = #mget_keys > 0 and redis.call('MGET', unpack(mget_keys)) or {}
 
-local found, counters = {}, {}
+local found, counters, backoff = {}, {}, {}
 for i, source in ipairs(sources) do
   local entry = nil
-  local counter = values[3 * i] or ''
+  local k = 4 * i
+  local counter = values[k - 1] or ''
   counters[i] = counter
+  if values[k] then backoff[source] = values[k] end
   local full = full_all or full_for[source]
   -- No failure since the caller last looked (and not asked in full): nothing a breaker
   -- acts on can have changed, so neither key is read. Busy, healthy sources end here.
@@ -173,7 +182,7 @@ for i, source in ipairs(sources) do
       end
     end
   end
-  local override, alias = values[3 * i - 2], values[3 * i - 1]
+  local override, alias = values[k - 3], values[k - 2]
   if override or alias or #problems > 0 then
     entry = entry or {}
     if override then entry.o = override end
@@ -189,21 +198,24 @@ return cjson.encode({
   h = redis.call('SMEMBERS', KEYS[1]),
   t = redis.call('SMEMBERS', KEYS[2]),
   c = counters,
+  b = backoff,
   s = found,
 })
 """
 
 # KEYS: halted, temp_halted, crawl_rates, monitor_leader.
-# ARGV: JSON plan {"tokens": {source: "n"}, "rates": {source: "r"}, "halt": [...],
-# "temp_halt": [...], "lift": [...], "clear_window": [...]}, bucket TTL (ms), tokens
-# prefix, window prefix, the writer's lease token ("" when it runs without a lease) and
-# the lease's TTL (ms). A source in `halted` when this runs gets 0 whatever the plan
-# says; crawl_rates is replaced whole unless "rates" is null. Answers {1, buckets set},
-# or {0, holder} with nothing written when the lease is not the writer's (holder "" when
-# nobody holds it); the writer's lease is renewed first.
+# ARGV: JSON plan {"pace": {source: "rate"}, "rates": {source: PacingInfo JSON},
+# "rates_whole": bool, "rates_gone": [...], "halt": [...], "temp_halt": [...],
+# "lift": [...], "clear_window": [...]}, the pace_rate TTL (ms), the pace_rate prefix, the
+# window prefix, the writer's lease token ("" when it runs without a lease) and the lease's
+# TTL (ms). A source in `halted` when this runs gets "0" whatever the plan says.
+# crawl_rates gets the fields of "rates" and loses those of "rates_gone"; with
+# "rates_whole" it is replaced by "rates". Answers {1, pace_rate keys set}, or {0, holder}
+# with nothing written when the lease is not the writer's (holder "" when nobody holds
+# it); the writer's lease is renewed first.
 _WRITE_SCRIPT: Final = """
 local plan = cjson.decode(ARGV[1])
-local ttl, tokens_prefix, window_prefix = ARGV[2], ARGV[3], ARGV[4]
+local ttl, pace_prefix, window_prefix = ARGV[2], ARGV[3], ARGV[4]
 local token, lease_ms = ARGV[5], ARGV[6]
 if token ~= '' then
   local holder = redis.call('GET', KEYS[4])
@@ -214,26 +226,28 @@ for _, source in ipairs(plan.halt) do redis.call('SADD', KEYS[1], source) end
 for _, source in ipairs(plan.temp_halt) do redis.call('SADD', KEYS[2], source) end
 for _, source in ipairs(plan.lift) do redis.call('SREM', KEYS[2], source) end
 for _, source in ipairs(plan.clear_window) do redis.call('DEL', window_prefix .. source) end
-if plan.rates ~= cjson.null then
-  -- A thousand fields a call: one HSET per source made this loop ~50 ms longer.
-  redis.call('DEL', KEYS[3])
-  local fields, count = {}, 0
-  for source, rate in pairs(plan.rates) do
-    fields[count + 1], fields[count + 2] = source, rate
-    count = count + 2
-    if count == 2000 then
-      redis.call('HSET', KEYS[3], unpack(fields, 1, count))
-      count = 0
-    end
+if plan.rates_whole then redis.call('DEL', KEYS[3]) end
+-- A thousand fields a call: one HSET per source costs far more, and unpack has a limit.
+local fields, count = {}, 0
+for source, info in pairs(plan.rates) do
+  fields[count + 1], fields[count + 2] = source, info
+  count = count + 2
+  if count == 2000 then
+    redis.call('HSET', KEYS[3], unpack(fields, 1, count))
+    count = 0
   end
-  if count > 0 then redis.call('HSET', KEYS[3], unpack(fields, 1, count)) end
+end
+if count > 0 then redis.call('HSET', KEYS[3], unpack(fields, 1, count)) end
+local gone = plan.rates_gone
+for i = 1, #gone, 1000 do
+  redis.call('HDEL', KEYS[3], unpack(gone, i, math.min(i + 999, #gone)))
 end
 local halted = {}
 for _, source in ipairs(redis.call('SMEMBERS', KEYS[1])) do halted[source] = true end
 local set = 0
-for source, tokens in pairs(plan.tokens) do
-  if halted[source] then tokens = '0' end
-  redis.call('SET', tokens_prefix .. source, tokens, 'PX', ttl)
+for source, rate in pairs(plan.pace) do
+  if halted[source] then rate = '0' end
+  redis.call('SET', pace_prefix .. source, rate, 'PX', ttl)
   set = set + 1
 end
 return {1, set}
@@ -269,10 +283,11 @@ def new_lease_token() -> str:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class WriteResult:
-    """What a write did: applied (and ``buckets`` set), or refused for want of the lease."""
+    """What a write did: applied (and ``paced`` pace_rate keys set), or refused for want of
+    the lease."""
 
     applied: bool
-    buckets: int = 0
+    paced: int = 0
     # Who holds the lease when the write was refused (None: nobody).
     holder: str | None = None
 
@@ -304,6 +319,9 @@ class ObservedState:
     sources: Mapping[str, SourceState]
     # Every requested source's failure counter (resize_errors:{source}), "" when missing.
     failure_counters: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    # The backoff signal counter (backoff_signals:{source}) of the requested sources that
+    # have one holding an integer.
+    backoff_signals: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
     def of(self, source: str) -> SourceState:
         return self.sources.get(source, EMPTY_SOURCE)
@@ -311,12 +329,16 @@ class ObservedState:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Writes:
-    """One second's decisions, applied together."""
+    """One loop's decisions, applied together."""
 
-    tokens: Mapping[str, int]
-    # Effective rate (requests/s) of every known source, for crawl_rates; None leaves
-    # crawl_rates as it is.
-    rates: Mapping[str, float] | None = None
+    # The rate (requests/s) of every known source for pace_rate:{source}: its effective
+    # rate, 0 while it is halted.
+    pace_rates: Mapping[str, float]
+    # crawl_rates fields to set (the changed ones), and to delete.
+    pacing: Mapping[str, PacingInfo] = dataclasses.field(default_factory=dict)
+    pacing_gone: Collection[str] = ()
+    # Replace crawl_rates whole with ``pacing``.
+    pacing_whole: bool = False
     halt: Collection[str] = ()
     temp_halt: Collection[str] = ()
     lift_temp_halt: Collection[str] = ()
@@ -374,6 +396,7 @@ def decode_observed(raw: str | bytes, sources_asked: Sequence[str]) -> ObservedS
                 errors=tuple(entry.get("x") or ()),
             )
     counters = document.get("c")
+    backoff = document.get("b")
     return ObservedState(
         halted=_members(document.get("h")),
         temp_halted=_members(document.get("t")),
@@ -382,13 +405,42 @@ def decode_observed(raw: str | bytes, sources_asked: Sequence[str]) -> ObservedS
         failure_counters=dict(zip(sources_asked, counters, strict=True))
         if isinstance(counters, list)
         else {},
+        backoff_signals=_integers(backoff) if isinstance(backoff, dict) else {},
     )
 
 
-_EXPECTED_JSON: Final = json.dumps(sorted(EXPECTED_STATUSES))
+def _integers(values: Mapping[str, Any]) -> dict[str, int]:
+    # A counter an operator overwrote with something else is as good as missing.
+    counters = {}
+    for source, value in values.items():
+        try:
+            counters[source] = int(value)
+        except (TypeError, ValueError):
+            continue
+    return counters
 
-# Sources per read-script call: ~15 ms of Redis time each when every source is busy.
-# At most 2,000: the script passes 3 keys a source to one MGET through Lua's unpack.
+
+_EXPECTED_JSON: Final = json.dumps(sorted(EXPECTED_STATUSES))
+_ENCODE: Final = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+
+
+def encode_pacing(info: PacingInfo) -> str:
+    """``info.to_json()`` as text, at a fraction of its cost (no ``dataclasses.asdict``)."""
+    return _ENCODE(
+        {
+            "rate_rps": info.rate_rps,
+            "configured_rps": info.configured_rps,
+            "origin": info.origin,
+            "state": info.state,
+            "why": info.why,
+        }
+    )
+
+
+# Sources per read-script call: small enough that workers' commands are served between
+# calls, large enough that the calls' own cost does not add up.
+# At most 1,999: the script passes 4 keys a source to one MGET through Lua's unpack,
+# whose limit is 8,000 values.
 READ_CHUNK: Final = 500
 
 
@@ -402,6 +454,10 @@ class RedisRegulatorStore:
         self._acquire = redis.register_script(_ACQUIRE_SCRIPT)
         self._release = redis.register_script(_RELEASE_SCRIPT)
         self.round_trips = 0
+        # Each source's PacingInfo as last encoded: the decision hands the same object
+        # over while a source's pacing has not changed, and a whole rewrite of crawl_rates
+        # then costs no encoding.
+        self._encoded: dict[str, tuple[PacingInfo, str]] = {}
 
     async def read(
         self,
@@ -411,8 +467,8 @@ class RedisRegulatorStore:
         full_last_statuses: Collection[str] | None = None,
         failure_counters: Mapping[str, str] | None = None,
     ) -> ObservedState:
-        """Halted sets, 60 s windows, last-50 lists, overrides and failure counters of
-        ``sources``.
+        """Halted sets, 60 s windows, last-50 lists, overrides, failure counters and
+        backoff signal counters of ``sources``.
 
         The last-50 histogram of every source, or with ``full_last_statuses`` only of
         those sources and of the ones whose last 50 statuses all failed (what the
@@ -424,7 +480,7 @@ class RedisRegulatorStore:
         caller passes them only for sources whose window held no error at that read.
 
         One round trip: a pipeline of one script call per ``READ_CHUNK`` sources, so that
-        Redis serves other clients (workers taking tokens) between chunks instead of
+        Redis serves other clients (workers pacing their requests) between chunks instead of
         being held by one long script.
         """
         chunks = [sources[i : i + READ_CHUNK] for i in range(0, len(sources), READ_CHUNK)]
@@ -445,6 +501,7 @@ class RedisRegulatorStore:
                 ""
                 if failure_counters is None
                 else json.dumps([failure_counters.get(s) for s in chunk]),
+                BACKOFF_SIGNALS_PREFIX,
             ]
             for chunk in chunks or [[]]
         ]
@@ -465,6 +522,7 @@ class RedisRegulatorStore:
             temp_halted=observed[-1].temp_halted,
             sources={s: state for part in observed for s, state in part.sources.items()},
             failure_counters={s: n for part in observed for s, n in part.failure_counters.items()},
+            backoff_signals={s: n for part in observed for s, n in part.backoff_signals.items()},
         )
 
     async def _read_chunks(self, keys: list[str], calls: list[list[Any]]) -> list[Any]:
@@ -479,16 +537,18 @@ class RedisRegulatorStore:
     async def write(
         self, writes: Writes, token_ttl_ms: int, lease: LeaderLease | None = None
     ) -> WriteResult:
-        """Apply ``writes``; every bucket is SET with an expiry of ``token_ttl_ms``.
+        """Apply ``writes``; every ``pace_rate:`` key is SET with an expiry of
+        ``token_ttl_ms``, to ``"0"`` for a source in ``halted`` whatever ``writes`` says.
 
         With a ``lease``, only while its token holds the lease, which is renewed for
         ``lease.ttl_ms`` in the same atomic call; otherwise nothing is written.
         """
         plan = {
-            "tokens": {source: str(n) for source, n in writes.tokens.items()},
-            "rates": None
-            if writes.rates is None
-            else {source: repr(float(r)) for source, r in writes.rates.items()},
+            # "0", not "0.0": what operators type, and what `image-crawler halt` writes.
+            "pace": {s: repr(r) if r > 0.0 else "0" for s, r in writes.pace_rates.items()},
+            "rates": self._encode_pacing(writes.pacing, whole=writes.pacing_whole),
+            "rates_whole": writes.pacing_whole,
+            "rates_gone": sorted(writes.pacing_gone),
             "halt": sorted(writes.halt),
             "temp_halt": sorted(writes.temp_halt),
             "lift": sorted(writes.lift_temp_halt),
@@ -505,15 +565,31 @@ class RedisRegulatorStore:
             [
                 json.dumps(plan),
                 token_ttl_ms,
-                TOKENS_PREFIX,
+                PACE_RATE_PREFIX,
                 STATUS_60S_PREFIX,
                 "" if lease is None else lease.token,
                 0 if lease is None else lease.ttl_ms,
             ],
         )
         if int(applied):
-            return WriteResult(applied=True, buckets=int(value))
+            return WriteResult(applied=True, paced=int(value))
         return WriteResult(applied=False, holder=_text(value) or None)
+
+    def _encode_pacing(self, pacing: Mapping[str, PacingInfo], *, whole: bool) -> dict[str, str]:
+        encoded = self._encoded
+        fields = {}
+        for source, info in pacing.items():
+            known = encoded.get(source)
+            if known is not None and known[0] is info:
+                fields[source] = known[1]
+            else:
+                text = encode_pacing(info)
+                encoded[source] = (info, text)
+                fields[source] = text
+        if whole and len(encoded) > len(fields):
+            for gone in encoded.keys() - fields.keys():
+                del encoded[gone]
+        return fields
 
     async def acquire(self, lease: LeaderLease) -> str | None:
         """Take the lease if nobody holds it; the holder afterwards (None: nobody)."""

@@ -5,7 +5,7 @@ Subcommands (each has ``--help``)::
     up        start broker, redis-server, monitor and workers on loopback; Ctrl-C stops them
     demo      ``up`` plus a local origin of bundled samples, crawled end to end
     produce   feed inbound_images from a JSON Lines, CSV or TSV file
-    status    a live table of every source's rate, tokens, counters and halt state
+    status    a live table of every source's pacing, counters and halt state
     halt      halt a source now (the permanent breaker, set by hand)
     resume    resume a halted source (the README's redis-cli procedure, done right)
     override  set or clear a source's rate override
@@ -695,11 +695,14 @@ def build_parser() -> argparse.ArgumentParser:
     status = commands.add_parser(
         "status",
         parents=[redis],
-        help="a live table of every source: rate, tokens, counters, halts",
+        help="a live table of every source: pacing, counters, halts",
         description=(
-            "Show, per source, the monitor's current rate, the tokens in its bucket, its "
-            "successes and errors, a histogram of its last 50 statuses and its halt state "
-            "and override, with the crawl's totals; refreshed every --interval seconds "
+            "Show, per source, its pacing: the effective rate of the configured one "
+            "(crawl_rates), the rate workers are paced at now (pace_rate:SOURCE; none "
+            "without a monitor), why (backoff, recovering, floor, halted...), and when the "
+            "next request may start if a server's Retry-After put it off (pace_next:SOURCE); "
+            "then its successes and errors, a histogram of its last 50 statuses, its halt "
+            "state and override, and the crawl's totals. Refreshed every --interval seconds "
             "(one Redis round trip each) until Ctrl-C."
         ),
     )
@@ -712,11 +715,13 @@ def build_parser() -> argparse.ArgumentParser:
     halt = commands.add_parser(
         "halt",
         parents=[redis],
-        help="halt a source now (SADD halted; SET currtokens:SOURCE 0)",
+        help="halt a source now (SADD halted; SET pace_rate:SOURCE 0)",
         description=(
             "Halt SOURCE until an operator resumes it: add it to the halted set (the "
-            "monitor then gives it no tokens) and empty its bucket so that workers stop at "
-            "once."
+            "monitor then paces it at 0) and SET pace_rate:SOURCE 0 so that workers stop "
+            "within their pacing horizon (about 0.05 s) instead of at the monitor's next "
+            "loop; also SET currtokens:SOURCE 0 for workers older than pacing (a rolling "
+            "upgrade). One transaction."
         ),
     )
     halt.add_argument("source", metavar="SOURCE")
@@ -729,7 +734,8 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "Resume SOURCE: with --rate, SET override_rate:SOURCE first; then DEL "
             "statuslast50req:SOURCE and status60s:SOURCE (so the old errors do not trip a "
-            "breaker again), SREM halted and SREM temp_halted, in one transaction."
+            "breaker again), SREM halted and SREM temp_halted, in one transaction. The "
+            "monitor paces it again within a second."
         ),
     )
     resume.add_argument("source", metavar="SOURCE")
@@ -741,8 +747,10 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[redis],
         help="set (or --clear) a source's rate override",
         description=(
-            "SET override_rate:SOURCE RATE (requests/s, > 0): it beats the computed rate "
-            "within a second. --clear deletes override_rate:SOURCE and override-rate:SOURCE."
+            "SET override_rate:SOURCE RATE (requests/s, > 0): within a second it is the "
+            "source's configured rate instead of the computed one (the effective rate stays "
+            "below it while the source's server pushes back). --clear deletes "
+            "override_rate:SOURCE and override-rate:SOURCE."
         ),
     )
     override.add_argument("source", metavar="SOURCE")

@@ -46,7 +46,23 @@ def is_valid_source_name(source: str) -> bool:
 
 
 # --- Redis keys ----------------------------------------------------------------------
+# The original's token bucket. Nothing reads or writes it since pacing replaced it (see
+# PACE_RATE_PREFIX): kept so that `image-crawler halt` can still zero a bucket an older
+# worker of a rolling upgrade may be reading.
 TOKENS_PREFIX: Final = "currtokens:"
+# Pacing (replaces currtokens:{source}). The rate (requests/s, a float) the leading monitor
+# grants the source now: its configured rate (computed or overridden), cut while the
+# source's server pushes back; "0" while the source is halted. SET every loop with a short
+# expiry (TOKEN_TTL_MS): no monitor, no rate, no request.
+PACE_RATE_PREFIX: Final = "pace_rate:"
+# The earliest Unix time (seconds, "%.6f") at which the next request to the source may
+# start: the theoretical arrival time of the generic cell rate algorithm, advanced by
+# 1/rate for each request a worker is granted, and pushed forward by a Retry-After.
+# Written by the workers' pacing script only; it expires a little after it has passed.
+PACE_NEXT_PREFIX: Final = "pace_next:"
+# How many backoff signals (BACKOFF_STATUSES, and responses much slower than the source's
+# usual) workers saw, an integer the monitor reads every loop to cut the source's rate.
+BACKOFF_SIGNALS_PREFIX: Final = "backoff_signals:"
 OVERRIDE_RATE_PREFIX: Final = "override_rate:"
 OVERRIDE_RATE_ALIAS_PREFIX: Final = "override-rate:"
 HALTED_SET: Final = "halted"
@@ -61,8 +77,9 @@ INBOUND_SOURCES_SET: Final = "inbound_sources"
 NUM_SPLIT: Final = "num_split"
 # Beyond the original: messages that could not be parsed, per consuming process.
 NUM_MALFORMED: Final = "num_malformed"
-# Beyond the original: the monitor's current rate (req/s) per source, a hash rewritten
-# every loop, for operators (`redis-cli hgetall crawl_rates`) and `image-crawler status`.
+# Beyond the original: each source's pacing as the leading monitor decided it, a hash of
+# source -> ``PacingInfo`` JSON (effective and configured rate, and why), for operators
+# (`redis-cli hgetall crawl_rates`) and `image-crawler status`.
 RATES_HASH: Final = "crawl_rates"
 # Beyond the original: which crawl monitor leads. Only the holder refills buckets and runs
 # the breakers, so that two monitors never double a rate. A string, the holder's token
@@ -81,6 +98,18 @@ STATUS_WINDOWS: Final[tuple[tuple[str, float], ...]] = (
 
 def tokens_key(source: str) -> str:
     return f"{TOKENS_PREFIX}{source}"
+
+
+def pace_rate_key(source: str) -> str:
+    return f"{PACE_RATE_PREFIX}{source}"
+
+
+def pace_next_key(source: str) -> str:
+    return f"{PACE_NEXT_PREFIX}{source}"
+
+
+def backoff_signals_key(source: str) -> str:
+    return f"{BACKOFF_SIGNALS_PREFIX}{source}"
 
 
 def last50_key(source: str) -> str:
@@ -111,10 +140,20 @@ def status_of_window_member(member: str) -> str:
 EXPECTED_STATUSES: Final = frozenset(
     {"200", "300", "301", "302", "404", "UnidentifiedImageError", "NoRateToken"}
 )
-# Retried once, through ``inbound_images`` with ``attempts``.
-RETRYABLE_STATUSES: Final = frozenset({"400", "401", "403", "429", "500", "ServerDisconnected"})
-# A URL is attempted at most this many times in all.
-MAX_ATTEMPTS: Final = 2
+# Tried again by the worker that saw them, after an exponential backoff with jitter (and
+# never before a Retry-After has passed), up to MAX_ATTEMPTS tries in all.
+RETRYABLE_STATUSES: Final = frozenset(
+    {"400", "401", "403", "429", "500", "502", "503", "504", "ServerDisconnected"}
+)
+# A server asking us to slow down: each one is a backoff signal that cuts the source's
+# rate. While the rate is above its floor they are not breaker errors (the rate is still
+# falling); at the floor they count as errors again.
+BACKOFF_STATUSES: Final = frozenset({"429", "503", "Timeout"})
+# A URL is attempted at most this many times in all (MAX_ATTEMPTS), counting the
+# ``attempts`` an inbound message already carries.
+MAX_ATTEMPTS: Final = 5
+# The longest Retry-After obeyed (MAX_RETRY_AFTER_S); longer ones are capped and logged.
+MAX_RETRY_AFTER_S: Final = 3600.0
 
 RAW_MESSAGE_CAP_BYTES: Final = 4096
 
@@ -311,3 +350,47 @@ class UnparseableMessage:
     def from_json(cls, raw: bytes | str) -> UnparseableMessage:
         obj = _decode_object(raw)
         return cls(**{f.name: obj[f.name] for f in dataclasses.fields(cls)})
+
+
+# --- Pacing, as the monitor reports it -------------------------------------------------
+# Why a source's effective rate is what it is (PacingInfo.state).
+PACE_CONFIGURED: Final = "configured"  # at its configured rate
+PACE_BACKOFF: Final = "backoff"  # cut: its server pushed back in the last loop
+PACE_RECOVERING: Final = "recovering"  # climbing back (additive increase)
+PACE_FLOOR: Final = "floor"  # held at the floor; backoff statuses are breaker errors again
+PACE_HALTED: Final = "halted"  # in halted or temp_halted: no request
+PACE_STOPPED: Final = "stopped"  # configured at 0 (an override of 0)
+PACE_STATES: Final = frozenset(
+    {PACE_CONFIGURED, PACE_BACKOFF, PACE_RECOVERING, PACE_FLOOR, PACE_HALTED, PACE_STOPPED}
+)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PacingInfo:
+    """One source's pacing in ``crawl_rates``: the rate requests are paced at now
+    (``rate_rps``), the rate it would have without backoff (``configured_rps``: computed,
+    or an override, named by ``origin``), and why (``state``, one of ``PACE_STATES``, and
+    ``why``, a sentence for operators)."""
+
+    rate_rps: float
+    configured_rps: float
+    origin: str
+    state: str
+    why: str
+
+    def to_json(self) -> bytes:
+        return _encode(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> PacingInfo:
+        obj = _decode_object(raw)
+        try:
+            return cls(
+                rate_rps=float(obj["rate_rps"]),
+                configured_rps=float(obj["configured_rps"]),
+                origin=str(obj["origin"]),
+                state=str(obj["state"]),
+                why=str(obj["why"]),
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise MalformedMessage(f"not a pacing record: {e!r}") from None

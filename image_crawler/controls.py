@@ -4,7 +4,8 @@ Each is a few Redis commands in one transaction (MULTI/EXEC), the same ones an o
 would type into redis-cli (``README.md``, "Operating a crawl"); each returns what it did,
 as redis-cli lines with a note where a command changed nothing, for the CLI to print.
 The monitor reads the keys every second, so an action takes effect within a second;
-``halt`` also empties the bucket, so the workers stop at once.
+``halt`` also sets the source's pace rate to 0 itself, so that workers stop within their
+pacing horizon (about 0.05 s) instead of at the monitor's next loop.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from image_crawler.contract import (
     TEMP_HALTED_SET,
     is_valid_source_name,
     last50_key,
+    pace_rate_key,
     tokens_key,
 )
 
@@ -91,14 +93,22 @@ async def is_known(redis: aioredis.Redis, source: str) -> bool:
 
 
 async def halt(redis: aioredis.Redis, source: str) -> list[Done]:
-    """Halt ``source`` permanently (until ``resume``) and empty its bucket at once."""
+    """Halt ``source`` until ``resume``: SADD ``halted``, and SET its pace rate (and, for
+    workers older than pacing, its token bucket) to 0 so that workers stop at once."""
     async with redis.pipeline(transaction=True) as pipe:
         pipe.sadd(HALTED_SET, source)
+        # No expiry: the monitor's next loop writes "0" with its own, and without a
+        # monitor a "0" that stays says the same as an expired key (no request).
+        pipe.set(pace_rate_key(source), 0)
         pipe.set(tokens_key(source), 0)
-        added, _ = await pipe.execute()
+        added, _, _ = await pipe.execute()
     return [
-        Done(f"SADD {HALTED_SET} {source}", "" if added else "it was already halted"),
-        Done(f"SET {tokens_key(source)} 0", "no token left: workers stop now"),
+        Done(
+            f"SADD {HALTED_SET} {source}",
+            "the monitor paces it at 0 until it is resumed" if added else "it was already halted",
+        ),
+        Done(f"SET {pace_rate_key(source)} 0", "workers stop within their pacing horizon, ~0.05 s"),
+        Done(f"SET {tokens_key(source)} 0", "the same for workers older than pacing"),
     ]
 
 
@@ -108,7 +118,7 @@ async def resume(redis: aioredis.Redis, source: str, rate: float | None = None) 
     With ``rate``, first SET ``override_rate:{source}`` (as the procedure does). Then
     clear the last-50 statuses and the 60-second window (or the errors that caused the
     halt would trip the temporary breaker again), and remove the source from both halted
-    sets. The monitor gives it tokens again within a second.
+    sets. The monitor paces it again (SETs its ``pace_rate:``) within a second.
     """
     async with redis.pipeline(transaction=True) as pipe:
         if rate is not None:

@@ -5,6 +5,11 @@ sources is itself in Redis, so a plain pipeline would need two) and ``status_tab
 renders the result; ``parse_status`` between them is pure. The sources listed are the
 union of ``inbound_sources``, the monitor's ``crawl_rates``, ``halted`` and
 ``temp_halted``.
+
+A source's pacing comes from three keys: the monitor's record in ``crawl_rates`` (the
+effective and configured rate, and why), the rate workers are paced at this second
+(``pace_rate:``, which expires when no monitor renews it) and the earliest time the next
+request may start (``pace_next:``, pushed into the future by a server's Retry-After).
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 import redis.asyncio as aioredis
+from rich import box
+from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
@@ -28,19 +35,31 @@ from image_crawler.contract import (
     NUM_SPLIT,
     OVERRIDE_RATE_ALIAS_PREFIX,
     OVERRIDE_RATE_PREFIX,
+    PACE_BACKOFF,
+    PACE_CONFIGURED,
+    PACE_FLOOR,
+    PACE_HALTED,
+    PACE_NEXT_PREFIX,
+    PACE_RATE_PREFIX,
+    PACE_RECOVERING,
+    PACE_STOPPED,
     RATES_HASH,
     RESIZE_ERRORS,
     TEMP_HALTED_SET,
-    TOKENS_PREFIX,
+    MalformedMessage,
+    PacingInfo,
 )
 
 # ARGV: the set and hash names, then key prefixes and counters, in the order of _ARGV.
 # Answers JSON {"sources": {name: {...}}, "halted": [...], "temp_halted": [...],
-# "totals": {...}}. A key of the wrong type reads as absent rather than failing the view.
+# "totals": {...}, "now": [seconds, microseconds]}. A key of the wrong type reads as
+# absent rather than failing the view. "now" is Redis's clock, not the operator's: the
+# workers write pace_next from Redis's TIME, so only that clock compares with it.
 _SCRIPT: Final = """
 local inbound, halted_set, temp_set, rates_hash = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local tokens_prefix, resized, errors, last_prefix = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
+local pace_rate_prefix, resized, errors, last_prefix = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
 local override_prefix, alias_prefix, split, malformed = ARGV[9], ARGV[10], ARGV[11], ARGV[12]
+local pace_next_prefix = ARGV[13]
 
 local function call(...)
   local reply = redis.pcall(...)
@@ -71,7 +90,8 @@ local sources = {}
 for _, s in ipairs(names) do
   sources[s] = {
     rate = rates[s] or false,
-    tokens = call('GET', tokens_prefix .. s),
+    pace_rate = call('GET', pace_rate_prefix .. s),
+    pace_next = call('GET', pace_next_prefix .. s),
     ok = call('GET', resized .. ':' .. s),
     errors = call('GET', errors .. ':' .. s),
     last = call('LRANGE', last_prefix .. s, 0, -1) or {},
@@ -80,7 +100,7 @@ for _, s in ipairs(names) do
   }
 end
 return cjson.encode({
-  sources = sources, halted = halted, temp_halted = temp,
+  sources = sources, halted = halted, temp_halted = temp, now = redis.call('TIME'),
   totals = {
     num_resized = call('GET', resized), resize_errors = call('GET', errors),
     num_split = call('GET', split), num_malformed = call('GET', malformed),
@@ -92,7 +112,7 @@ _ARGV: Final = (
     HALTED_SET,
     TEMP_HALTED_SET,
     RATES_HASH,
-    TOKENS_PREFIX,
+    PACE_RATE_PREFIX,
     NUM_RESIZED,
     RESIZE_ERRORS,
     LAST_50_PREFIX,
@@ -100,15 +120,31 @@ _ARGV: Final = (
     OVERRIDE_RATE_ALIAS_PREFIX,
     NUM_SPLIT,
     NUM_MALFORMED,
+    PACE_NEXT_PREFIX,
 )
+
+# A next slot closer than this is ordinary pacing at any rate above 1/s: not worth a line.
+NEXT_SLOT_SHOWN_S: Final = 1.0
+# Pacing keeps pace_next within one interval (1/rate) and the workers' horizon of now; a
+# rate raised since the last grant can leave it up to the old interval ahead. Beyond an
+# interval and this margin, only a pause (a server's Retry-After) explains it.
+PAUSE_MARGIN_S: Final = 1.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class SourceStatus:
     name: str
-    # The monitor's current rate (requests/s), None when it has published none.
+    # The monitor's effective rate (requests/s), None when it has published none.
     rate_rps: float | None
-    tokens: int | None
+    # The monitor's whole record; None when ``crawl_rates`` holds no valid PacingInfo for
+    # the source (none yet, or an older monitor's plain number: then only ``rate_rps``).
+    pacing: PacingInfo | None
+    # ``pace_rate:``, the rate workers are paced at this second; None when the key is
+    # absent (no monitor renews it, or an unknown source): then workers get no request.
+    pace_rate_rps: float | None
+    # ``pace_next:`` minus Redis's clock: the next request may start this many seconds
+    # from now (negative: it may start now). None when the key is absent.
+    next_slot_in_s: float | None
     successes: int
     errors: int
     # Histogram of the last 50 statuses, most frequent first.
@@ -155,31 +191,61 @@ def _text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def _pacing(value: Any) -> PacingInfo | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        return PacingInfo.from_json(value)
+    except MalformedMessage:
+        return None
+
+
+# Redis's TIME reply, [seconds, microseconds], in Unix seconds.
+def _redis_time(value: Any) -> float | None:
+    parts = _strings(value)
+    seconds = _int(parts[0]) if len(parts) == 2 else None
+    microseconds = _int(parts[1]) if len(parts) == 2 else None
+    if seconds is None or microseconds is None:
+        return None
+    return seconds + microseconds / 1e6
+
+
+def _source(
+    name: str, raw: Mapping[str, Any], halted: bool, temp_halted: bool, now: float | None
+) -> SourceStatus:
+    pacing = _pacing(raw.get("rate"))
+    pace_next = _float(raw.get("pace_next"))
+    return SourceStatus(
+        name=name,
+        # An older monitor's plain number is still the rate, with no reason given.
+        rate_rps=pacing.rate_rps if pacing is not None else _float(raw.get("rate")),
+        pacing=pacing,
+        pace_rate_rps=_float(raw.get("pace_rate")),
+        next_slot_in_s=None if pace_next is None or now is None else pace_next - now,
+        successes=_int(raw.get("ok")) or 0,
+        errors=_int(raw.get("errors")) or 0,
+        last_statuses=dict(Counter(_strings(raw.get("last"))).most_common()),
+        halted=halted,
+        temp_halted=temp_halted,
+        override=_text(raw.get("override")) or _text(raw.get("alias")),
+    )
+
+
 def parse_status(payload: str | bytes) -> CrawlStatus:
     """The script's JSON answer as a ``CrawlStatus``, sources sorted by name."""
     data = json.loads(payload)
     halted = set(_strings(data.get("halted")))
     temp_halted = set(_strings(data.get("temp_halted")))
+    now = _redis_time(data.get("now"))
     raw_sources = data.get("sources")
-    sources = []
-    for name, raw in sorted((raw_sources if isinstance(raw_sources, dict) else {}).items()):
-        last = Counter(_strings(raw.get("last")))
-        sources.append(
-            SourceStatus(
-                name=name,
-                rate_rps=_float(raw.get("rate")),
-                tokens=_int(raw.get("tokens")),
-                successes=_int(raw.get("ok")) or 0,
-                errors=_int(raw.get("errors")) or 0,
-                last_statuses=dict(last.most_common()),
-                halted=name in halted,
-                temp_halted=name in temp_halted,
-                override=_text(raw.get("override")) or _text(raw.get("alias")),
-            )
-        )
+    sources = tuple(
+        _source(name, raw, name in halted, name in temp_halted, now)
+        for name, raw in sorted((raw_sources if isinstance(raw_sources, dict) else {}).items())
+        if isinstance(raw, dict)
+    )
     totals = data.get("totals") or {}
     return CrawlStatus(
-        sources=tuple(sources),
+        sources=sources,
         num_resized=_int(totals.get("num_resized")) or 0,
         resize_errors=_int(totals.get("resize_errors")) or 0,
         num_split=_int(totals.get("num_split")) or 0,
@@ -191,6 +257,90 @@ async def read_status(redis: aioredis.Redis) -> CrawlStatus:
     """Everything ``status_table`` shows, read in one round trip."""
     payload = await redis.eval(_SCRIPT, 0, *_ARGV)
     return parse_status(payload)
+
+
+def paused_by_server(next_slot_in_s: float, rate_rps: float | None) -> bool:
+    """True when the next slot is further away than pacing at ``rate_rps`` puts it: a
+    pause, which only a server's Retry-After sets. Unknown with no rate (False)."""
+    if rate_rps is None or rate_rps <= 0:
+        return False
+    return next_slot_in_s > 1.0 / rate_rps + PAUSE_MARGIN_S
+
+
+def next_slot_text(source: SourceStatus) -> str | None:
+    """``"Retry-After: next request in 42 s"``, or None when the next slot is near."""
+    wait_s = source.next_slot_in_s
+    if wait_s is None or wait_s <= NEXT_SLOT_SHOWN_S:
+        return None
+    text = f"next request in {_duration(wait_s)}"
+    return f"Retry-After: {text}" if paused_by_server(wait_s, _paced_at(source)) else text
+
+
+def _paced_at(source: SourceStatus) -> float | None:
+    # A halted source's effective rate is 0; the slots it was given were at most its
+    # configured rate apart.
+    if source.rate_rps:
+        return source.rate_rps
+    if source.pacing is not None and source.pacing.configured_rps:
+        return source.pacing.configured_rps
+    return source.pace_rate_rps
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    minutes, rest = divmod(round(seconds), 60)
+    return f"{minutes} min {rest} s"
+
+
+def _rate(rate_rps: float) -> str:
+    # Three significant digits, but never an exponent: rates go up to a few hundred.
+    return f"{rate_rps:.0f}" if rate_rps >= 100 else f"{rate_rps:.3g}"
+
+
+def _rates(source: SourceStatus) -> str:
+    if source.pacing is not None:
+        return f"{_rate(source.pacing.rate_rps)} of {_rate(source.pacing.configured_rps)}"
+    return "-" if source.rate_rps is None else _rate(source.rate_rps)
+
+
+def _pace_rate(source: SourceStatus) -> Text:
+    if source.pace_rate_rps is None:
+        # Workers start nothing: worth a colour unless the source is meant to stop.
+        quiet = source.halted or source.temp_halted or source.rate_rps is None
+        return Text("none", style="" if quiet else "red")
+    return Text(_rate(source.pace_rate_rps))
+
+
+_STATE_STYLES: Final = {
+    PACE_CONFIGURED: "green",
+    PACE_RECOVERING: "cyan",
+    PACE_BACKOFF: "yellow",
+    PACE_FLOOR: "bold yellow",
+    PACE_HALTED: "red",
+    PACE_STOPPED: "red",
+}
+
+
+def _pacing_cell(source: SourceStatus) -> RenderableType:
+    text = Text()
+    if source.pacing is not None:
+        text.append(source.pacing.state, style=_STATE_STYLES.get(source.pacing.state, ""))
+    elif source.rate_rps is not None:
+        text.append("unknown", style="dim")  # an older monitor: a rate, no reason
+    else:
+        text.append("-")
+    slot = next_slot_text(source)
+    if slot is not None:
+        text.append(f"\n{slot}", style="bold magenta")
+    if source.pacing is None or not source.pacing.why:
+        return text
+    # The reason is the widest thing in a row: in a narrow terminal it is cut, not
+    # wrapped over many lines (`redis-cli hget crawl_rates SOURCE` has it whole).
+    why = Text(source.pacing.why, style="dim", no_wrap=True, overflow="ellipsis")
+    return Group(text, why)
 
 
 def _histogram(statuses: Mapping[str, int]) -> str:
@@ -210,35 +360,45 @@ def _state(source: SourceStatus) -> Text:
     return text
 
 
-def _optional(value: float | None, fmt: str) -> str:
-    return "-" if value is None else format(value, fmt)
-
-
 def status_table(status: CrawlStatus, *, note: str | None = None) -> Table:
-    """The status as a table: one row per source, totals in the caption."""
-    table = Table(title="image-crawler status", caption_justify="left")
+    """The status as a table: one row per source (its pacing's reason on a second line),
+    totals in the caption."""
+    # No side borders and one space between columns: the pacing's reason gets the width.
+    table = Table(
+        title="image-crawler status",
+        caption_justify="left",
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        pad_edge=False,
+        padding=(0, 1, 0, 0),
+        collapse_padding=True,
+    )
     table.add_column("source", no_wrap=True)
-    table.add_column("rate/s", justify="right")
-    table.add_column("tokens", justify="right")
-    table.add_column("ok", justify="right")
-    table.add_column("errors", justify="right")
+    table.add_column("rate/s", justify="right", no_wrap=True)
+    table.add_column("pace_rate", justify="right", no_wrap=True)
+    table.add_column("pacing")
+    table.add_column("ok", justify="right", no_wrap=True)
+    table.add_column("errors", justify="right", no_wrap=True)
     table.add_column("last 50 statuses")
-    table.add_column("state", no_wrap=True)
+    table.add_column("state")
     for source in status.sources:
         table.add_row(
             source.name,
-            _optional(source.rate_rps, ".3g"),
-            _optional(source.tokens, "d"),
+            _rates(source),
+            _pace_rate(source),
+            _pacing_cell(source),
             str(source.successes),
             str(source.errors),
             _histogram(source.last_statuses),
             _state(source),
         )
     if not status.sources:
-        table.add_row("(no source yet)", "", "", "", "", "", "")
+        table.add_row("(no source yet)", "", "", "", "", "", "", "")
     caption = (
         f"total: {status.num_resized} resized, {status.resize_errors} errors, "
-        f"{status.num_split} split, {status.num_malformed} malformed"
+        f"{status.num_split} split, {status.num_malformed} malformed\n"
+        "rate/s: effective of configured; pace_rate: the rate workers get now (none: no "
+        "monitor)"
     )
     table.caption = f"{caption}\n{note}" if note else caption
     return table

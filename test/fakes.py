@@ -14,13 +14,17 @@ from worker.fetch import FetchResult
 from worker.outputs import DependencyError
 
 
-class FakeTokens:
-    """Grants tokens of the sources in ``granted``; others wait forever."""
+class FakePacer:
+    """Grants slots of the sources in ``granted``; others wait forever. Records pauses."""
 
     def __init__(self, granted: set[str] | None = None) -> None:
         self.granted = granted
         self.taken: list[str] = []
         self.waiting: list[asyncio.Future[None]] = []
+        self.pauses: list[tuple[str, float]] = []
+
+    async def pause(self, source: str, delay_s: float) -> None:
+        self.pauses.append((source, delay_s))
 
     def acquire(self, source: str) -> asyncio.Future[None]:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -38,13 +42,20 @@ class FakeTokens:
 
 
 class FakeFetcher:
-    def __init__(self, results: dict[str, FetchResult]) -> None:
+    """Answers each URL with its result, or with its list of results in turn (the last
+    one again once they run out); unknown URLs 404."""
+
+    def __init__(self, results: dict[str, FetchResult | list[FetchResult]]) -> None:
         self.results = results
         self.requests: list[str] = []
 
     async def fetch(self, url: str) -> FetchResult:
         self.requests.append(url)
-        return self.results.get(url, FetchResult("404"))
+        result = self.results.get(url, FetchResult("404"))
+        if isinstance(result, list):
+            tries = self.requests.count(url)
+            return result[min(tries, len(result)) - 1]
+        return result
 
 
 class FakeStore:
@@ -72,10 +83,14 @@ class FakeSink:
 class FakeStats:
     def __init__(self) -> None:
         self.outcomes: list[tuple[str, str]] = []
+        # The outcomes recorded as backoff signals.
+        self.signals: list[tuple[str, str]] = []
         self.malformed = 0
 
-    async def record(self, source: str, status: str) -> None:
+    async def record(self, source: str, status: str, *, backoff: bool = False) -> None:
         self.outcomes.append((source, status))
+        if backoff:
+            self.signals.append((source, status))
 
     async def record_malformed(self) -> None:
         self.malformed += 1
@@ -85,8 +100,8 @@ class FlakyRedis:
     """A Redis client whose pipelines and script calls fail with ``ConnectionError``
     while ``away``.
 
-    Wraps a real (or fake) async client; only ``pipeline()`` (the token bucket) and
-    ``evalsha()`` (the statistics) are affected, as they use nothing else but
+    Wraps a real (or fake) async client; only ``pipeline()`` and ``evalsha()`` (the
+    pacer's and the statistics' scripts) are affected, as those use nothing else but
     ``script_load()``.
     """
 

@@ -13,6 +13,7 @@ from crawl_monitor.breakers import (
     halt_message,
     is_error,
     window_unhealthy,
+    without_backoff,
 )
 
 
@@ -119,3 +120,34 @@ def test_halt_messages_name_the_source_and_the_codes():
     permanent = halt_message("example", "permanent", {"500": 50})
     assert permanent.startswith("example tripped permanent halt")
     assert permanent.endswith('Response codes: {"500": 50}')
+
+
+@pytest.mark.parametrize(
+    ("window", "last", "excused", "expected"),
+    [
+        # (temp_halted, trips_permanent)
+        # A server asking for less: not breaker errors while the rate can still fall...
+        ({"503": 30, "200": 10}, {"503": 50}, True, (False, False)),
+        ({"429": 10, "Timeout": 10, "200": 1}, {"429": 25, "Timeout": 25}, True, (False, False)),
+        # ...at the floor, errors as before.
+        ({"503": 30, "200": 10}, {"503": 50}, False, (True, True)),
+        ({"429": 10, "Timeout": 10, "200": 1}, {"429": 25, "Timeout": 25}, False, (True, True)),
+        # Other errors count either way, weighed against what is left.
+        ({"503": 40, "500": 2, "200": 8}, {"503": 40, "500": 10}, True, (True, False)),
+        ({"503": 40, "500": 1, "200": 9}, {"503": 40, "500": 10}, True, (False, False)),
+        ({"503": 40, "500": 6}, {"503": 1, "500": 49}, True, (True, False)),  # 49 left of 50
+        ({"500": 6}, {"500": 50}, True, (True, True)),
+    ],
+)
+def test_backoff_statuses_are_excused_above_the_floor(window, last, excused, expected):
+    decision = decide(window, last, temp_halted=False, halted=False, backoff_excused=excused)
+    assert (decision.temp_halted, decision.trips_permanent) == expected
+
+
+def test_without_backoff():
+    assert without_backoff({"503": 3, "429": 1, "Timeout": 2, "500": 4, "200": 5}) == {
+        "500": 4,
+        "200": 5,
+    }
+    healthy = {"200": 5}
+    assert without_backoff(healthy) is healthy  # nothing to leave out: not copied

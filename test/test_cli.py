@@ -283,9 +283,16 @@ def test_produce_without_kafka_says_so_with_status_3(tmp_path: Path) -> None:
 
 
 async def test_status_once_prints_the_seeded_state(redis: Redis, redis_url: str) -> None:
-    await redis.sadd(c.INBOUND_SOURCES_SET, "flickr", "phylopic")
-    await redis.hset(c.RATES_HASH, "flickr", "178.375")
-    await redis.set(c.tokens_key("flickr"), 150)
+    await redis.sadd(c.INBOUND_SOURCES_SET, "flickr", "phylopic", "busy")
+    configured = c.PacingInfo(178.375, 178.375, "computed", c.PACE_CONFIGURED, "as configured")
+    cut = c.PacingInfo(14.0, 50.0, "computed", c.PACE_BACKOFF, "cut: 3 backoff signals")
+    await redis.hset(c.RATES_HASH, mapping={"flickr": configured.to_json(), "busy": cut.to_json()})
+    await redis.hset(c.RATES_HASH, "phylopic", "0.5")  # an older monitor's plain rate
+    await redis.set(c.pace_rate_key("flickr"), "178.375", px=1500)
+    await redis.set(c.pace_rate_key("busy"), "14", px=1500)
+    await redis.set(c.pace_rate_key("phylopic"), "0", px=1500)  # halted: paced at 0
+    seconds, microseconds = await redis.time()  # a 503 with Retry-After: 120
+    await redis.set(c.pace_next_key("busy"), f"{seconds + microseconds / 1e6 + 120:.6f}")
     await redis.set(c.num_resized_key("flickr"), 13188)
     await redis.set(c.resize_errors_key("flickr"), 4)
     await redis.rpush(c.last50_key("flickr"), *(["200"] * 49 + ["404"]))
@@ -298,9 +305,17 @@ async def test_status_once_prints_the_seeded_state(redis: Redis, redis_url: str)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     flickr = next(line for line in lines if "flickr" in line)
-    assert re.search(r"flickr\W+178\W+150\W+13188\W+4\W+200=49 404=1\W+running", flickr), flickr
+    assert re.search(
+        r"flickr\s+178 of 178\s+178\s+configured\s+13188\s+4\s+200=49 404=1\s+running", flickr
+    ), flickr
+    busy = lines.index(next(line for line in lines if line.startswith("busy ")))
+    assert re.search(r"busy\s+14 of 50\s+14\s+backoff\s+0\s+0\s+-\s+running", lines[busy])
+    assert re.search(r"^\s+Retry-After: next request in 1(19|20) s\s*$", lines[busy + 1])
+    assert re.search(r"^\s+cut: 3 backoff signals\s*$", lines[busy + 2])
     phylopic = next(line for line in lines if "phylopic" in line)
-    assert re.search(r"phylopic\W+-\W+-\W+0\W+0\W+-\W+halted, override 0.5/s", phylopic)
+    assert re.search(
+        r"phylopic\s+0.5\s+0\s+unknown\s+0\s+0\s+-\s+halted, override 0.5/s", phylopic
+    ), phylopic
     assert "total: 13224 resized, 0 errors, 14000 split, 0 malformed" in result.stdout
 
 
@@ -319,17 +334,20 @@ async def test_status_reads_redis_from_the_environment_and_says_when_it_is_away(
 async def test_halt_resume_and_override_change_the_documented_keys(
     redis: Redis, redis_url: str
 ) -> None:
-    await redis.hset(c.RATES_HASH, "example", "2.0")
-    await redis.set(c.tokens_key("example"), 2)
+    pacing = c.PacingInfo(2.0, 2.0, "computed", c.PACE_CONFIGURED, "as configured")
+    await redis.hset(c.RATES_HASH, "example", pacing.to_json())
+    await redis.set(c.pace_rate_key("example"), "2.0", px=1500)
 
     halted = await arun("halt", "Example", "--redis", redis_url)
     assert halted.returncode == 0, halted.stderr
     assert halted.stdout.splitlines() == [
-        "SADD halted example",
-        "SET currtokens:example 0  (no token left: workers stop now)",
+        "SADD halted example  (the monitor paces it at 0 until it is resumed)",
+        "SET pace_rate:example 0  (workers stop within their pacing horizon, ~0.05 s)",
+        "SET currtokens:example 0  (the same for workers older than pacing)",
     ]
     assert halted.stderr == ""  # a known source: no warning
     assert await redis.smembers(c.HALTED_SET) == {"example"}
+    assert await redis.get(c.pace_rate_key("example")) == "0"
     assert await redis.get(c.tokens_key("example")) == "0"
 
     # What tripping the breakers leaves behind.
@@ -367,11 +385,13 @@ async def test_halt_resume_and_override_change_the_documented_keys(
 
 # --- operator actions on a running crawl --------------------------------------------------
 
-# The monitor's one rule that matters here, played by the test: a halted source gets no
-# tokens. Atomic, so that a refill cannot land between halt's SADD and its SET 0.
+# The monitor's one rule that matters here, played by the test: it SETs the pace rate of
+# a source that is not halted, with an expiry. Atomic, so that a write cannot land between
+# halt's SADD and its SET 0; and it leaves a halted source's "0" to halt itself (the real
+# monitor writes "0" too), so that the test holds halt's own SET to its promise.
 REFILL = """
 if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 0 then
-  redis.call('SET', KEYS[2], ARGV[2])
+  redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
 end
 """
 
@@ -404,9 +424,9 @@ async def test_halt_stops_a_running_crawl_at_once_and_resume_restarts_it(
         "SHUTDOWN_GRACE_SECONDS": "2",
     }
 
-    async def refill() -> None:  # 2 tokens every 0.1 s: about 20 requests/s
+    async def refill() -> None:  # 20 requests/s, renewed more often than the monitor does
         while True:
-            await redis.eval(REFILL, 2, c.HALTED_SET, c.tokens_key(source), source, "2")
+            await redis.eval(REFILL, 2, c.HALTED_SET, c.pace_rate_key(source), source, "20", 1500)
             await asyncio.sleep(0.1)
 
     refiller = asyncio.create_task(refill())
@@ -419,20 +439,22 @@ async def test_halt_stops_a_running_crawl_at_once_and_resume_restarts_it(
         at_halt = origin.total_requests
         assert halted.returncode == 0, halted.stderr
         assert await redis.sismember(c.HALTED_SET, source)
-        assert int(await redis.get(c.tokens_key(source)) or 0) <= 0
+        assert await redis.get(c.pace_rate_key(source)) == "0"
 
         def waited(seconds: float) -> bool:
             events = worker.events("rate_limit_timeout")[timeouts_before:]
             return any(e["source"] == source and e["waited_s"] >= seconds for e in events)
 
-        # The URL in hand has waited half a second without a token...
-        await wait_for(lambda: waited(0.5), 10, what="a URL waiting for a token")
+        # The URL in hand has waited half a second without a slot...
+        await wait_for(lambda: waited(0.5), 10, what="a URL waiting for a slot")
         after_halt = origin.total_requests
-        assert after_halt - at_halt <= 1  # at most the request that held a token already
+        # At most the request whose slot was granted before the halt (within the pacing
+        # horizon); MAX_TASKS=1 holds one at a time.
+        assert after_halt - at_halt <= 1
         # ...and another second later still nothing reached the origin.
         await wait_for(lambda: waited(1.5), 10, what="a URL waiting 1.5 s")
         assert origin.total_requests == after_halt
-        assert int(await redis.get(c.tokens_key(source)) or 0) <= 0
+        assert await redis.get(c.pace_rate_key(source)) == "0"
 
         resumed = await arun("resume", source, "--redis", redis_url)
         assert resumed.returncode == 0, resumed.stderr
@@ -594,7 +616,8 @@ async def test_up_runs_a_crawl_end_to_end_and_ctrl_c_stops_everything(
         await client.aclose()
     status = await arun("status", "--once", REDIS_URL=redis_url)
     assert status.returncode == 0, status.stderr
-    assert re.search(rf"upsrc\W+\S+\W+\S+\W+{len(images)}\W+0\W+200={len(images)}", status.stdout)
+    row = re.compile(rf"^upsrc\s.*\s{len(images)}\s+0\s+200={len(images)}\s", re.MULTILINE)
+    assert row.search(status.stdout), status.stdout
 
     up.process.send_signal(signal.SIGINT)  # Ctrl-C
     assert await asyncio.to_thread(up.wait, 120) == 0, up.stderr

@@ -21,17 +21,25 @@ async def seed_a_tripped_source(redis: Redis, source: str) -> None:
         {c.window_member("500", now - i): now - i for i in range(5)},
     )
     await redis.zadd(f"{c.STATUS_1HR_PREFIX}{source}", {c.window_member("500", now): now})
-    await redis.set(c.tokens_key(source), 7)
+    await redis.set(c.pace_rate_key(source), "0", px=1500)  # the monitor paces it at 0
 
 
-async def test_halt_adds_to_halted_and_empties_the_bucket(redis: Redis) -> None:
+async def test_halt_adds_to_halted_and_sets_the_pace_rate_to_0(redis: Redis) -> None:
+    await redis.set(c.pace_rate_key("flickr"), "178.4", px=1500)
     await redis.set(c.tokens_key("flickr"), 180)
     done = await controls.halt(redis, "flickr")
     assert await redis.smembers(c.HALTED_SET) == {"flickr"}
-    assert await redis.get(c.tokens_key("flickr")) == "0"
-    assert [d.command for d in done] == ["SADD halted flickr", "SET currtokens:flickr 0"]
+    assert await redis.get(c.pace_rate_key("flickr")) == "0"
+    # Until the monitor writes "0" with its own expiry; without a monitor "0" stays.
+    assert await redis.ttl(c.pace_rate_key("flickr")) == -1
+    assert await redis.get(c.tokens_key("flickr")) == "0"  # for workers older than pacing
+    assert [str(d) for d in done] == [
+        "SADD halted flickr  (the monitor paces it at 0 until it is resumed)",
+        "SET pace_rate:flickr 0  (workers stop within their pacing horizon, ~0.05 s)",
+        "SET currtokens:flickr 0  (the same for workers older than pacing)",
+    ]
     again = await controls.halt(redis, "flickr")
-    assert "already halted" in str(again[0])
+    assert str(again[0]) == "SADD halted flickr  (it was already halted)"
 
 
 async def test_resume_is_the_readme_procedure_done_right(redis: Redis) -> None:

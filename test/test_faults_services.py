@@ -2,17 +2,15 @@
 (and ``python -m crawl_monitor``), with real services on loopback ports.
 
 The oracle (contract): every uuid ends, at least once, in ``image_metadata_updates`` (a
-resolution), ``link_rot`` or ``crawl_errors``; a request is made only after a DECR of
-``currtokens:{source}`` gave a result >= 0; an offset is committed only once every message
-before it is finished.
+resolution), ``link_rot`` or ``crawl_errors``; a request is made only in a slot the pacer
+granted while ``pace_rate:{source}`` held a rate; an offset is committed only once every
+message before it is finished.
 """
 
 from __future__ import annotations
 
 import asyncio
-import bisect
 import datetime
-import itertools
 import json
 import math
 import signal
@@ -52,6 +50,8 @@ from test.services import (
 )
 from test.test_faults_worker import Outputs
 from test.test_worker_e2e import Gate, by_kind, start_sources, worker_env
+from test.windows import max_in_window
+from worker.pacing import PacingSettings
 
 # --- helpers ------------------------------------------------------------------------------
 
@@ -306,18 +306,17 @@ def request_times(origin: Origin, prefix: str = "/") -> list[float]:
 
 
 class Refills:
-    """Watches one bucket every 10 ms and notes each refill (a SET with an expiry).
+    """Watches one source's ``pace_rate:`` every 10 ms and notes each time the monitor
+    wrote it (a SET with an expiry: the time to live jumps up).
 
-    ``after[i]`` is the last poll before refill ``i`` was seen: the refill happened after
-    it, so every request made before it was paid with tokens of earlier refills. A DECRBY
-    on a missing bucket creates it without an expiry, which is not a refill. Polls that
-    fail (Redis restarting) or come late leave ``blind`` stretches where a refill could
-    hide.
+    ``after[i]`` is the last poll before write ``i`` was seen: the write happened after
+    it. Polls that fail (Redis restarting) or come late leave ``blind`` stretches where a
+    write could hide.
     """
 
     def __init__(self, redis_url: str, source: str) -> None:
         self._client = Redis.from_url(redis_url, socket_timeout=0.5, socket_connect_timeout=0.5)
-        self._key = c.tokens_key(source)
+        self._key = c.pace_rate_key(source)
         self.after: list[float] = []
         self.blind: list[tuple[float, float]] = []
         self._task: asyncio.Task[None] | None = None
@@ -349,35 +348,6 @@ class Refills:
     def first_after(self, t: float) -> float | None:
         return next((a for a in self.after if a > t), None)
 
-    def busiest_period(self, times: list[float]) -> int:
-        """The most requests between two refills, over the periods watched throughout."""
-        counts = []
-        for start, end in itertools.pairwise(self.after):
-            if not any(b_start < end and start < b_end for b_start, b_end in self.blind):
-                counts.append(bisect.bisect_right(times, end) - bisect.bisect_right(times, start))
-        return max(counts, default=0)
-
-
-async def spent_refill(refills: Refills, origin: Origin, redis_url: str, timeout_s: float) -> float:
-    """Wait for a refill of GOOD whose tokens are all spent: its bucket is empty and as
-    many requests went out since as it held. Returns when that refill was (at the latest).
-
-    From then until the next refill no token is left anywhere, so no request may go out.
-    """
-    tokens = math.floor(compute_crawl_rate(image_count_for(GOOD_RPS)))
-    async with Redis.from_url(redis_url, decode_responses=True) as redis:
-
-        async def spent() -> float | None:
-            if not refills.after:
-                return None
-            refilled = refills.after[-1]
-            sent = [t for t in request_times(origin, f"/{GOOD}/") if t > refilled]
-            left = int(await redis.get(c.tokens_key(GOOD)) or 0)
-            fresh = refills.after[-1] == refilled  # no newer refill meanwhile
-            return refilled if len(sent) >= tokens and left <= 0 and fresh else None
-
-        return await wait_for(spent, timeout_s, interval_s=0.005, what="a spent refill")
-
 
 async def lose_data(server: RedisServer, loss: str) -> tuple[float, float, float]:
     """FLUSHALL, or a restart of a server without persistence. Returns when it began
@@ -391,7 +361,7 @@ async def lose_data(server: RedisServer, loss: str) -> tuple[float, float, float
 
 
 @pytest.mark.parametrize("loss", ["flushall", "restart"])
-async def test_redis_losing_its_data_mid_crawl_loses_no_url_and_invents_no_token(
+async def test_redis_losing_its_data_mid_crawl_loses_no_url_and_invents_no_rate(
     loss: str,
     kafka: KafkaBroker,
     fresh_redis_server: RedisServer,
@@ -446,14 +416,14 @@ async def test_redis_losing_its_data_mid_crawl_loses_no_url_and_invents_no_token
                 counted_before = int(await redis.get(c.num_resized_key(GOOD)) or 0)
             assert counted_before > 0
 
-            spent_at = await spent_refill(refills, origin, redis_url, 10)
             lost_at, lost_wall, empty_wall = await lose_data(fresh_redis_server, loss)
-            # No token, no request: every token was spent before the loss, so nothing may
-            # go out until the monitor's first refill after it.
+            # No rate, no request: once the slots granted before the loss (at most the
+            # pacing horizon ahead) have started, nothing may go out until the monitor
+            # writes a rate again.
             refill = await wait_for(lambda: refills.first_after(lost_at), 30, what="a refill")
-            assert refills.first_after(spent_at) == refill, "a refill came just before the loss"
-            in_gap = [t for t in request_times(origin) if lost_at < t < refill]
-            assert in_gap == [], f"{len(in_gap)} requests without a token to be had"
+            granted_before = lost_at + PacingSettings().horizon_s + 0.05
+            in_gap = [t for t in request_times(origin) if granted_before < t < refill]
+            assert in_gap == [], f"{len(in_gap)} requests without a rate to be had"
 
             # Every URL of the healthy source finishes: none is lost or left waiting.
             await wait_for(
@@ -472,7 +442,6 @@ async def test_redis_losing_its_data_mid_crawl_loses_no_url_and_invents_no_token
             )
             assert retrip[0]["type"] == "temporary"
             good_times = request_times(origin, f"/{GOOD}/")
-            busiest = refills.busiest_period(good_times)
 
         async with Redis.from_url(redis_url, decode_responses=True) as redis:
             assert await redis.smembers(c.TEMP_HALTED_SET) == {BROKEN}
@@ -493,17 +462,17 @@ async def test_redis_losing_its_data_mid_crawl_loses_no_url_and_invents_no_token
                 assert await redis.zcard(f"{prefix}{GOOD}") == counted, prefix
             assert await redis.lrange(c.last50_key(GOOD), 0, -1) == ["200"] * min(50, counted)
 
-        # Between two refills, at most one refill's tokens and those of the one before
-        # (taken just before a refill, spent just after it).
+        # Paced throughout, the loss included: no catch-up after it (the next slot was
+        # lost with the data, and starts again from Redis' clock).
         assert len(good_times) == GOOD_URLS  # one request each, no retry
-        assert 0 < busiest <= 2 * math.ceil(GOOD_RPS)
+        busiest = {w: max_in_window(good_times, w) for w in (0.5, 1.0, 2.0, 4.0)}
+        assert all(n <= GOOD_RPS * w + 1 for w, n in busiest.items()), busiest
         resumed = next(t for t in good_times if t > lost_at)
         print(
-            f"\n{loss}: first refill {refill - lost_at:.2f} s after the loss, crawling again "
-            f"{resumed - lost_at:.2f} s after, all done {done - lost_at:.1f} s after; busiest "
-            f"refill period {busiest} requests at {GOOD_RPS:g}/s ({len(refills.after)} refills "
-            f"seen); counted {counted} of {GOOD_URLS} (before: {counted_before}, "
-            f"sent after the loss: {sent_after_loss})"
+            f"\n{loss}: first rate written {refill - lost_at:.2f} s after the loss, crawling "
+            f"again {resumed - lost_at:.2f} s after, all done {done - lost_at:.1f} s after; "
+            f"busiest windows {busiest} at {GOOD_RPS:g}/s; counted {counted} of {GOOD_URLS} "
+            f"(before: {counted_before}, sent after the loss: {sent_after_loss})"
         )
         for process, pid in zip((monitor, worker), pids, strict=True):
             assert_alive_without_traceback(process, pid)

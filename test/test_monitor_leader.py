@@ -1,4 +1,4 @@
-"""The leader lease (``monitor_leader``): only its holder refills buckets and runs breakers.
+"""The leader lease (``monitor_leader``): only its holder sets rates and runs breakers.
 
 Two regulators share one real redis-server, each with its own lease token, and the test
 drives their loops one tick at a time. Lease expiries are short here (real Redis
@@ -31,22 +31,22 @@ def events(logs, name):
     return [e for e in logs if e["event"] == name]
 
 
-async def bucket(redis: Redis, source: str = "src") -> str | None:
-    return await redis.get(c.tokens_key(source))
+async def rate(redis: Redis, source: str = "src") -> str | None:
+    return await redis.get(c.pace_rate_key(source))
 
 
 async def lease_gone(redis: Redis) -> bool:
     return not await redis.exists(c.MONITOR_LEADER_KEY)
 
 
-async def test_only_the_holder_refills_and_a_standby_takes_over_after_the_expiry(redis):
+async def test_only_the_holder_sets_rates_and_a_standby_takes_over_after_the_expiry(redis):
     first = regulator_with_lease(redis, "first")
     second = regulator_with_lease(redis, "second")
     with capture_logs() as logs:
-        # The loop that takes the lease writes nothing: refills start on the next one.
+        # The loop that takes the lease writes nothing: rates are set from the next one.
         assert await first.tick() is None
         assert first.leading
-        assert await bucket(redis) is None
+        assert await rate(redis) is None
         (acquired,) = events(logs, "leadership_acquired")
         assert acquired["token"].startswith("first:")
         assert await redis.get(c.MONITOR_LEADER_KEY) == acquired["token"]
@@ -58,37 +58,37 @@ async def test_only_the_holder_refills_and_a_standby_takes_over_after_the_expiry
         assert standby["token"].startswith("second:")
 
         snapshot = await first.tick()
-        assert snapshot is not None and snapshot.tokens["src"] == 10
-        assert await bucket(redis) == "10"
+        assert snapshot is not None and snapshot.pacing["src"].rate_rps == 10
+        assert await rate(redis) == "10.0"
         # Renewed by the write itself: the whole TTL again.
         assert LEASE_MS - 100 < await redis.pttl(c.MONITOR_LEADER_KEY) <= LEASE_MS
 
         # A standby writes nothing, and says so once per holder.
-        await redis.set(c.tokens_key("src"), 3)
+        await redis.set(c.pace_rate_key("src"), 3)
         await redis.rpush(c.last50_key("halting"), *["500"] * c.LAST_N_STATUSES)
         assert await second.tick() is None
-        assert await bucket(redis) == "3"
+        assert await rate(redis) == "3"
         assert await redis.smembers(c.HALTED_SET) == set()
         assert len(events(logs, "leadership_standby")) == 1
 
         # The leader stops renewing (stalled or dead): once its lease expires, the
-        # standby takes it, and refills from its next loop on.
+        # standby takes it, and sets rates from its next loop on.
         await wait_for(lambda: lease_gone(redis), 5, interval_s=0.01, what="lease expiry")
         assert await second.tick() is None
         assert second.leading
-        assert await bucket(redis) == "3"
+        assert await rate(redis) == "3"
         assert len(events(logs, "leadership_acquired")) == 2
         await second.tick()
-        assert await bucket(redis) == "10"
+        assert await rate(redis) == "10.0"
         assert await redis.smembers(c.HALTED_SET) == {"halting"}
         (halted,) = events(logs, "crawl_halted")  # the new leader runs the breakers
         assert (halted["source"], halted["type"]) == ("halting", "permanent")
 
         # The stalled leader wakes up: its write is refused whole, and it stands by.
-        await redis.set(c.tokens_key("src"), 3)
+        await redis.set(c.pace_rate_key("src"), 3)
         assert await first.tick() is None
         assert not first.leading
-        assert await bucket(redis) == "3"
+        assert await rate(redis) == "3"
         (lost,) = events(logs, "leadership_lost")
         assert lost["holder"] == await redis.get(c.MONITOR_LEADER_KEY)
         assert lost["holder"].startswith("second:")
@@ -102,7 +102,7 @@ async def test_a_clean_stop_releases_the_lease_and_only_its_own(redis):
     with capture_logs() as logs:
         task = asyncio.create_task(first.run(stop))
         try:
-            await wait_for(lambda: bucket(redis), 5, what="first refill")
+            await wait_for(lambda: rate(redis), 5, what="first rate")
         finally:
             stop.set()
             await asyncio.wait_for(task, 5)
@@ -144,12 +144,12 @@ async def test_a_redis_restart_loses_the_lease_and_the_monitor_takes_it_again(
     with capture_logs() as logs:
         task = asyncio.create_task(regulator.run(stop))
         try:
-            await wait_for(lambda: bucket(client), 5, what="first refill")
+            await wait_for(lambda: rate(client), 5, what="first rate")
             fresh_redis_server.kill()
-            fresh_redis_server.restart()  # no persistence: lease and buckets are gone
+            fresh_redis_server.restart()  # no persistence: lease and rates are gone
             stale = (RedisConnectionError,)
             await wait_for(lambda: events(logs, "leadership_lost"), 10, what="lease lost")
-            await wait_for(lambda: bucket(client), 10, what="refills again", ignore=stale)
+            await wait_for(lambda: rate(client), 10, what="a rate again", ignore=stale)
         finally:
             stop.set()
             await asyncio.wait_for(task, 5)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 from structlog.testing import capture_logs
 
+from crawl_monitor.decision import RegulatorSnapshot
 from crawl_monitor.monitoring import Counters, MonitoringLog, build_update
-from crawl_monitor.regulator import Regulator, RegulatorSnapshot
+from crawl_monitor.regulator import Regulator
 from crawl_monitor.store import RedisRegulatorStore
 from image_crawler import contract as c
 
@@ -22,12 +23,23 @@ GENERAL_KEYS = {
     "split_rate",
 }
 SPECIFIC_KEYS = {"successful", "last_50_statuses", "rate_limit", "error"}
+# Beyond the original: the pacing of each source.
+PACING_KEYS = {"effective_rate", "pacing", "pacing_why"}
+
+AT_RATE = "at its configured rate"
+CUT = "3 backoff signals in the last second: cut to 0.7 x"
 
 
 def snapshot(**overrides) -> RegulatorSnapshot:
     fields = {
-        "rates": {"flickr": 178.5, "phylopic": 0.2, "met": 10.0, "idle": 1.0},
-        "tokens": {},
+        "rates": {"flickr": 178.5, "phylopic": 0.2, "met": 10.0, "idle": 1.0, "slow": 8.0},
+        "pacing": {
+            "flickr": c.PacingInfo(178.5, 178.5, "computed", c.PACE_CONFIGURED, AT_RATE),
+            "phylopic": c.PacingInfo(0.0, 0.2, "computed", c.PACE_HALTED, "temporarily"),
+            "met": c.PacingInfo(0.0, 10.0, "override_rate:", c.PACE_HALTED, "halted"),
+            "idle": c.PacingInfo(1.0, 1.0, "computed", c.PACE_CONFIGURED, AT_RATE),
+            "slow": c.PacingInfo(5.6, 8.0, "computed", c.PACE_BACKOFF, CUT),
+        },
         "halted": frozenset({"met"}),
         "temp_halted": frozenset({"phylopic"}),
         "last_statuses": {"flickr": {"200": 50}, "phylopic": {"500": 7, "200": 3}},
@@ -47,7 +59,7 @@ def test_build_update():
     )
     update = build_update(now, before, 5.0, snapshot())
     assert update.general == {
-        "global_max_rps": 179.5,  # flickr + idle: the halted ones do not count
+        "global_max_rps": 185.1,  # flickr, idle and slow as cut: the halted ones do not count
         "error_rps": 2.0,
         "processing_rate": 12.0,
         "success_rps": 10.0,
@@ -62,13 +74,37 @@ def test_build_update():
             "error": 0,
             "last_50_statuses": {"200": 50},
             "rate_limit": 178.5,
+            "effective_rate": 178.5,
+            "pacing": c.PACE_CONFIGURED,
+            "pacing_why": AT_RATE,
         },
-        "met": {"successful": 0, "error": 0, "last_50_statuses": {}, "rate_limit": 10.0},
+        "met": {
+            "successful": 0,
+            "error": 0,
+            "last_50_statuses": {},
+            "rate_limit": 10.0,
+            "effective_rate": 0.0,
+            "pacing": c.PACE_HALTED,
+            "pacing_why": "halted",
+        },
         "phylopic": {
             "successful": 10,
             "error": 20,
             "last_50_statuses": {"200": 3, "500": 7},
             "rate_limit": 0.2,
+            "effective_rate": 0.0,
+            "pacing": c.PACE_HALTED,
+            "pacing_why": "temporarily",
+        },
+        # Held below its rate: listed, though it has done nothing since the last event.
+        "slow": {
+            "successful": 0,
+            "error": 0,
+            "last_50_statuses": {},
+            "rate_limit": 8.0,
+            "effective_rate": 5.6,
+            "pacing": c.PACE_BACKOFF,
+            "pacing_why": CUT,
         },
     }  # "idle" has done nothing and is left out
 
@@ -118,6 +154,8 @@ async def test_a_seeded_redis_is_reported(redis):
     )
     regulator = Regulator(RedisRegulatorStore(redis), lambda: rates)
     await regulator.tick()
+    await redis.incrby(c.backoff_signals_key("quiet"), 2)  # its server pushed back
+    await regulator.tick()
     clock = Monotonic()
     monitoring = MonitoringLog(redis, lambda: regulator.snapshot, 5.0, clock=clock)
     await monitoring.baseline()
@@ -132,9 +170,9 @@ async def test_a_seeded_redis_is_reported(redis):
     assert event["general"] == update.general
     assert event["specific"] == update.specific
     assert set(event["general"]) == GENERAL_KEYS
-    assert all(set(v) == SPECIFIC_KEYS for v in event["specific"].values())
+    assert all(set(v) == SPECIFIC_KEYS | PACING_KEYS for v in event["specific"].values())
     assert event["general"] == {
-        "global_max_rps": 153.5,  # overridden flickr, animaldiversity and quiet
+        "global_max_rps": 152.6,  # overridden flickr, animaldiversity and quiet as cut
         "error_rps": 1.0,
         "processing_rate": 11.0,
         "success_rps": 10.0,
@@ -149,17 +187,35 @@ async def test_a_seeded_redis_is_reported(redis):
             "error": 0,
             "last_50_statuses": {"200": 18},
             "rate_limit": 0.5,
+            "effective_rate": 0.5,
+            "pacing": c.PACE_CONFIGURED,
+            "pacing_why": AT_RATE,
         },
         "broken": {
             "successful": 0,
             "error": 30,
             "last_50_statuses": {"500": 30},
             "rate_limit": 2.0,
+            "effective_rate": 0.0,
+            "pacing": c.PACE_HALTED,
+            "pacing_why": "halted: an operator must resume it",
         },
         "flickr": {
             "successful": 982,
             "error": 1,
             "last_50_statuses": {"200": 48, "404": 1, "500": 1},
             "rate_limit": 150.0,
+            "effective_rate": 150.0,
+            "pacing": c.PACE_CONFIGURED,
+            "pacing_why": AT_RATE,
+        },
+        "quiet": {
+            "successful": 0,
+            "error": 0,
+            "last_50_statuses": {},
+            "rate_limit": 3.0,
+            "effective_rate": 2.1,
+            "pacing": c.PACE_BACKOFF,
+            "pacing_why": "2 backoff signals in the last second: cut to 0.7 x",
         },
     }

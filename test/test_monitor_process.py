@@ -1,12 +1,11 @@
 """``python -m crawl_monitor`` as operators run it, against a real redis-server, broker and
-HTTP origin: buckets after a crash, the redis-cli resume procedure, sources going away.
+HTTP origin: rates after a crash, the redis-cli resume procedure, sources going away.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import math
 import signal
 import time
 from pathlib import Path
@@ -37,10 +36,10 @@ def sources_file(tmp_path: Path, **image_counts: int) -> str:
     return str(path)
 
 
-async def refills(redis: Redis, source: str, count: int, timeout_s: float) -> list[int]:
-    """The bucket's value at each of the next ``count`` refills (a refill renews its expiry)."""
-    key = c.tokens_key(source)
-    values: list[int] = []
+async def rates_set(redis: Redis, source: str, count: int, timeout_s: float) -> list[float]:
+    """``pace_rate:{source}`` at each of the next ``count`` loops (a loop renews its expiry)."""
+    key = c.pace_rate_key(source)
+    values: list[float] = []
     last_ttl = None
 
     async def sample() -> bool:
@@ -48,25 +47,21 @@ async def refills(redis: Redis, source: str, count: int, timeout_s: float) -> li
         async with redis.pipeline(transaction=True) as pipe:  # both from one instant
             ttl, value = await pipe.pttl(key).get(key).execute()
         if value is not None and ttl > 0 and last_ttl is not None and ttl > last_ttl:
-            values.append(int(value))
+            values.append(float(value))
         last_ttl = ttl
         return len(values) >= count
 
-    await wait_for(sample, timeout_s, interval_s=0.01, what=f"{count} refills of {source}")
+    await wait_for(sample, timeout_s, interval_s=0.01, what=f"{count} rates of {source}")
     return values
 
 
-def tokens_between(rate_rps: float) -> set[int]:
-    return {math.floor(rate_rps), math.ceil(rate_rps)}
-
-
-async def no_token_left(redis: Redis) -> bool:
-    keys = [key async for key in redis.scan_iter(match=f"{c.TOKENS_PREFIX}*")]
+async def no_rate_left(redis: Redis) -> bool:
+    keys = [key async for key in redis.scan_iter(match=f"{c.PACE_RATE_PREFIX}*")]
     values = await redis.mget(keys) if keys else []
-    return all(value is None or int(value) <= 0 for value in values)
+    return all(value is None or float(value) <= 0 for value in values)
 
 
-async def test_no_source_has_a_token_2_s_after_the_monitor_is_killed(redis, redis_url, tmp_path):
+async def test_no_source_has_a_rate_2_s_after_the_monitor_is_killed(redis, redis_url, tmp_path):
     # No broker at all: the regulator does not need Kafka (the splitter keeps retrying).
     env = {
         "KAFKA_HOSTS": f"{LOOPBACK}:{free_port()}",
@@ -76,14 +71,14 @@ async def test_no_source_has_a_token_2_s_after_the_monitor_is_killed(redis, redi
     monitor = CrawlerProcess("crawl_monitor", env, tmp_path / "monitor.log")
     try:
         await wait_for(
-            lambda: _equals(redis.get(c.tokens_key("big")), "200"), 20, what="tokens for big"
+            lambda: _equals(redis.get(c.pace_rate_key("big")), "200.0"), 20, what="big's rate"
         )
-        assert await redis.exists(c.tokens_key("mid"), c.tokens_key("small")) == 2
+        assert await redis.exists(c.pace_rate_key("mid"), c.pace_rate_key("small")) == 2
         await asyncio.to_thread(monitor.wait_for_event, "kafka_unavailable", 10)
 
         monitor.process.kill()
         killed_at = time.monotonic()
-        await wait_for(lambda: no_token_left(redis), 2.0, what="every bucket empty or gone")
+        await wait_for(lambda: no_rate_left(redis), 2.0, what="every rate 0 or gone")
         assert time.monotonic() - killed_at < 2.0
     finally:
         monitor.stop()
@@ -122,10 +117,8 @@ async def test_the_redis_cli_procedure_resumes_a_halted_source(
             assert set(event) >= {"event", "time", "type", "msg", "source"}
             assert event["msg"].startswith(f"example tripped {event['type']} halt")
         assert await redis.smembers(c.HALTED_SET) == {"example"}
-        assert await refills(redis, "example", 2, 5) == [0, 0]
-        assert set(await refills(redis, "healthy", 2, 5)) <= tokens_between(
-            compute_crawl_rate(50_000_000)
-        )
+        assert await rates_set(redis, "example", 2, 5) == [0, 0]
+        assert await rates_set(redis, "healthy", 2, 5) == [compute_crawl_rate(50_000_000)] * 2
 
         # The original README's procedure, verbatim, in the real redis-cli.
         procedure = [
@@ -151,12 +144,12 @@ async def test_the_redis_cli_procedure_resumes_a_halted_source(
         resumed_at = time.monotonic()
         assert stdout.decode().split() == ["example", "OK", "1", "1"]
 
-        # Tokens at the overridden rate within a couple of seconds, every second.
+        # Paced at the overridden rate within a couple of seconds, every second.
         await wait_for(
-            lambda: _equals(redis.get(c.tokens_key("example")), "5"), 2.5, what="tokens again"
+            lambda: _equals(redis.get(c.pace_rate_key("example")), "5.0"), 2.5, what="a rate again"
         )
         assert time.monotonic() - resumed_at < 2.5
-        assert await refills(redis, "example", 3, 5) == [5, 5, 5]
+        assert await rates_set(redis, "example", 3, 5) == [5, 5, 5]
         (resumed,) = monitor.events("crawl_resumed")
         assert resumed["source"] == "example"
         # Its old errors were cleared with the resume: no new temporary halt.
@@ -186,7 +179,7 @@ async def test_the_sources_endpoint_going_down_keeps_the_rates(
     }
     monitor = CrawlerProcess("crawl_monitor", env, tmp_path / "monitor.log")
     try:
-        assert set(await refills(redis, "alpha", 2, 20)) <= tokens_between(alpha_rps)
+        assert await rates_set(redis, "alpha", 2, 20) == [alpha_rps] * 2
         outages = [
             lambda: origin.add_status(path, 500),
             lambda: origin.add(path, b"<html>down for maintenance</html>", "text/html"),
@@ -201,7 +194,7 @@ async def test_the_sources_endpoint_going_down_keeps_the_rates(
                 what="an outage",
             )
             failed_at = monitor.events("sources_unavailable")[-1]["time"]
-            # The monitoring log still counts alpha's rate, and alpha still gets tokens.
+            # The monitoring log still counts alpha's rate, and alpha still gets it.
             update = await wait_for(
                 lambda after=failed_at: [
                     e for e in monitor.events("monitoring_update") if e["time"] > after
@@ -210,7 +203,7 @@ async def test_the_sources_endpoint_going_down_keeps_the_rates(
                 what="a monitoring update after the outage",
             )
             assert update[0]["general"]["global_max_rps"] == pytest.approx(alpha_rps, abs=1e-5)
-            assert set(await refills(redis, "alpha", 2, 5)) <= tokens_between(alpha_rps)
+            assert await rates_set(redis, "alpha", 2, 5) == [alpha_rps] * 2
         assert {e["input"] for e in monitor.events("sources_unavailable")} == {"url"}
 
         # Back, with one more source.
@@ -221,7 +214,7 @@ async def test_the_sources_endpoint_going_down_keeps_the_rates(
             10,
             what="the new list",
         )
-        assert await refills(redis, "beta", 2, 5) == [200, 200]
+        assert await rates_set(redis, "beta", 2, 5) == [200, 200]
         last = monitor.events("monitoring_update")[-1]
         assert set(last["general"]) == GENERAL_KEYS
         assert not monitor.events("loop_crashed")

@@ -1,7 +1,8 @@
 """The regulator's loop, one tick at a time, against a real redis-server.
 
 Each test drives ``Regulator.tick()`` itself (a controllable tick) and reads the keys a
-worker would read. The wall clock of the 60 s window is injected where time must pass.
+worker would read (``pace_rate:{source}``). The wall clock of the 60 s window and of the
+adaptive rate is injected where time must pass.
 """
 
 from __future__ import annotations
@@ -14,8 +15,16 @@ from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from structlog.testing import capture_logs
 
+from crawl_monitor.adaptive import AdaptiveSettings
+from crawl_monitor.decision import RATES_REWRITE_LOOPS
 from crawl_monitor.regulator import Regulator, RegulatorSettings
-from crawl_monitor.store import RedisRegulatorStore, WriteResult, Writes
+from crawl_monitor.store import (
+    READ_CHUNK,
+    RedisRegulatorStore,
+    WriteResult,
+    Writes,
+    encode_pacing,
+)
 from image_crawler import contract as c
 from image_crawler.tasks import cancel_and_wait
 from test.services import wait_for
@@ -45,9 +54,14 @@ def regulator(redis: Redis, rates, clock) -> Regulator:
     return Regulator(RedisRegulatorStore(redis), lambda: rates, RegulatorSettings(), clock=clock)
 
 
-async def bucket(redis: Redis, source: str) -> int | None:
-    value = await redis.get(c.tokens_key(source))
-    return None if value is None else int(value)
+async def rate(redis: Redis, source: str) -> float | None:
+    """The rate a worker paces ``source`` at (None: no key, so no request)."""
+    value = await redis.get(c.pace_rate_key(source))
+    return None if value is None else float(value)
+
+
+async def pacing(redis: Redis) -> dict[str, c.PacingInfo]:
+    return {s: c.PacingInfo.from_json(v) for s, v in (await redis.hgetall(c.RATES_HASH)).items()}
 
 
 async def add_statuses(redis: Redis, source: str, statuses: list[str], at: float) -> None:
@@ -56,6 +70,18 @@ async def add_statuses(redis: Redis, source: str, statuses: list[str], at: float
     await redis.zadd(f"{c.STATUS_60S_PREFIX}{source}", members)
     await redis.rpush(c.last50_key(source), *statuses)
     await redis.ltrim(c.last50_key(source), -50, -1)
+
+
+async def flush(redis: Redis, source: str, statuses: list[str], at: float) -> None:
+    """Statuses as a worker's flush writes them: with the failure counter and the backoff
+    signal counter bumped by their errors and backoff statuses."""
+    await add_statuses(redis, source, statuses, at)
+    await redis.incrby(
+        c.resize_errors_key(source), sum(s not in c.EXPECTED_STATUSES for s in statuses)
+    )
+    await redis.incrby(
+        c.backoff_signals_key(source), sum(s in c.BACKOFF_STATUSES for s in statuses)
+    )
 
 
 def events(logs, name, **fields):
@@ -82,53 +108,55 @@ async def loops_until_halted(regulator: Regulator, source: str, loops: int, **fi
     return None
 
 
-async def test_buckets_over_several_seconds(redis, regulator, rates):
-    rates.update({"slow": 0.2, "fast": 50.0, "half": 2.5})
-    seen: dict[str, list[int | None]] = {s: [] for s in rates}
-    for _ in range(10):
+async def test_rates_over_several_seconds(redis, regulator, rates):
+    rates.update({"slow": 0.2, "fast": 50.0, "odd": 0.59760418})
+    for _ in range(3):
         await regulator.tick()
-        for source in rates:
-            seen[source].append(await bucket(redis, source))
-            ttl_ms = await redis.pttl(c.tokens_key(source))
+        for source, rps in rates.items():
+            # The float itself, however small: workers space requests 1/rate apart.
+            assert await redis.get(c.pace_rate_key(source)) == repr(rps)
+            ttl_ms = await redis.pttl(c.pace_rate_key(source))
             assert 0 < ttl_ms <= 1500
-        # A worker overdraws the fast bucket; the next refill starts from the rate again.
-        await redis.decrby(c.tokens_key("fast"), 70)
-    assert seen["slow"] == [0, 0, 0, 0, 1, 0, 0, 0, 0, 1]
-    assert seen["fast"] == [50] * 10
-    assert seen["half"] == [2, 3] * 5
     assert regulator.snapshot is not None
     assert regulator.snapshot.rates == rates
+    # crawl_rates rounds to 6 decimals, for operators.
+    paced = {s: p.rate_rps for s, p in regulator.snapshot.pacing.items()}
+    assert paced == pytest.approx(rates, abs=1e-6)
+    assert await redis.exists(*[c.tokens_key(s) for s in rates]) == 0  # the old buckets
 
 
-async def test_unknown_sources_get_no_bucket(redis, regulator, rates):
+async def test_unknown_sources_get_no_rate(redis, regulator, rates):
     rates["known"] = 1.0
     await redis.sadd(c.INBOUND_SOURCES_SET, "known", "stranger")
     await regulator.tick()
-    assert await bucket(redis, "known") == 1
-    assert await redis.exists(c.tokens_key("stranger")) == 0
-    assert await redis.hgetall(c.RATES_HASH) == {"known": "1.0"}
+    assert await rate(redis, "known") == 1
+    assert await redis.exists(c.pace_rate_key("stranger")) == 0
+    assert await pacing(redis) == {
+        "known": c.PacingInfo(1.0, 1.0, "computed", c.PACE_CONFIGURED, "at its configured rate")
+    }
 
 
 async def test_overrides_and_their_alias_apply_on_the_next_loop(redis, regulator, rates):
     rates["src"] = 3.0
     await regulator.tick()
-    assert await bucket(redis, "src") == 3
-    assert await redis.hgetall(c.RATES_HASH) == {"src": "3.0"}
+    assert await rate(redis, "src") == 3
     await redis.set("override-rate:src", "10")
     await regulator.tick()
-    assert await bucket(redis, "src") == 10
-    assert await redis.hgetall(c.RATES_HASH) == {"src": "10.0"}  # what operators see
+    assert await rate(redis, "src") == 10
+    info = (await pacing(redis))["src"]  # what operators see
+    assert (info.rate_rps, info.configured_rps, info.origin) == (10.0, 10.0, "override-rate:")
     await redis.set("override_rate:src", "5")
     await regulator.tick()
-    assert await bucket(redis, "src") == 5  # override_rate: beats override-rate:
+    assert await rate(redis, "src") == 5  # override_rate: beats override-rate:
+    assert (await pacing(redis))["src"].origin == "override_rate:"
     with capture_logs() as logs:
         await redis.set("override_rate:src", "fast")
         await regulator.tick()
-        assert await bucket(redis, "src") == 10  # the bad one is ignored
+        assert await rate(redis, "src") == 10  # the bad one is ignored
         await regulator.tick()
         await redis.set("override-rate:src", "-1")
         await regulator.tick()
-        assert await bucket(redis, "src") == 3  # both bad: the computed rate
+        assert await rate(redis, "src") == 3  # both bad: the computed rate
     ignored = events(logs, "override_ignored")
     assert [(e["key"], e["value"]) for e in ignored] == [
         ("override_rate:src", "fast"),
@@ -136,34 +164,40 @@ async def test_overrides_and_their_alias_apply_on_the_next_loop(redis, regulator
     ]  # each logged once, not every loop
     await redis.delete("override_rate:src", "override-rate:src")
     await regulator.tick()
-    assert await bucket(redis, "src") == 3
+    assert await rate(redis, "src") == 3
 
 
-async def test_halted_sources_get_an_empty_bucket(redis, regulator, rates):
+async def test_halted_sources_get_a_rate_of_0(redis, regulator, rates):
     rates.update({"stopped": 50.0, "paused": 50.0, "running": 50.0})
     for source in rates:
-        await redis.set(c.tokens_key(source), 99)  # stale tokens, no expiry
+        await redis.set(c.pace_rate_key(source), 99)  # stale, no expiry
     await redis.sadd(c.HALTED_SET, "stopped")
     await redis.sadd(c.TEMP_HALTED_SET, "paused")
     # The window of "paused" is bad, so its temporary halt stays.
     await add_statuses(redis, "paused", ["500"] * 10, time.time())
     await regulator.tick()
-    assert await bucket(redis, "stopped") == 0
-    assert await bucket(redis, "paused") == 0
-    assert await bucket(redis, "running") == 50
-    assert 0 < await redis.pttl(c.tokens_key("stopped")) <= 1500
+    assert await redis.get(c.pace_rate_key("stopped")) == "0"
+    assert await redis.get(c.pace_rate_key("paused")) == "0"
+    assert await rate(redis, "running") == 50
+    assert 0 < await redis.pttl(c.pace_rate_key("stopped")) <= 1500
     assert await redis.smembers(c.HALTED_SET) == {"stopped"}
     assert await redis.smembers(c.TEMP_HALTED_SET) == {"paused"}
+    infos = await pacing(redis)
+    assert {s: (i.rate_rps, i.configured_rps, i.state) for s, i in infos.items()} == {
+        "stopped": (0.0, 50.0, c.PACE_HALTED),
+        "paused": (0.0, 50.0, c.PACE_HALTED),
+        "running": (50.0, 50.0, c.PACE_CONFIGURED),
+    }
 
 
-async def test_the_write_gives_no_tokens_to_a_source_halted_since_the_read(redis):
+async def test_the_write_gives_no_rate_to_a_source_halted_since_the_read(redis):
     store = RedisRegulatorStore(redis)
     await redis.sadd(c.HALTED_SET, "late")
-    assert await store.write(Writes(tokens={"late": 7, "other": 7}), 1500) == WriteResult(
-        applied=True, buckets=2
+    assert await store.write(Writes(pace_rates={"late": 7.0, "other": 7.0}), 1500) == WriteResult(
+        applied=True, paced=2
     )
-    assert await bucket(redis, "late") == 0
-    assert await bucket(redis, "other") == 7
+    assert await redis.get(c.pace_rate_key("late")) == "0"
+    assert await redis.get(c.pace_rate_key("other")) == "7.0"
 
 
 async def test_temporary_halt_trips_once_and_lifts_when_healthy(redis, regulator, rates, clock):
@@ -181,8 +215,8 @@ async def test_temporary_halt_trips_once_and_lifts_when_healthy(redis, regulator
     )
     assert halted[0]["log_level"] == "warning"
     assert await redis.smembers(c.TEMP_HALTED_SET) == {"example"}
-    assert await bucket(redis, "example") == 0
-    assert await bucket(redis, "steady") == 50
+    assert await rate(redis, "example") == 0
+    assert await rate(redis, "steady") == 50
 
     # Successes dilute the errors to 10 of 110 (9%): healthy again.
     await add_statuses(redis, "example", ["200"] * 90, clock.now + 1)
@@ -191,23 +225,23 @@ async def test_temporary_halt_trips_once_and_lifts_when_healthy(redis, regulator
     assert events(logs, "temporary_halt_lifted", source="example")
     assert not events(logs, "crawl_halted")
     assert await redis.smembers(c.TEMP_HALTED_SET) == set()
-    assert await bucket(redis, "example") == 50
+    assert await rate(redis, "example") == 50
 
 
 async def test_a_temporary_halt_lifts_once_its_errors_leave_the_minute(
     redis, regulator, rates, clock
 ):
     rates["example"] = 50.0
-    await add_statuses(redis, "example", ["429"] * 20, clock.now)
+    await add_statuses(redis, "example", ["500"] * 20, clock.now)
     await regulator.tick()
     assert await redis.smembers(c.TEMP_HALTED_SET) == {"example"}
     clock.now += 59.9
     await regulator.tick()
-    assert await bucket(redis, "example") == 0
+    assert await rate(redis, "example") == 0
     clock.now += 0.2  # the errors are now older than 60 s
     await regulator.tick()
     assert await redis.smembers(c.TEMP_HALTED_SET) == set()
-    assert await bucket(redis, "example") == 50
+    assert await rate(redis, "example") == 50
 
 
 async def test_permanent_halt_then_resume_clears_the_minute_window(redis, regulator, rates, clock):
@@ -221,7 +255,7 @@ async def test_permanent_halt_then_resume_clears_the_minute_window(redis, regula
     assert permanent[0]["source"] == "example"
     assert 'Response codes: {"500": 50}' in permanent[0]["msg"]
     assert await redis.smembers(c.HALTED_SET) == {"example"}
-    assert await bucket(redis, "example") == 0
+    assert await redis.get(c.pace_rate_key("example")) == "0"
 
     # The operator's procedure (the redis-cli run is in test_monitor_process.py).
     await redis.set("override_rate:example", "5")
@@ -235,7 +269,7 @@ async def test_permanent_halt_then_resume_clears_the_minute_window(redis, regula
     assert await redis.exists(f"{c.STATUS_60S_PREFIX}example") == 0
     assert await redis.smembers(c.TEMP_HALTED_SET) == set()
     assert await redis.smembers(c.HALTED_SET) == set()
-    assert await bucket(redis, "example") == 5
+    assert await rate(redis, "example") == 5
 
 
 async def test_a_key_of_the_wrong_type_is_reported_not_fatal(redis, regulator, rates):
@@ -245,24 +279,25 @@ async def test_a_key_of_the_wrong_type_is_reported_not_fatal(redis, regulator, r
         await regulator.tick()
         await regulator.tick()
     assert len(events(logs, "redis_key_unreadable")) == 1
-    assert await bucket(redis, "odd") == 4
-    assert await bucket(redis, "fine") == 4
+    assert await rate(redis, "odd") == 4
+    assert await rate(redis, "fine") == 4
 
 
-async def test_sources_that_leave_the_list_stop_getting_tokens(redis, regulator, rates):
+async def test_sources_that_leave_the_list_stop_getting_a_rate(redis, regulator, rates):
     rates.update({"stays": 2.0, "goes": 2.0})
     await redis.sadd(c.TEMP_HALTED_SET, "goes")
     await regulator.tick()
     del rates["goes"]
     await regulator.tick()
     assert await redis.smembers(c.TEMP_HALTED_SET) == set()
-    # Its last bucket is not refilled and expires.
+    # Its last rate is not renewed and expires; so does its crawl_rates field.
+    assert set(await pacing(redis)) == {"stays"}
     await wait_for(
-        lambda: _absent(redis, c.tokens_key("goes")), 3, what="the bucket of 'goes' expired"
+        lambda: _absent(redis, c.pace_rate_key("goes")), 3, what="the rate of 'goes' expired"
     )
     await regulator.tick()
-    assert await bucket(redis, "stays") == 2
-    assert await bucket(redis, "goes") is None
+    assert await rate(redis, "stays") == 2
+    assert await rate(redis, "goes") is None
 
 
 async def _absent(redis: Redis, key: str) -> bool:
@@ -278,17 +313,17 @@ async def test_the_loop_fails_closed_while_redis_is_away(fresh_redis_server):
     with capture_logs() as logs:
         task = asyncio.create_task(regulator.run(stop))
         try:
-            await wait_for(lambda: _value(client, "src", "10"), 5, what="first refill")
+            await wait_for(lambda: _value(client, "src", "10.0"), 5, what="first rate")
             fresh_redis_server.kill()
             await wait_for(
                 lambda: events(logs, "redis_unavailable", op="regulate"), 5, what="a failed loop"
             )
-            fresh_redis_server.restart()  # no persistence: the bucket is gone
+            fresh_redis_server.restart()  # no persistence: the rate is gone
             # The client's pool may still hold a connection to the killed server: its
             # first use fails once, which is "not yet", not a failure of the regulator.
             stale = (RedisConnectionError,)
             await wait_for(
-                lambda: _value(client, "src", "10"), 10, what="refills again", ignore=stale
+                lambda: _value(client, "src", "10.0"), 10, what="a rate again", ignore=stale
             )
         finally:
             stop.set()
@@ -298,7 +333,7 @@ async def test_the_loop_fails_closed_while_redis_is_away(fresh_redis_server):
 
 
 async def _value(redis: Redis, source: str, expected: str) -> bool:
-    return await redis.get(c.tokens_key(source)) == expected
+    return await redis.get(c.pace_rate_key(source)) == expected
 
 
 async def test_a_partial_read_brings_only_what_a_breaker_or_the_log_needs(redis, clock):
@@ -331,11 +366,11 @@ async def test_a_window_without_errors_skips_the_last_50_check_until_the_rotatio
     await add_statuses(redis, "healthy", ["200"] * 10 + ["404"], clock.now)
     await add_statuses(redis, "skewed", ["200"] * 10 + ["404"], clock.now)
     await redis.rpush(c.last50_key("skewed"), *["500"] * 50)
-    await redis.rpush(c.last50_key("idle-failing"), *["Timeout"] * 50)  # empty window
+    await redis.rpush(c.last50_key("idle-failing"), *["ServerDisconnected"] * 50)  # empty window
 
     partial = await RedisRegulatorStore(redis).read(sources, clock.now - 60, full_last_statuses=())
     assert partial.of("skewed").last_statuses == {}
-    assert partial.of("idle-failing").last_statuses == {"Timeout": 50}
+    assert partial.of("idle-failing").last_statuses == {"ServerDisconnected": 50}
 
     tripped_after = await loops_until_halted(regulator, "skewed", 3, type="permanent")
     assert tripped_after is not None  # within full_last_statuses_every loops
@@ -356,7 +391,7 @@ async def test_a_failure_a_worker_records_is_weighed_on_the_next_loop(redis, clo
         assert await redis.smembers(c.TEMP_HALTED_SET) == set()
         await asyncio.gather(
             *(stats.record("flaky", "500") for _ in range(5)),
-            *(stats.record("dead", "Timeout") for _ in range(50)),
+            *(stats.record("dead", "ServerDisconnected") for _ in range(50)),
         )
         with capture_logs() as logs:
             await regulator.tick()
@@ -365,7 +400,7 @@ async def test_a_failure_a_worker_records_is_weighed_on_the_next_loop(redis, clo
     assert events(logs, "crawl_halted", source="flaky", type="temporary")
     assert events(logs, "crawl_halted", source="dead", type="permanent")
     assert not events(logs, "crawl_halted", source="calm")
-    assert await bucket(redis, "flaky") == 0 and await bucket(redis, "dead") == 0
+    assert await rate(redis, "flaky") == 0 and await rate(redis, "dead") == 0
 
 
 async def test_a_source_whose_failure_counter_did_not_move_waits_for_its_turn(redis, clock):
@@ -397,11 +432,30 @@ async def test_crawl_rates_holds_every_source_when_written_in_several_calls(
     # The write script sets crawl_rates 1,000 fields a call: 2,500 sources take three.
     rates.update({f"site{i:04d}": 0.2 + i / 100 for i in range(2500)})
     await regulator.tick()
-    assert await redis.hgetall(c.RATES_HASH) == {s: repr(r) for s, r in rates.items()}
-    del rates["site1000"]
-    await regulator.tick()  # a rate changed: rewritten whole
-    assert await redis.hlen(c.RATES_HASH) == 2499
+    assert {s: p.rate_rps for s, p in (await pacing(redis)).items()} == pytest.approx(rates)
+    for i in range(1000, 2200):
+        del rates[f"site{i:04d}"]
+    await regulator.tick()  # fields deleted 1,000 a call too
+    assert await redis.hlen(c.RATES_HASH) == 1300
     assert "site1000" not in await redis.hkeys(c.RATES_HASH)
+
+
+async def test_crawl_rates_gets_changed_fields_and_comes_back_whole(redis, regulator, rates):
+    rates.update({"calm": 2.0, "moved": 3.0})
+    await regulator.tick()
+    calm = await redis.hget(c.RATES_HASH, "calm")
+    await redis.hset(c.RATES_HASH, "calm", "scribbled")  # not rewritten while unchanged...
+    await redis.set(c.OVERRIDE_RATE_PREFIX + "moved", "4")
+    await regulator.tick()
+    assert await redis.hget(c.RATES_HASH, "calm") == "scribbled"
+    assert c.PacingInfo.from_json(await redis.hget(c.RATES_HASH, "moved")).rate_rps == 4.0
+    await redis.delete(c.RATES_HASH)  # ...nor after Redis lost it...
+    for _ in range(RATES_REWRITE_LOOPS - 2):
+        await regulator.tick()
+    assert await redis.hlen(c.RATES_HASH) == 0
+    await regulator.tick()  # ...until the whole rewrite
+    assert await redis.hget(c.RATES_HASH, "calm") == calm
+    assert await redis.hlen(c.RATES_HASH) == 2
 
 
 async def test_windows_of_200s_and_expected_statuses_are_left_out_and_others_counted(redis, clock):
@@ -460,3 +514,73 @@ async def test_every_source_s_last_50_reaches_the_log_within_the_rotation(redis,
         assert snapshot is not None and set(snapshot.last_statuses) == set(sources)
         seen.append(snapshot.last_statuses["s4"])
     assert seen[-1] == {"200": 3, "404": 1}  # refreshed within 3 loops
+
+
+async def test_backoff_signals_are_read_for_every_source_of_every_chunk(redis, clock):
+    sources = [f"site{i:04d}" for i in range(2 * READ_CHUNK + 3)]  # three read chunks
+    await redis.set(c.backoff_signals_key("site0000"), 4)
+    await redis.set(c.backoff_signals_key(sources[READ_CHUNK]), 7)
+    await redis.set(c.backoff_signals_key(sources[-1]), 1)
+    await redis.set(c.backoff_signals_key("site0001"), "many")  # as good as missing
+    await redis.set(f"{c.OVERRIDE_RATE_PREFIX}{sources[-1]}", "2")  # the MGET's other keys
+    await redis.incr(c.resize_errors_key(sources[-1]))
+    observed = await RedisRegulatorStore(redis).read(sources, clock.now - 60)
+    assert observed.backoff_signals == {"site0000": 4, sources[READ_CHUNK]: 7, sources[-1]: 1}
+    assert observed.of(sources[-1]).override == "2"
+    assert observed.failure_counters[sources[-1]] == "1"
+
+
+async def test_a_source_whose_server_pushes_back_is_cut_and_climbs_back(redis, clock):
+    regulator = Regulator(
+        RedisRegulatorStore(redis), lambda: {"src": 50.0}, RegulatorSettings(), clock=clock
+    )
+    await regulator.tick()  # where counting starts
+    # Workers saw 503s.
+    await flush(redis, "src", ["200"] * 10 + ["503"] * 30, clock.now)
+    clock.now += 1
+    with capture_logs() as logs:
+        await regulator.tick()
+    assert await rate(redis, "src") == 35.0
+    info = (await pacing(redis))["src"]
+    assert (info.rate_rps, info.configured_rps, info.state) == (35.0, 50.0, c.PACE_BACKOFF)
+    assert info.why == "30 backoff signals in the last second: cut to 0.7 x"
+    (changed,) = events(logs, "pacing_changed")
+    assert (changed["source"], changed["state"]) == ("src", c.PACE_BACKOFF)
+    # Not breaker errors while the rate can still fall.
+    assert await redis.smembers(c.TEMP_HALTED_SET) == set()
+    for expected in (35.5, 36.0):
+        clock.now += 1
+        await regulator.tick()
+        assert await rate(redis, "src") == pytest.approx(expected)
+    assert (await pacing(redis))["src"].state == c.PACE_RECOVERING
+
+
+async def test_a_source_that_keeps_pushing_back_at_its_floor_is_halted(redis, clock):
+    settings = RegulatorSettings(adaptive=AdaptiveSettings(floor_rps=40.0))
+    regulator = Regulator(RedisRegulatorStore(redis), lambda: {"src": 50.0}, settings, clock=clock)
+    await regulator.tick()
+    await flush(redis, "src", ["503"] * 20, clock.now)
+    clock.now += 1
+    await regulator.tick()  # cut to its floor: the 503s were still excused
+    assert await rate(redis, "src") == 40.0
+    assert (await pacing(redis))["src"].state == c.PACE_FLOOR
+    assert await redis.smembers(c.TEMP_HALTED_SET) == set()
+    clock.now += 1
+    with capture_logs() as logs:
+        await regulator.tick()  # at the floor they count
+    (halted,) = events(logs, "crawl_halted", type="temporary")
+    assert '"503": 20' in halted["msg"]
+    assert await redis.get(c.pace_rate_key("src")) == "0"
+
+
+@pytest.mark.parametrize(
+    "info",
+    [
+        c.PacingInfo(35.0, 50.0, "computed", c.PACE_BACKOFF, "3 backoff signals: cut to 0.7 x"),
+        c.PacingInfo(1e-05, 0.2, "override-rate:", c.PACE_FLOOR, 'a "quoted" why \u00e9'),
+        c.PacingInfo(0.0, 0.0, "override_rate:", c.PACE_STOPPED, "stopped: configured at 0"),
+    ],
+)
+def test_the_store_encodes_pacing_as_the_contract_does(info):
+    assert encode_pacing(info) == info.to_json().decode()
+    assert c.PacingInfo.from_json(encode_pacing(info)) == info

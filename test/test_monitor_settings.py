@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from crawl_monitor.adaptive import AdaptiveSettings
 from crawl_monitor.settings import MonitorSettings
 from image_crawler.config import ConfigError
 
@@ -26,6 +27,9 @@ def test_defaults():
     assert settings.token_ttl_ms == 1500
     assert settings.leader_lease_ms == 3000
     assert settings.refill_period_s == 1.0
+    assert settings.backoff == AdaptiveSettings(
+        floor_rps=0.1, decrease_factor=0.7, increase_share_per_s=0.01, cooldown_s=1.0
+    )
     assert settings.log_level == "INFO"
 
 
@@ -49,6 +53,10 @@ def test_every_variable(tmp_path):
             "LEADER_LEASE_MS": "5000",
             "REDIS_TIMEOUT_SECONDS": "2",
             "LOG_LEVEL": "debug",
+            "BACKOFF_FLOOR_RPS": "0.5",
+            "BACKOFF_DECREASE_FACTOR": "0.5",
+            "BACKOFF_INCREASE_SHARE_PER_S": "0.05",
+            "BACKOFF_COOLDOWN_SECONDS": "3",
         }
     )
     assert settings.kafka.bootstrap_servers == "k1:9092,k2:9092"
@@ -65,6 +73,9 @@ def test_every_variable(tmp_path):
     assert settings.leader_lease_ms == 5000
     assert settings.redis_timeout_s == 2.0
     assert settings.log_level == "DEBUG"
+    assert settings.backoff == AdaptiveSettings(
+        floor_rps=0.5, decrease_factor=0.5, increase_share_per_s=0.05, cooldown_s=3.0
+    )
 
 
 def test_redis_url_beats_host_and_port():
@@ -90,6 +101,17 @@ def test_redis_url_beats_host_and_port():
         ({"REDIS_URL": "localhost:6379"}, "REDIS_URL"),
         ({"REDIS_PORT": "redis"}, "REDIS_PORT"),
         ({"LOG_LEVEL": "loud"}, "LOG_LEVEL"),
+        # A cut never stops a source (halts do), and always cuts.
+        ({"BACKOFF_FLOOR_RPS": "0"}, "BACKOFF_FLOOR_RPS"),
+        ({"BACKOFF_FLOOR_RPS": "inf"}, "BACKOFF_FLOOR_RPS"),
+        ({"BACKOFF_FLOOR_RPS": "slow"}, "BACKOFF_FLOOR_RPS"),
+        ({"BACKOFF_DECREASE_FACTOR": "1"}, "BACKOFF_DECREASE_FACTOR"),
+        ({"BACKOFF_DECREASE_FACTOR": "0"}, "BACKOFF_DECREASE_FACTOR"),
+        ({"BACKOFF_DECREASE_FACTOR": "70%"}, "BACKOFF_DECREASE_FACTOR"),
+        ({"BACKOFF_INCREASE_SHARE_PER_S": "0"}, "BACKOFF_INCREASE_SHARE_PER_S"),
+        ({"BACKOFF_INCREASE_SHARE_PER_S": "1.5"}, "BACKOFF_INCREASE_SHARE_PER_S"),
+        ({"BACKOFF_COOLDOWN_SECONDS": "-1"}, "BACKOFF_COOLDOWN_SECONDS"),
+        ({"BACKOFF_COOLDOWN_SECONDS": "inf"}, "BACKOFF_COOLDOWN_SECONDS"),
     ],
 )
 def test_bad_values_are_named(env, names):

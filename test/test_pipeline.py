@@ -6,10 +6,10 @@ from structlog.testing import capture_logs
 
 from image_crawler import contract as c
 from test.corpus import good_images
-from test.fakes import FakeFetcher, FakeSink, FakeStats, FakeStore, FakeTokens
+from test.fakes import FakeFetcher, FakePacer, FakeSink, FakeStats, FakeStore
 from test.services import wait_for
 from worker.fetch import FetchResult
-from worker.pipeline import CRAWLED, DEAD_LETTERED, LINK_ROT, MALFORMED, RETRIED, Pipeline
+from worker.pipeline import CRAWLED, DEAD_LETTERED, LINK_ROT, MALFORMED, Pipeline, RetryPolicy
 from worker.processing import InlineProcessor
 
 TOPIC = "urls.example"
@@ -19,16 +19,23 @@ def task(uuid="u-1", url="http://origin.test/a.jpg", attempts=0):
     return c.SourceTask(url=url, uuid=uuid, attempts=attempts).to_json()
 
 
-def make(results=None, *, tokens=None, store=None, timeout_s=3600.0):
+# Backoffs of a few milliseconds: the delays themselves are checked in test_backoff.py.
+FAST_RETRIES = RetryPolicy(backoff_base_s=0.001, backoff_cap_s=0.004)
+
+
+def make(results=None, *, pacer=None, store=None, timeout_s=3600.0, retries=FAST_RETRIES):
     parts = {
-        "tokens": tokens or FakeTokens(),
+        "pacer": pacer or FakePacer(),
         "fetcher": FakeFetcher(results or {}),
         "processor": InlineProcessor(),
         "store": store or FakeStore(),
         "sink": FakeSink(),
         "stats": FakeStats(),
     }
-    return Pipeline(**parts, rate_limit_timeout_s=timeout_s, max_backoff_s=0.01), parts
+    pipeline = Pipeline(
+        **parts, retries=retries, rate_limit_timeout_s=timeout_s, max_backoff_s=0.01
+    )
+    return pipeline, parts
 
 
 def jpeg_with_exif():
@@ -53,13 +60,13 @@ async def test_a_crawled_image_is_stored_published_and_counted():
     assert exif["exif"].items() >= image.exif.items()
     assert p["sink"].keys[c.METADATA_TOPIC] == [b"u-1", b"u-1"]
     assert p["stats"].outcomes == [("example", "200")]
-    assert p["tokens"].taken == ["example"]
+    assert p["pacer"].taken == ["example"]
 
 
-def pipeline_outcome(status, destination):
+def pipeline_outcome(status, destination, attempts=1):
     from worker.pipeline import Outcome
 
-    return Outcome(status, destination)
+    return Outcome(status, destination, attempts)
 
 
 async def test_an_image_without_exif_sends_no_exif_message():
@@ -82,27 +89,107 @@ async def test_404_goes_to_link_rot():
 
 
 @pytest.mark.parametrize("status", sorted(c.RETRYABLE_STATUSES))
-async def test_retryable_statuses_are_retried_once_through_inbound_images(status):
+async def test_retryable_statuses_are_tried_up_to_max_attempts_then_dead_lettered(status):
     url = "http://origin.test/a.jpg"
     pipeline, p = make({url: FetchResult(status)})
-    first = await pipeline.handle("example", task(url=url), TOPIC)
-    assert first.destination == RETRIED
-    (retry,) = p["sink"].messages[c.INBOUND_TOPIC]
-    assert retry == {"url": url, "uuid": "u-1", "source": "example", "attempts": 1}
-    second = await pipeline.handle("example", task(url=url, attempts=1), TOPIC)
-    assert second.destination == DEAD_LETTERED
+    with capture_logs() as logs:
+        outcome = await pipeline.handle("example", task(url=url), TOPIC)
+    assert outcome == pipeline_outcome(status, DEAD_LETTERED, attempts=c.MAX_ATTEMPTS)
     (error,) = p["sink"].messages[c.CRAWL_ERRORS_TOPIC]
-    assert error["status"] == status and error["attempts"] == 2 and error["source"] == "example"
-    assert p["stats"].outcomes == [("example", status)] * 2
+    assert error["status"] == status and error["source"] == "example"
+    assert error["attempts"] == c.MAX_ATTEMPTS
+    assert p["fetcher"].requests == [url] * c.MAX_ATTEMPTS
+    # Every try waited for its own slot and was counted.
+    assert p["pacer"].taken == ["example"] * c.MAX_ATTEMPTS
+    assert p["stats"].outcomes == [("example", status)] * c.MAX_ATTEMPTS
+    retries = [e for e in logs if e["event"] == "retry_scheduled"]
+    assert [e["attempts"] for e in retries] == list(range(1, c.MAX_ATTEMPTS))
+    assert c.INBOUND_TOPIC not in p["sink"].messages  # retried here, not republished
 
 
-@pytest.mark.parametrize("status", ["410", "503", "Timeout", "TooLarge", "Blocked"])
+async def test_a_retry_that_succeeds_ends_with_the_image():
+    url = "http://origin.test/a.jpg"
+    image = jpeg_with_exif()
+    pipeline, p = make({url: [FetchResult("503"), FetchResult("200", body=image.body)]})
+    outcome = await pipeline.handle("example", task(url=url), TOPIC)
+    assert outcome == pipeline_outcome("200", CRAWLED, attempts=2)
+    assert "u-1.jpg" in p["store"].objects
+    assert p["stats"].outcomes == [("example", "503"), ("example", "200")]
+    assert p["stats"].signals == [("example", "503")]  # the 503 asked us to slow down
+    assert c.CRAWL_ERRORS_TOPIC not in p["sink"].messages
+
+
+async def test_the_attempts_of_an_inbound_message_count_towards_the_limit():
+    url = "http://origin.test/a.jpg"
+    pipeline, p = make({url: FetchResult("500")})
+    outcome = await pipeline.handle("example", task(url=url, attempts=3), TOPIC)
+    assert outcome.attempts == c.MAX_ATTEMPTS
+    assert len(p["fetcher"].requests) == c.MAX_ATTEMPTS - 3
+    assert p["sink"].messages[c.CRAWL_ERRORS_TOPIC][0]["attempts"] == c.MAX_ATTEMPTS
+
+
+async def test_max_attempts_is_a_setting():
+    url = "http://origin.test/a.jpg"
+    retries = RetryPolicy(max_attempts=1, backoff_base_s=0.001, backoff_cap_s=0.001)
+    pipeline, p = make({url: FetchResult("429")}, retries=retries)
+    outcome = await pipeline.handle("example", task(url=url), TOPIC)
+    assert outcome == pipeline_outcome("429", DEAD_LETTERED, attempts=1)
+    assert len(p["fetcher"].requests) == 1
+
+
+@pytest.mark.parametrize(
+    ("status", "header", "pause_s", "logged"),
+    [
+        ("429", "7", 7.0, {"retry_after"}),
+        ("503", "120", 120.0, {"retry_after"}),
+        ("429", "99999", c.MAX_RETRY_AFTER_S, {"retry_after_capped", "retry_after"}),
+        (
+            "503",
+            "Wed, 21 Oct 2099 07:28:00 GMT",
+            c.MAX_RETRY_AFTER_S,
+            {"retry_after_capped", "retry_after"},
+        ),
+        ("429", "soon", None, {"retry_after_malformed"}),
+        ("503", "-5", None, {"retry_after_malformed"}),
+        ("429", "Wed, 21 Oct 2015 07:28:00 GMT", None, set()),  # already past: no wait
+        ("500", "30", None, set()),  # only 429 and 503 speak for the whole source
+    ],
+)
+async def test_a_retry_after_pauses_the_whole_source(status, header, pause_s, logged):
+    url = "http://origin.test/a.jpg"
+    image = jpeg_with_exif()
+    answers = [FetchResult(status, retry_after=header), FetchResult("200", body=image.body)]
+    pipeline, p = make({url: answers})
+    with capture_logs() as logs:
+        outcome = await pipeline.handle("example", task(url=url), TOPIC)
+    assert outcome == pipeline_outcome("200", CRAWLED, attempts=2)  # tried again after it
+    assert p["pacer"].pauses == ([] if pause_s is None else [("example", pause_s)])
+    events = {e["event"] for e in logs}
+    assert events & {"retry_after", "retry_after_capped", "retry_after_malformed"} == logged
+
+
+async def test_a_response_much_slower_than_usual_is_a_backoff_signal():
+    url = "http://origin.test/a.jpg"
+    image = jpeg_with_exif()
+    usual = [FetchResult("200", body=image.body, response_s=0.05)] * 20
+    slow = FetchResult("200", body=image.body, response_s=5.0)
+    pipeline, p = make({url: [*usual, slow]})
+    for _ in range(21):
+        await pipeline.handle("example", task(url=url), TOPIC)
+    assert p["stats"].signals == [("example", "200")]  # the last one only
+
+
+@pytest.mark.parametrize("status", ["410", "Timeout", "TooLarge", "Blocked"])
 async def test_other_failures_go_straight_to_crawl_errors(status):
     pipeline, p = make({"http://origin.test/a.jpg": FetchResult(status)})
     outcome = await pipeline.handle("example", task(), TOPIC)
     assert outcome.destination == DEAD_LETTERED
     assert p["sink"].messages[c.CRAWL_ERRORS_TOPIC][0]["status"] == status
+    assert p["sink"].messages[c.CRAWL_ERRORS_TOPIC][0]["attempts"] == 1
+    assert len(p["fetcher"].requests) == 1
     assert c.INBOUND_TOPIC not in p["sink"].messages
+    # A timeout is a backoff signal too, though it is not tried again.
+    assert p["stats"].signals == ([("example", status)] if status == "Timeout" else [])
 
 
 async def test_a_body_pillow_cannot_identify_is_counted_and_dead_lettered():
@@ -123,15 +210,15 @@ async def test_malformed_messages_are_dead_lettered_and_counted_without_a_reques
     (error,) = p["sink"].messages[c.CRAWL_ERRORS_TOPIC]
     assert set(error) == {"raw", "error", "topic", "time"} and error["topic"] == TOPIC
     assert p["stats"].malformed == 1
-    assert p["fetcher"].requests == [] and p["tokens"].taken == []
+    assert p["fetcher"].requests == [] and p["pacer"].taken == []
 
 
-async def test_without_a_token_no_request_is_made_and_the_wait_is_reported():
-    tokens = FakeTokens(granted=set())
+async def test_without_a_slot_no_request_is_made_and_the_wait_is_reported():
+    pacer = FakePacer(granted=set())
     image = jpeg_with_exif()
     pipeline, p = make(
         {"http://origin.test/a.jpg": FetchResult("200", body=image.body)},
-        tokens=tokens,
+        pacer=pacer,
         timeout_s=0.05,
     )
     with capture_logs() as logs:
@@ -143,7 +230,7 @@ async def test_without_a_token_no_request_is_made_and_the_wait_is_reported():
         )
         assert p["fetcher"].requests == []
         assert not running.done()
-        tokens.grant_all()
+        pacer.grant_all()
         outcome = await asyncio.wait_for(running, 5)
     assert outcome.destination == CRAWLED
     timeout = next(e for e in logs if e["event"] == "rate_limit_timeout")

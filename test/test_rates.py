@@ -1,4 +1,4 @@
-"""Rate policy: computed rates, overrides, the token schedule and the refill grid."""
+"""Rate policy: computed rates, overrides and the loop's grid."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from crawl_monitor.rates import (
     MAX_RATE_RPS,
     MIN_RATE_RPS,
     InvalidOverride,
-    TokenSchedule,
     choose_rate,
     compute_crawl_rate,
     next_tick_at,
@@ -80,49 +79,6 @@ def test_parse_override_rejects_what_is_not_a_rate(raw):
 def test_choose_rate(override, alias, rate_rps, origin, ignored):
     choice = choose_rate(3.0, override, alias)
     assert (choice.rate_rps, choice.origin, choice.ignored) == (rate_rps, origin, ignored)
-
-
-def refills(rate_rps: float, n: int) -> list[int]:
-    schedule = TokenSchedule()
-    return [schedule.next_refill(rate_rps) for _ in range(n)]
-
-
-@pytest.mark.parametrize(
-    ("rate_rps", "expected"),
-    [
-        (50.0, [50] * 6),
-        (200.0, [200] * 3),
-        (1.0, [1] * 6),
-        (2.5, [2, 3, 2, 3, 2, 3]),
-        (1.5, [1, 2, 1, 2]),
-        (2.25, [2, 2, 2, 3, 2, 2, 2, 3]),
-        (0.2, [0, 0, 0, 0, 1, 0, 0, 0, 0, 1]),  # a token every 5 s
-        (0.5, [0, 1, 0, 1]),
-        (0.25, [0, 0, 0, 1, 0, 0, 0, 1]),
-        (1 / 3, [0, 0, 1, 0, 0, 1]),
-        (0.3, [0, 0, 0, 1, 0, 0, 1, 0, 0, 1]),  # 3 tokens in 10 s
-        (0.0, [0] * 5),
-    ],
-)
-def test_token_schedule(rate_rps, expected):
-    assert refills(rate_rps, len(expected)) == expected
-
-
-@pytest.mark.parametrize("rate_rps", [0.2, 0.3, 0.7, 1.1, 2.5, 7.3, 0.59760418, 100.099])
-def test_the_long_run_average_is_the_rate(rate_rps):
-    seconds = 10_000
-    total = sum(refills(rate_rps, seconds))
-    assert abs(total - rate_rps * seconds) < 1
-
-
-def test_a_reset_schedule_starts_afresh_and_a_new_rate_applies_at_once():
-    schedule = TokenSchedule()
-    assert [schedule.next_refill(0.2) for _ in range(4)] == [0, 0, 0, 0]
-    schedule.reset()
-    assert schedule.credit == 0
-    assert [schedule.next_refill(0.2) for _ in range(5)] == [0, 0, 0, 0, 1]
-    assert [schedule.next_refill(5.0) for _ in range(2)] == [5, 5]
-    assert schedule.next_refill(0.5, period_s=2.0) == 1
 
 
 @pytest.mark.parametrize(

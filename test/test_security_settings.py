@@ -9,6 +9,7 @@ import ssl
 import pytest
 from redis.asyncio import Redis
 
+from image_crawler import contract as c
 from image_crawler.config import ConfigError, KafkaSettings, RedisSettings
 from test.processes import CrawlerProcess
 from test.services import free_port, wait_for
@@ -125,7 +126,7 @@ async def test_processes_use_a_redis_password_and_never_log_a_secret(
             authed = Redis.from_url(f"redis://:{SECRET}@{host_port}/0", decode_responses=True)
             try:
                 await wait_for(
-                    lambda: authed.exists("currtokens:example"), 10, what="a token bucket"
+                    lambda: authed.exists(c.pace_rate_key("example")), 10, what="a pacing rate"
                 )
             finally:
                 await authed.aclose()

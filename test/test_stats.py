@@ -99,7 +99,7 @@ async def test_outcomes_wait_for_a_redis_that_was_away_and_are_counted_once(redi
 async def test_a_batch_written_twice_adds_no_window_member_twice(redis, stats):
     # As when Redis runs a write that timed out, and then the retry.
     loop = asyncio.get_running_loop()
-    batch = [("a", "500", stats._timestamp(), loop.create_future()) for _ in range(3)]
+    batch = [("a", "500", False, stats._timestamp(), loop.create_future()) for _ in range(3)]
     await stats._flush(batch)
     await stats._flush(batch)
     for prefix, _ in c.STATUS_WINDOWS:
@@ -111,10 +111,12 @@ async def write_one_outcome_at_a_time(redis, batch):
     """The writes before aggregation, one command per outcome and key: the reference."""
     async with redis.pipeline(transaction=False) as pipe:
         trimmed = set()
-        for source, status, now, _ in batch:
+        for source, status, backoff, now, _ in batch:
             if source is None:
                 pipe.incr(c.NUM_MALFORMED)
                 continue
+            if backoff:
+                pipe.incr(c.backoff_signals_key(source))
             for prefix, window_s in c.STATUS_WINDOWS:
                 key = f"{prefix}{source}"
                 pipe.zadd(key, {c.window_member(status, now): now})
@@ -156,8 +158,8 @@ async def test_aggregated_writes_leave_redis_as_one_write_per_outcome_did(redis)
     reference = fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer(), decode_responses=True)
     loop = asyncio.get_running_loop()
 
-    def outcome(source, status):
-        return (source, status, stats._timestamp(), loop.create_future())
+    def outcome(source, status, backoff=False):
+        return (source, status, backoff, stats._timestamp(), loop.create_future())
 
     first = []
     for i in range(70):
@@ -167,7 +169,8 @@ async def test_aggregated_writes_leave_redis_as_one_write_per_outcome_did(redis)
         if i % 30 == 5:
             first += [outcome("c", "500"), outcome(None, "")]
     now[0] += 61  # the first batch leaves the 60 s windows
-    second = [outcome("a", "200"), outcome("c", "404"), outcome("a", "500")]
+    second = [outcome("a", "200"), outcome("c", "503", backoff=True), outcome("a", "500")]
+    second += [outcome("a", "200", backoff=True), outcome("a", "429", backoff=True)]
     now[0] += 3601  # within the batch: trimmed by its first time, as before
     second += [outcome("a", "404"), outcome("b", "200"), outcome(None, "")]
     try:
@@ -179,8 +182,10 @@ async def test_aggregated_writes_leave_redis_as_one_write_per_outcome_did(redis)
         await reference.aclose()
     state = await dump(redis)
     assert len(state[c.last50_key("a")][1]) == 50
-    assert len(state["status60s:a"][1]) == 3  # the 70 of the first batch were trimmed
+    assert len(state["status60s:a"][1]) == 5  # the 70 of the first batch were trimmed
     assert state[c.NUM_MALFORMED] == ("string", "4")
+    assert state[c.backoff_signals_key("a")] == ("string", "2")
+    assert state[c.backoff_signals_key("c")] == ("string", "1")
 
 
 _STATS_COMMANDS = {
@@ -245,7 +250,7 @@ async def test_a_batch_too_long_for_one_lua_unpack_is_written_whole(redis):
     # As after Redis was away for a while: thousands of one source's outcomes at once.
     stats = RedisStats(redis)
     loop = asyncio.get_running_loop()
-    batch = [("a", "200", stats._timestamp(), loop.create_future()) for _ in range(5_001)]
+    batch = [("a", "200", False, stats._timestamp(), loop.create_future()) for _ in range(5_001)]
     await stats._flush(batch)
     assert await redis.zcard("status60s:a") == 5_001
     assert await redis.llen(c.last50_key("a")) == c.LAST_N_STATUSES

@@ -1,7 +1,8 @@
 """``python -m worker`` against a real broker, redis-server, S3 server and HTTP origin.
 
-The monitor is not running in these tests: the test fills the token buckets itself and
-writes straight to the per-source queues, as the splitter would.
+The monitor is not running in these tests: the test sets each source's pacing rate itself
+(``pace_rate:``, without the monitor's expiry) and writes straight to the per-source
+queues, as the splitter would.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from test.origin import Reply
 from test.processes import CrawlerProcess, committed_offset
 from test.services import create_topics, get_object, list_keys, produce, read_topic, wait_for
 
-TOKENS = 1_000_000
+# Requests/s: fast enough that pacing never holds these crawls up.
+RATE = 1000.0
 
 
 def worker_env(kafka, redis_url, s3_server, bucket, **extra) -> dict[str, str]:
@@ -46,13 +48,13 @@ def worker_env(kafka, redis_url, s3_server, bucket, **extra) -> dict[str, str]:
     return env
 
 
-async def start_sources(redis, kafka, sources, *, tokens=TOKENS, partitions=1):
+async def start_sources(redis, kafka, sources, *, rate=RATE, partitions=1):
     await create_topics(
         kafka.bootstrap, [c.source_topic(s) for s in sources], partitions=partitions
     )
     for source in sources:
-        if tokens:
-            await redis.set(c.tokens_key(source), tokens)
+        if rate:
+            await redis.set(c.pace_rate_key(source), repr(rate))
     await redis.sadd(c.INBOUND_SOURCES_SET, *sources)
 
 
@@ -88,7 +90,7 @@ async def test_a_worker_crawls_every_image_of_three_sources(
         await create_topics(kafka.bootstrap, [c.source_topic(source)], partitions=2)
         await produce(kafka.bootstrap, c.source_topic(source), tasks)
     for source in sources:
-        await redis.set(c.tokens_key(source), TOKENS)
+        await redis.set(c.pace_rate_key(source), repr(RATE))
     await redis.sadd(c.INBOUND_SOURCES_SET, *sources)
     assert len(expected) >= 100
 
@@ -140,7 +142,8 @@ async def test_a_worker_crawls_every_image_of_three_sources(
                 assert len(members) == count
                 assert {c.status_of_window_member(m) for m in members} == {"200"}
             assert await redis.lrange(c.last50_key(source), 0, -1) == ["200"] * min(50, count)
-            assert int(await redis.get(c.tokens_key(source))) == TOKENS - count
+            # None of the answers asked us to slow down.
+            assert await redis.get(c.backoff_signals_key(source)) is None
 
         worker.signal(signal.SIGTERM)
         assert worker.wait(30) == 0, worker.tail()
@@ -153,7 +156,7 @@ async def _equals(awaitable, value):
     return (await awaitable) == value
 
 
-async def test_404_retries_broken_images_malformed_messages_and_missing_tokens(
+async def test_404_retries_broken_images_malformed_messages_and_missing_rates(
     kafka, redis, redis_url, s3_server, s3_bucket, origin, worker_log
 ):
     image = next(i for i in good_images() if i.content_type == "image/jpeg")
@@ -164,7 +167,7 @@ async def test_404_retries_broken_images_malformed_messages_and_missing_tokens(
     good_url = origin.add("/paths/good.jpg", image.body, image.content_type)
     starved_url = origin.add("/starved/a.jpg", image.body, image.content_type)
     await start_sources(redis, kafka, ["paths", "starved"])
-    await redis.delete(c.tokens_key("starved"))
+    await redis.delete(c.pace_rate_key("starved"))
     await produce(
         kafka.bootstrap,
         c.source_topic("paths"),
@@ -187,28 +190,20 @@ async def test_404_retries_broken_images_malformed_messages_and_missing_tokens(
         c.source_topic("starved"),
         [c.SourceTask(url=starved_url, uuid="starved").to_json()],
     )
-    env = worker_env(kafka, redis_url, s3_server, s3_bucket, RATE_LIMIT_TIMEOUT_SECONDS=0.5)
+    env = worker_env(
+        kafka, redis_url, s3_server, s3_bucket, RATE_LIMIT_TIMEOUT_SECONDS=0.5, MAX_ATTEMPTS=3
+    )
     worker = CrawlerProcess("worker", env, worker_log())
     try:
         # 404: link rot.
         (rot,) = await read_topic(kafka.bootstrap, c.LINK_ROT_TOPIC, min_messages=1, timeout_s=60)
         assert json.loads(rot)["identifier"] == "rot"
-        # 500s come back through inbound_images with attempts=1; play the splitter.
-        retries = await read_topic(kafka.bootstrap, c.INBOUND_TOPIC, min_messages=2, timeout_s=30)
-        retried = {m.uuid: m for m in map(c.InboundImage.from_json, retries)}
-        assert retried == {
-            "flaky": c.InboundImage(url=flaky, uuid="flaky", source="paths", attempts=1),
-            "down": c.InboundImage(url=always_500, uuid="down", source="paths", attempts=1),
-        }
-        await produce(
-            kafka.bootstrap,
-            c.source_topic("paths"),
-            [m.to_source_task().to_json() for m in retried.values()],
-        )
+        # 500s are tried again by the worker, after a backoff: the flaky one succeeds on
+        # its second try, the other is dead-lettered after MAX_ATTEMPTS (3) tries.
         raw = await read_topic(kafka.bootstrap, c.METADATA_TOPIC, min_messages=2, timeout_s=30)
         resolutions, _ = by_kind(raw)
         assert set(resolutions) == {"flaky", "after-the-bad-ones"}
-        # The dead letters: the second 500, the corrupt image, two malformed messages.
+        # The dead letters: the third 500, the corrupt image, two malformed messages.
         errors = [
             json.loads(m)
             for m in await read_topic(
@@ -221,9 +216,11 @@ async def test_404_retries_broken_images_malformed_messages_and_missing_tokens(
             "url": always_500,
             "source": "paths",
             "status": "500",
-            "attempts": 2,
+            "attempts": 3,
             "time": None,
         }
+        assert origin.requests("/paths/always500.jpg") == 3
+        assert origin.requests("/paths/flaky.jpg") == 2
         assert crawl_errors["corrupt"]["status"] == "UnidentifiedImageError"
         assert crawl_errors["blocked"]["status"] == "Blocked"
         assert origin.requests("/paths/good.jpg") == 1  # only the allowed URL
@@ -241,17 +238,17 @@ async def test_404_retries_broken_images_malformed_messages_and_missing_tokens(
             what="successes counted",
         )
         assert await redis.get(c.resize_errors_key("paths", "404")) == "1"
-        assert await redis.get(c.resize_errors_key("paths", "500")) == "3"
+        assert await redis.get(c.resize_errors_key("paths", "500")) == "4"
         assert await redis.get(c.resize_errors_key("paths", "UnidentifiedImageError")) == "1"
         statuses = Counter(
             c.status_of_window_member(m) for m in await redis.zrange("status60s:paths", 0, -1)
         )
-        assert statuses == {"200": 2, "500": 3, "404": 1, "UnidentifiedImageError": 1, "Blocked": 1}
-        # No token, no request: the starved source's URL waits and says so, then goes.
+        assert statuses == {"200": 2, "500": 4, "404": 1, "UnidentifiedImageError": 1, "Blocked": 1}
+        # No rate, no request: the starved source's URL waits and says so, then goes.
         timeout = await asyncio.to_thread(worker.wait_for_event, "rate_limit_timeout", 30)
         assert timeout["source"] == "starved" and timeout["identifier"] == "starved"
         assert origin.requests("/starved/a.jpg") == 0
-        await redis.set(c.tokens_key("starved"), 1)
+        await redis.set(c.pace_rate_key("starved"), 1)
         raw = await read_topic(kafka.bootstrap, c.METADATA_TOPIC, min_messages=3, timeout_s=30)
         assert "starved" in by_kind(raw)[0]
         assert origin.requests("/starved/a.jpg") == 1

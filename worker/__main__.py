@@ -21,13 +21,13 @@ from image_crawler.tasks import cancel_and_wait
 from worker.budget import ByteBudget
 from worker.fetch import Fetcher, close_session, new_session
 from worker.outputs import KafkaSink, LocalThumbnailStore, ThumbnailStore
-from worker.pipeline import Pipeline
+from worker.pacing import PacingSettings, RedisPacer
+from worker.pipeline import Pipeline, RetryPolicy
 from worker.processing import PoolProcessor
 from worker.s3 import SignedS3Store
 from worker.scheduler import Scheduler, SchedulerSettings
 from worker.settings import WorkerSettings
 from worker.stats import RedisStats
-from worker.tokens import RedisTokenBucket
 
 log = get_logger("worker")
 
@@ -95,11 +95,11 @@ async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
         processor = PoolProcessor(settings.image_processes)
         stack.callback(processor.close)
 
-        tokens = RedisTokenBucket(redis, retry_s=settings.token_retry_s)
-        stack.callback(tokens.close)
+        pacer = RedisPacer(redis, PacingSettings(no_rate_retry_s=settings.token_retry_s))
+        stack.callback(pacer.close)
         stats = RedisStats(redis)
         pipeline = Pipeline(
-            tokens=tokens,
+            pacer=pacer,
             fetcher=Fetcher(
                 http, settings.fetch, policy, ByteBudget(settings.fetch.max_bytes_in_flight)
             ),
@@ -107,6 +107,9 @@ async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
             store=store,
             sink=KafkaSink(producer),
             stats=stats,
+            retries=RetryPolicy(
+                max_attempts=settings.max_attempts, max_retry_after_s=settings.max_retry_after_s
+            ),
             rate_limit_timeout_s=settings.rate_limit_timeout_s,
         )
 
@@ -143,8 +146,10 @@ async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
             thumbnail_store=settings.thumbnails.store,
             thumbnails=destination,
             dead_letter_topic=CRAWL_ERRORS_TOPIC,
+            user_agent=settings.fetch.user_agent,
+            max_attempts=settings.max_attempts,
         )
-        async with _background(tokens.run(), stats.run(), _report(scheduler, stop)):
+        async with _background(pacer.run(), stats.run(), _report(scheduler, stop)):
             await scheduler.run(stop)
     log.info("worker_stopped", finished=scheduler.finished)
 

@@ -1,22 +1,35 @@
-"""One URL from its source queue to its results: token, download, image, S3, Kafka, stats.
+"""One URL from its source queue to its results: slot, download, image, S3, Kafka, stats.
 
 ``Pipeline.handle`` returns only once the message is finished, meaning its thumbnail is
 stored and its messages are acknowledged, or its failure is recorded and sent where the
-contract says (``link_rot``, a retry through ``inbound_images``, or ``crawl_errors``).
-Only then may the caller commit the message's offset.
+contract says (``link_rot`` or ``crawl_errors``). Only then may the caller commit the
+message's offset.
+
+A retryable failure (``RETRYABLE_STATUSES``) is tried again here, after an exponential
+backoff with jitter, up to ``RetryPolicy.max_attempts`` tries in all; each try waits for
+its own slot, so it is paced like any request and never starts before a server's
+Retry-After has passed. A Retry-After holds back every worker's requests to the source
+(``Pacer.pause``), not only this URL's. Every try's status is recorded, with whether it
+was a backoff signal (a status of ``BACKOFF_STATUSES``, or a response much slower than
+the source's usual): the monitor cuts the source's rate on those.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import random
+import time
 from collections.abc import Awaitable, Callable
 
+from redis.exceptions import RedisError
+
 from image_crawler.contract import (
+    BACKOFF_STATUSES,
     CRAWL_ERRORS_TOPIC,
-    INBOUND_TOPIC,
     LINK_ROT_TOPIC,
     MAX_ATTEMPTS,
+    MAX_RETRY_AFTER_S,
     METADATA_TOPIC,
     RETRYABLE_STATUSES,
     CrawlError,
@@ -29,50 +42,71 @@ from image_crawler.contract import (
     utc_now_iso,
 )
 from image_crawler.logs import get_logger
+from worker.backoff import backoff_delay, parse_retry_after
 from worker.fetch import FetchResult, UrlFetcher
 from worker.image import ImageFailure
+from worker.latency import LatencyWatch
 from worker.outputs import DependencyError, MetadataSink, ThumbnailStore
+from worker.pacing import Pacer
 from worker.processing import ImageProcessor, body_size
 from worker.stats import SUCCESS_STATUS, StatsRecorder
-from worker.tokens import TokenBucket
 
 log = get_logger(__name__)
 
 # Where a finished message went.
 CRAWLED = "crawled"
 LINK_ROT = "link_rot"
-RETRIED = "retried"
 DEAD_LETTERED = "dead_lettered"
 MALFORMED = "malformed"
+# Statuses whose Retry-After holds back the whole source.
+_RETRY_AFTER_STATUSES = frozenset({"429", "503"})
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Outcome:
     status: str
     destination: str
+    # Tries of this URL in all, the inbound message's earlier attempts included.
+    attempts: int = 1
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How retryable failures are tried again. Times in seconds."""
+
+    max_attempts: int = MAX_ATTEMPTS
+    max_retry_after_s: float = MAX_RETRY_AFTER_S
+    backoff_base_s: float = 1.0
+    backoff_cap_s: float = 60.0
 
 
 class Pipeline:
     def __init__(
         self,
         *,
-        tokens: TokenBucket,
+        pacer: Pacer,
         fetcher: UrlFetcher,
         processor: ImageProcessor,
         store: ThumbnailStore,
         sink: MetadataSink,
         stats: StatsRecorder,
+        retries: RetryPolicy = RetryPolicy(),
+        response_times: LatencyWatch | None = None,
         rate_limit_timeout_s: float = 6 * 3600.0,
         max_backoff_s: float = 10.0,
+        rng: random.Random | None = None,
     ) -> None:
-        self._tokens = tokens
+        self._pacer = pacer
         self._fetcher = fetcher
         self._processor = processor
         self._store = store
         self._sink = sink
         self._stats = stats
+        self._retries = retries
+        self._response_times = response_times or LatencyWatch()
         self._rate_limit_timeout_s = rate_limit_timeout_s
         self._max_backoff_s = max_backoff_s
+        self._rng = rng or random.Random()
 
     async def handle(self, source: str, raw: bytes | None, topic: str) -> Outcome:
         """Process one message of ``urls.{source}``; returns once it is finished."""
@@ -81,10 +115,15 @@ class Pipeline:
         except MalformedMessage as e:
             await self.reject(raw, str(e), topic)
             return Outcome("Malformed", MALFORMED)
-        status = await self._crawl(source, task)
-        destination = await self._route(source, task, status)
-        await self._reliably("record_stats", lambda: self._stats.record(source, status))
-        return Outcome(status, destination)
+        attempts = task.attempts
+        while True:
+            attempts += 1
+            status = await self._attempt(source, task)
+            if status not in RETRYABLE_STATUSES or attempts >= self._retries.max_attempts:
+                break
+            await self._back_off(source, task, status, attempts)
+        destination = await self._route(source, task, status, attempts)
+        return Outcome(status, destination, attempts)
 
     async def reject(self, raw: bytes | None, error: str, topic: str) -> None:
         """Dead-letter a message that cannot be parsed, and count it."""
@@ -95,34 +134,85 @@ class Pipeline:
         )
         await self._reliably("record_stats", self._stats.record_malformed)
 
-    async def dead_letter(self, source: str, task: SourceTask, status: str) -> None:
+    async def dead_letter(
+        self, source: str, task: SourceTask, status: str, attempts: int | None = None
+    ) -> None:
         error = CrawlError(
             identifier=task.uuid,
             url=task.url,
             source=source,
             status=status,
-            attempts=task.attempts + 1,
+            attempts=task.attempts + 1 if attempts is None else attempts,
             time=utc_now_iso(),
         )
         await self._publish(CRAWL_ERRORS_TOPIC, error.to_json(), task.uuid)
 
-    async def _crawl(self, source: str, task: SourceTask) -> str:
-        await self._take_token(source, task)
+    async def _attempt(self, source: str, task: SourceTask) -> str:
+        """One try: a slot, the download, the image; its status recorded."""
+        await self._take_slot(source, task)
         fetched = await self._fetcher.fetch(task.url)
-        if not fetched.ok:
+        backoff = await self._heed(source, fetched)
+        if fetched.ok:
+            try:
+                status = await self._finish(source, task, fetched)
+            finally:
+                fetched.release()  # the body's bytes go back to the download budget
+        else:
+            status = fetched.status
             if fetched.detail:
                 log.debug(
                     "fetch_failed",
                     source=source,
                     identifier=task.uuid,
-                    status=fetched.status,
+                    status=status,
                     detail=fetched.detail,
                 )
-            return fetched.status
+        await self._reliably(
+            "record_stats", lambda: self._stats.record(source, status, backoff=backoff)
+        )
+        return status
+
+    async def _heed(self, source: str, fetched: FetchResult) -> bool:
+        """Act on what a response says of its server's load: obey a Retry-After. True
+        when the response is a backoff signal."""
+        if fetched.status in _RETRY_AFTER_STATUSES and fetched.retry_after is not None:
+            await self._obey_retry_after(source, fetched.status, fetched.retry_after)
+        slow = fetched.response_s is not None and self._response_times.observe(
+            source, fetched.response_s
+        )
+        return slow or fetched.status in BACKOFF_STATUSES
+
+    async def _obey_retry_after(self, source: str, status: str, value: str) -> None:
+        cap_s = self._retries.max_retry_after_s
+        wait = parse_retry_after(value, time.time(), cap_s)
+        if wait.malformed:
+            log.warning("retry_after_malformed", source=source, status=status, value=value[:100])
+        if wait.capped:
+            log.warning("retry_after_capped", source=source, status=status, value=value[:100])
+        if not wait.delay_s:  # absent, malformed, or a date already past
+            return
+        log.info("retry_after", source=source, status=status, wait_s=wait.delay_s, cap_s=cap_s)
         try:
-            return await self._finish(source, task, fetched)
-        finally:
-            fetched.release()  # the body's bytes go back to the download budget
+            await self._pacer.pause(source, wait.delay_s)
+        except RedisError as e:
+            # This worker holds the source back anyway; the others learn of the server's
+            # wish from their own requests' answers.
+            log.warning("redis_unavailable", op="pause_source", source=source, error=repr(e))
+
+    async def _back_off(self, source: str, task: SourceTask, status: str, attempts: int) -> None:
+        retries = self._retries
+        delay_s = backoff_delay(
+            attempts, base_s=retries.backoff_base_s, cap_s=retries.backoff_cap_s, rng=self._rng
+        )
+        log.info(
+            "retry_scheduled",
+            source=source,
+            identifier=task.uuid,
+            status=status,
+            attempts=attempts,
+            delay_s=round(delay_s, 3),
+        )
+        await asyncio.sleep(delay_s)
 
     async def _finish(self, source: str, task: SourceTask, fetched: FetchResult) -> str:
         assert fetched.body is not None
@@ -152,23 +242,18 @@ class Pipeline:
         await asyncio.gather(*publishes)
         return SUCCESS_STATUS
 
-    async def _route(self, source: str, task: SourceTask, status: str) -> str:
+    async def _route(self, source: str, task: SourceTask, status: str, attempts: int) -> str:
         if status == SUCCESS_STATUS:
             return CRAWLED
         if status == "404":
             link_rot = LinkRotMessage(identifier=task.uuid, timestamp=utc_now_iso())
             await self._publish(LINK_ROT_TOPIC, link_rot.to_json(), task.uuid)
             return LINK_ROT
-        attempts = task.attempts + 1
-        if status in RETRYABLE_STATUSES and attempts < MAX_ATTEMPTS:
-            retry = dataclasses.replace(task, attempts=attempts).with_source(source)
-            await self._publish(INBOUND_TOPIC, retry.to_json(), task.uuid)
-            return RETRIED
-        await self.dead_letter(source, task, status)
+        await self.dead_letter(source, task, status, attempts)
         return DEAD_LETTERED
 
-    async def _take_token(self, source: str, task: SourceTask) -> None:
-        future = self._tokens.acquire(source)
+    async def _take_slot(self, source: str, task: SourceTask) -> None:
+        future = self._pacer.acquire(source)
         waited_s = 0.0
         try:
             while True:
@@ -176,8 +261,8 @@ class Pipeline:
                     await asyncio.wait_for(asyncio.shield(future), self._rate_limit_timeout_s)
                     return
                 except TimeoutError:
-                    # The URL keeps its place: a source without tokens (halted, unknown, or
-                    # no monitor running) keeps its messages until it gets tokens again.
+                    # The URL keeps its place: a source without a rate (halted, unknown, or
+                    # no monitor running) keeps its messages until it gets one again.
                     waited_s += self._rate_limit_timeout_s
                     log.warning(
                         "rate_limit_timeout", source=source, identifier=task.uuid, waited_s=waited_s

@@ -1,7 +1,9 @@
 """Outcome statistics in Redis, exactly as the contract's key table says.
 
 Every outcome adds its status to the 60 s / 1 h / 12 h sliding windows (trimmed as they
-go) and to the last-50 list, and bumps the success or failure counters. ``record``
+go) and to the last-50 list, and bumps the success or failure counters, and
+``backoff_signals:{source}`` when it was a backoff signal (in the same atomic flush as
+the failure counter, which the monitor relies on: see crawl_monitor.store). ``record``
 returns once its outcome is stored, so a caller may commit the message behind it.
 
 Writes cost CPU per Redis command (redis-py packs each command and reads each reply in
@@ -46,6 +48,7 @@ from image_crawler.contract import (
     NUM_RESIZED,
     RESIZE_ERRORS,
     STATUS_WINDOWS,
+    backoff_signals_key,
     last50_key,
     num_resized_key,
     resize_errors_key,
@@ -83,13 +86,15 @@ for key, count in pairs(batch.c) do redis.call('INCRBY', key, count) end
 return 1
 """
 
-# (source or None for a malformed message, status, Unix time, resolved once stored)
-_Outcome = tuple[str | None, str, float, asyncio.Future[None]]
+# (source or None for a malformed message, status, backoff signal, Unix time, resolved
+# once stored)
+_Outcome = tuple[str | None, str, bool, float, asyncio.Future[None]]
 
 
 class StatsRecorder(Protocol):
-    async def record(self, source: str, status: str) -> None:
-        """Store one outcome of ``source``; status "200" is a success, anything else not."""
+    async def record(self, source: str, status: str, *, backoff: bool = False) -> None:
+        """Store one outcome of ``source``; status "200" is a success, anything else not.
+        ``backoff``: the response asked us to slow down (counted for the monitor)."""
         ...
 
     async def record_malformed(self) -> None: ...
@@ -113,17 +118,17 @@ class RedisStats:
         self._wake = asyncio.Event()
         self._last_time = 0.0
 
-    async def record(self, source: str, status: str) -> None:
-        await self._enqueue(source, status)
+    async def record(self, source: str, status: str, *, backoff: bool = False) -> None:
+        await self._enqueue(source, status, backoff)
 
     async def record_malformed(self) -> None:
-        await self._enqueue(None, "")
+        await self._enqueue(None, "", False)
 
-    async def _enqueue(self, source: str | None, status: str) -> None:
+    async def _enqueue(self, source: str | None, status: str, backoff: bool) -> None:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         # Stamped now, not when written: a batch written twice (a timed-out write that
         # Redis still ran, then the retry) adds the same window members, not new ones.
-        self._pending.append((source, status, self._timestamp(), future))
+        self._pending.append((source, status, backoff, self._timestamp(), future))
         self._wake.set()
         await asyncio.shield(future)
 
@@ -178,7 +183,7 @@ class RedisStats:
         windows: dict[str, list[Any]] = {}
         statuses: defaultdict[str, list[str]] = defaultdict(list)
         counts: Counter[str] = Counter()
-        for source, status, now, _ in batch:
+        for source, status, backoff, now, _ in batch:
             if source is None:
                 counts[NUM_MALFORMED] += 1
                 continue
@@ -196,6 +201,8 @@ class RedisStats:
             else:
                 keys = (RESIZE_ERRORS, resize_errors_key(source), resize_errors_key(source, status))
                 counts.update(keys)
+            if backoff:
+                counts[backoff_signals_key(source)] += 1
         document = json.dumps(
             {
                 "w": list(windows.values()),

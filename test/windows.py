@@ -1,0 +1,32 @@
+"""Measuring request times as the origin saw them: the busiest window of each width."""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Sequence
+
+
+def max_in_window(times: Sequence[float], width_s: float) -> int:
+    """The most of ``times`` (sorted) that fall in any half-open window of ``width_s``."""
+    return max(
+        (bisect.bisect_left(times, start + width_s) - i for i, start in enumerate(times)),
+        default=0,
+    )
+
+
+def paced_bound(rate_rps: float, width_s: float) -> int:
+    """The most requests even pacing at ``rate_rps`` may start in ``width_s``: one every
+    ``1 / rate`` seconds, so ``rate x w + 1``."""
+    return int(rate_rps * width_s + 1 + 1e-9)
+
+
+def over_bound(
+    times: Sequence[float], rate_rps: float, widths_s: Iterable[float]
+) -> dict[float, tuple[int, int]]:
+    """The widths whose busiest window holds more than ``paced_bound``: w -> (seen, bound)."""
+    found = {}
+    for width in widths_s:
+        seen, bound = max_in_window(times, width), paced_bound(rate_rps, width)
+        if seen > bound:
+            found[width] = (seen, bound)
+    return found
