@@ -1,6 +1,13 @@
 """The crawler's outside contract, defined once: topics, Redis keys, statuses, messages.
 
 Both processes import their names from here; see ``CONTRACT.md`` for the prose version.
+
+Where the pacing work changed that contract (the README's "Politeness" says more):
+``currtokens:{source}`` is no longer read or written, the pacing keys
+``pace_rate:{source}``, ``pace_next:{source}`` and ``backoff_signals:{source}`` replace
+it; ``crawl_rates`` holds ``PacingInfo`` JSON instead of a bare rate; retryable
+statuses are tried again by the worker (``MAX_ATTEMPTS`` tries, 5 by default) instead of
+once through ``inbound_images``, whose ``attempts`` field still counts.
 Every message type has ``to_json``/``from_json`` so its shape lives in one place, and
 decoding failures raise ``MalformedMessage`` with a reason fit for a log line.
 """
@@ -81,8 +88,8 @@ NUM_MALFORMED: Final = "num_malformed"
 # source -> ``PacingInfo`` JSON (effective and configured rate, and why), for operators
 # (`redis-cli hgetall crawl_rates`) and `image-crawler status`.
 RATES_HASH: Final = "crawl_rates"
-# Beyond the original: which crawl monitor leads. Only the holder refills buckets and runs
-# the breakers, so that two monitors never double a rate. A string, the holder's token
+# Beyond the original: which crawl monitor leads. Only the holder writes pacing rates and
+# runs the breakers, so that two monitors never double a rate. A string, the holder's token
 # ("{host}:{pid}:{random}"), with an expiry the holder renews every loop; a standby monitor
 # takes it once it expires (or is released on a clean stop) and refills from its next loop.
 MONITOR_LEADER_KEY: Final = "monitor_leader"

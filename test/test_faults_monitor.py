@@ -7,19 +7,15 @@ real ``python -m worker``, broker, redis-server and HTTP origin where requests a
 - two monitors never double a rate (the leader lease), also across a take-over.
 
 Rates are measured where they land: the origin's request log (monotonic times, same
-process as the test). The bucket is SET to the rate once a second, so one refill's tokens
-can be spent at the end of one second and the next refill's at the start of the
-following one: the most a single refiller allows in any window of ``w`` seconds is
-``rate * (w + 1)`` (one bucket's depth on top of the rate); sliding 1 s windows reach
-2 x rate with one monitor. Two refillers at different phases exceed that envelope in
-every width (measured without the lease: 15, 25, 45 requests in 1, 2, 4 s at 5 req/s,
-against 10, 15, 25).
+process as the test). Paced at ``rate``, a source gets one request every ``1 / rate``
+seconds: at most ``rate x w + 1`` in any window of ``w`` seconds (``test.windows``), the
+bound checked here through the monitor's death, its restart and a take-over. (The
+original's once-a-second bucket allowed ``rate x (w + 1)``: a second's tokens at once.)
 """
 
 from __future__ import annotations
 
 import asyncio
-import bisect
 import json
 import math
 import time
@@ -38,25 +34,10 @@ from test.processes import CrawlerProcess, committed_offset
 from test.services import create_topics, produce, wait_for
 from test.test_monitor_process import sources_file
 from test.test_worker_e2e import worker_env
+from test.windows import max_in_window, over_bound, paced_bound
 
-# Widths (s) of the sliding windows the envelope is checked in.
-WINDOWS_S = (1.0, 2.0, 4.0)
-
-
-# --- measuring rates ------------------------------------------------------------------------
-
-
-def max_in_window(times: Sequence[float], width_s: float) -> int:
-    """The most of ``times`` (sorted) that fall in any half-open window of ``width_s``."""
-    best = 0
-    for i, start in enumerate(times):
-        best = max(best, bisect.bisect_left(times, start + width_s) - i)
-    return best
-
-
-def envelope(rate_rps: float, width_s: float) -> int:
-    """The most requests a single 1 s refiller allows in ``width_s`` (see the docstring)."""
-    return math.floor(rate_rps * (width_s + 1) + 1e-9)
+# Widths (s) of the sliding windows the pacing bound is checked in.
+WINDOWS_S = (0.5, 1.0, 2.0, 4.0)
 
 
 def window_report(times: Sequence[float]) -> dict[float, int]:
@@ -64,23 +45,18 @@ def window_report(times: Sequence[float]) -> dict[float, int]:
 
 
 def over_envelope(times: Sequence[float], rate_rps: float) -> dict[float, tuple[int, int]]:
-    """Widths whose busiest window exceeds the envelope: width -> (seen, allowed)."""
-    return {
-        width: (seen, envelope(rate_rps, width))
-        for width, seen in window_report(times).items()
-        if seen > envelope(rate_rps, width)
-    }
+    """Widths whose busiest window exceeds the pacing bound: width -> (seen, allowed)."""
+    return over_bound(times, rate_rps, WINDOWS_S)
 
 
-def test_the_envelope_tells_one_refiller_from_two():
-    # Bursts of 5 from one refiller on a 1 s grid; the first refill's tokens are only
-    # taken at the end of its second (a worker that just started), the rest at once...
-    one = [(k or 0.9) + i * 0.001 for k in range(8) for i in range(5)]
-    # ...then a second refiller half a second out of phase.
-    two = sorted(one + [k + 0.5 + i * 0.001 for k in range(8) for i in range(5)])
-    assert window_report(one) == {1.0: 10, 2.0: 15, 4.0: 25}  # 2 x rate in 1 s already
-    assert over_envelope(one, 5) == {}
-    assert set(over_envelope(two, 5)) == set(WINDOWS_S)
+def test_the_bound_tells_even_pacing_from_a_burst_a_second():
+    even = [k / 5 for k in range(40)]  # 5/s, one every 0.2 s
+    # The original's refills: each second's 5 tokens taken at once, the first second's
+    # at its end (a worker that just started), so two seconds' worth come together.
+    burst = [(k or 0.9) + i * 0.001 for k in range(8) for i in range(5)]
+    assert window_report(even) == {0.5: 3, 1.0: 5, 2.0: 10, 4.0: 20}
+    assert over_envelope(even, 5) == {}
+    assert set(over_envelope(burst, 5)) == set(WINDOWS_S)
 
 
 def bursts(times: Sequence[float], since: float, gap_s: float = 0.2) -> list[tuple[float, int]]:
@@ -474,12 +450,12 @@ async def test_killing_the_monitor_stops_every_source_and_a_restart_does_not_bur
             first_refill = [t for t in after if t < after[0] + 0.5]
             report = window_report(after)
             print(
-                f"{source} at {rate:g}/s: {len(first_refill)} in the first refill, "
+                f"{source} at {rate:g}/s: {len(first_refill)} in the first 0.5 s, "
                 f"{len(first_second)} in the first second, busiest windows {report}"
             )
-            # No catch-up: the first refill after the outage holds one second's tokens...
-            assert len(first_refill) <= math.ceil(rate), (source, first_refill)
-            # ...and no window after it holds more than one refiller allows.
+            # No catch-up: the first second after the outage is paced like any other...
+            assert len(first_second) <= paced_bound(rate, 1.0), (source, first_second)
+            # ...and no window after it holds more than pacing allows.
             assert over_envelope(after, rate) == {}, source
         assert not second.events("loop_crashed")
     finally:

@@ -377,6 +377,8 @@ async def test_the_default_user_agent_names_the_project_its_version_and_url(orig
     (headers,) = origin.request_headers("/a.jpg")
     assert headers.getall("User-Agent") == [DEFAULT_USER_AGENT]
     assert WorkerSettings.from_env({}).fetch.user_agent == DEFAULT_USER_AGENT
+    for unset in ("", "   "):  # as docker-compose passes an unset variable
+        assert WorkerSettings.from_env({"USER_AGENT": unset}).fetch.user_agent == DEFAULT_USER_AGENT
     name, version = DEFAULT_USER_AGENT.split(" ", 1)[0].split("/")
     assert name == "image-crawler" and version[0].isdigit()
     assert DEFAULT_USER_AGENT.endswith("(+https://github.com/cc-archive/image-crawler)")
@@ -385,8 +387,6 @@ async def test_the_default_user_agent_names_the_project_its_version_and_url(orig
 @pytest.mark.parametrize(
     ("value", "message"),
     [
-        ("", "set but empty"),
-        ("   ", "set but empty"),
         ("crawler\r\nX-Injected: 1", "carriage return"),
         ("crawler\nX-Injected: 1", "line feed"),
         ("crawler\x00", "control character"),

@@ -183,15 +183,11 @@ _CONTROL_CHARACTERS = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 
 
 def _user_agent(env: Mapping[str, str], name: str) -> str:
-    if name not in env:
-        return DEFAULT_USER_AGENT
-    value = env[name].strip()
+    # Empty means the default, as for every other setting (docker-compose passes an unset
+    # variable through as an empty one).
+    value = env.get(name, "").strip()
     if not value:
-        raise ConfigError(
-            f"{name} is set but empty: unset it for the default ({DEFAULT_USER_AGENT!r}), "
-            "or say who runs this crawl and how to reach them, e.g. "
-            f"'image-crawler (+{PROJECT_URL}; crawl-admin@example.org)'"
-        )
+        return DEFAULT_USER_AGENT
     bad = _CONTROL_CHARACTERS.search(value)
     if bad is not None:
         what = {"\r": "a carriage return (CR)", "\n": "a line feed (LF)"}.get(
