@@ -18,7 +18,9 @@ Retry-After may still start.
 A slot is a time, not a token: one that the worker reaches more than half an interval
 late (its event loop was busy) is given up, and its request asks again. Started late, it
 would land next to the following slot, granted to this worker or another, and two
-requests would go out together. Slot times are placed on the worker's clock at the
+requests would go out together. Lateness under ``MIN_LATENESS_S`` is never a reason:
+above 250 requests/s the interval nears the event loop's own timing, and slots a few
+microseconds late would all be given up. Slot times are placed on the worker's clock at the
 middle of the ask's round trip, which is within half of it of Redis' own clock.
 
 Fail closed: without a rate (no monitor: the key expired; a halted source: "0") nothing
@@ -102,6 +104,10 @@ if until_s > tat then
 end
 return tostring(tat - now)
 """
+
+
+# Slots this late or less are always started (see the module's docstring).
+MIN_LATENESS_S: Final = 0.002
 
 
 class Pacer(Protocol):
@@ -266,7 +272,8 @@ class RedisPacer:
         (a slot outlives a cancelled request), unless the slot is past."""
         if self._promised[source] > 0:
             self._promised[source] -= 1
-        if asyncio.get_running_loop().time() - slot > interval_s / 2:
+        late_s = asyncio.get_running_loop().time() - slot
+        if late_s > MIN_LATENESS_S and late_s > interval_s / 2:
             self.late_slots += 1
             self._wake.set()  # its request asks again
             return
