@@ -20,8 +20,10 @@ late (its event loop was busy) is given up, and its request asks again. Started 
 would land next to the following slot, granted to this worker or another, and two
 requests would go out together. Lateness under ``MIN_LATENESS_S`` is never a reason:
 above 250 requests/s the interval nears the event loop's own timing, and slots a few
-microseconds late would all be given up. Slot times are placed on the worker's clock at the
-middle of the ask's round trip, which is within half of it of Redis' own clock.
+microseconds late would all be given up; nor is the time before the answer was read
+(a slot already past then is started at once).
+Slot times are placed on the worker's clock at the middle of the ask's round trip,
+which is within half of it of Redis' own clock.
 
 Fail closed: without a rate (no monitor: the key expired; a halted source: "0") nothing
 is granted, and the worker asks again after ``no_rate_retry_s``. A server's Retry-After
@@ -249,10 +251,11 @@ class RedisPacer:
         return answers if isinstance(answers, list) else []
 
     def _apply(self, due: dict[str, int], answers: list[Any], redis_now: float) -> None:
-        """Schedule each granted slot at its time; ``redis_now`` is the loop time at which
+        """Start or schedule each granted slot; ``redis_now`` is the loop time at which
         Redis ran the script."""
         loop = asyncio.get_running_loop()
         settings = self._settings
+        now = loop.time()
         for source, answer in zip(due, answers, strict=False):
             if not answer:
                 self._next_ask[source] = redis_now + settings.no_rate_retry_s
@@ -260,19 +263,22 @@ class RedisPacer:
             next_s, slots, interval_s = answer
             for offset in slots if isinstance(slots, list) else ():
                 self._promised[source] += 1
-                loop.call_at(
-                    redis_now + offset, self._grant, source, redis_now + offset, interval_s
-                )
+                slot = redis_now + offset
+                if slot <= now:
+                    # Past before this worker could know of it (the script's own run, its
+                    # reply): started at once, or a source whose interval is shorter than
+                    # a round trip would never start a request.
+                    self._grant(source, now, interval_s)
+                else:
+                    loop.call_at(slot, self._grant, source, slot, interval_s)
             self._next_ask[source] = redis_now + min(max(float(next_s), 0.0), settings.max_wait_s)
-        for source in due.keys() - self._waiters.keys():
-            self._next_ask.pop(source, None)
 
-    def _grant(self, source: str, slot: float, interval_s: float) -> None:
-        """Start the oldest live request of ``source`` in the slot at loop time ``slot``
-        (a slot outlives a cancelled request), unless the slot is past."""
+    def _grant(self, source: str, due: float, interval_s: float) -> None:
+        """Start the oldest live request of ``source`` in a slot due at loop time ``due``
+        (a slot outlives a cancelled request), unless it is too late for it."""
         if self._promised[source] > 0:
             self._promised[source] -= 1
-        late_s = asyncio.get_running_loop().time() - slot
+        late_s = asyncio.get_running_loop().time() - due
         if late_s > MIN_LATENESS_S and late_s > interval_s / 2:
             self.late_slots += 1
             self._wake.set()  # its request asks again
