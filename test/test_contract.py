@@ -1,3 +1,4 @@
+import dataclasses
 import json
 
 import pytest
@@ -112,3 +113,17 @@ def test_window_members_carry_status_and_time():
     member = c.window_member("500", 1700000000.25)
     assert member == "500:1700000000.250000"
     assert c.status_of_window_member(member) == "500"
+
+
+@pytest.mark.parametrize(
+    "info",
+    [
+        c.PacingInfo(35.0, 50.0, "computed", c.PACE_BACKOFF, "3 backoff signals: cut to 0.7 x"),
+        c.PacingInfo(1e-05, 0.2, "override-rate:", c.PACE_FLOOR, 'a "quoted" why \u00e9'),
+        c.PacingInfo(0.0, 0.0, "override_rate:", c.PACE_STOPPED, "stopped: configured at 0"),
+    ],
+)
+def test_pacing_info_is_encoded_with_every_field_and_decodes_to_itself(info):
+    # to_json builds its object by hand: it must still hold every field, as asdict would.
+    assert json.loads(info.to_json()) == dataclasses.asdict(info)
+    assert c.PacingInfo.from_json(info.to_json()) == info

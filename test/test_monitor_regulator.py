@@ -23,7 +23,6 @@ from crawl_monitor.store import (
     RedisRegulatorStore,
     WriteResult,
     Writes,
-    encode_pacing,
 )
 from image_crawler import contract as c
 from image_crawler.tasks import cancel_and_wait
@@ -571,16 +570,3 @@ async def test_a_source_that_keeps_pushing_back_at_its_floor_is_halted(redis, cl
     (halted,) = events(logs, "crawl_halted", type="temporary")
     assert '"503": 20' in halted["msg"]
     assert await redis.get(c.pace_rate_key("src")) == "0"
-
-
-@pytest.mark.parametrize(
-    "info",
-    [
-        c.PacingInfo(35.0, 50.0, "computed", c.PACE_BACKOFF, "3 backoff signals: cut to 0.7 x"),
-        c.PacingInfo(1e-05, 0.2, "override-rate:", c.PACE_FLOOR, 'a "quoted" why \u00e9'),
-        c.PacingInfo(0.0, 0.0, "override_rate:", c.PACE_STOPPED, "stopped: configured at 0"),
-    ],
-)
-def test_the_store_encodes_pacing_as_the_contract_does(info):
-    assert encode_pacing(info) == info.to_json().decode()
-    assert c.PacingInfo.from_json(encode_pacing(info)) == info

@@ -153,17 +153,12 @@ class RedisPacer:
         self._next_ask: dict[str, float] = {}
         self._wake = asyncio.Event()
         self.asks = 0
-        # Slots given up because the worker reached them too late.
-        self.late_slots = 0
 
     def acquire(self, source: str) -> asyncio.Future[None]:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.setdefault(source, deque()).append(future)
         self._wake.set()
         return future
-
-    def waiting(self, source: str) -> int:
-        return sum(1 for f in self._waiters.get(source, ()) if not f.done())
 
     async def pause(self, source: str, delay_s: float) -> None:
         """Push ``source``'s next slot at least ``delay_s`` away, for every worker.
@@ -262,27 +257,30 @@ class RedisPacer:
                 continue
             next_s, slots, interval_s = answer
             for offset in slots if isinstance(slots, list) else ():
-                self._promised[source] += 1
                 slot = redis_now + offset
                 if slot <= now:
                     # Past before this worker could know of it (the script's own run, its
                     # reply): started at once, or a source whose interval is shorter than
                     # a round trip would never start a request.
-                    self._grant(source, now, interval_s)
+                    self._start_oldest(source)
                 else:
+                    self._promised[source] += 1
                     loop.call_at(slot, self._grant, source, slot, interval_s)
             self._next_ask[source] = redis_now + min(max(float(next_s), 0.0), settings.max_wait_s)
 
-    def _grant(self, source: str, due: float, interval_s: float) -> None:
-        """Start the oldest live request of ``source`` in a slot due at loop time ``due``
-        (a slot outlives a cancelled request), unless it is too late for it."""
+    def _grant(self, source: str, slot: float, interval_s: float) -> None:
+        """The promised slot at loop time ``slot`` has come: start a request in it,
+        unless it came too late."""
         if self._promised[source] > 0:
             self._promised[source] -= 1
-        late_s = asyncio.get_running_loop().time() - due
+        late_s = asyncio.get_running_loop().time() - slot
         if late_s > MIN_LATENESS_S and late_s > interval_s / 2:
-            self.late_slots += 1
             self._wake.set()  # its request asks again
             return
+        self._start_oldest(source)
+
+    def _start_oldest(self, source: str) -> None:
+        """Start the oldest live request of ``source`` (a slot outlives a cancelled one)."""
         waiters = self._waiters.get(source, deque())
         while waiters:
             future = waiters.popleft()
