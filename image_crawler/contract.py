@@ -93,6 +93,25 @@ RATES_HASH: Final = "crawl_rates"
 # ("{host}:{pid}:{random}"), with an expiry the holder renews every loop; a standby monitor
 # takes it once it expires (or is released on a clean stop) and refills from its next loop.
 MONITOR_LEADER_KEY: Final = "monitor_leader"
+# Beyond the original: robots.txt (RFC 9309). What a host's /robots.txt said, one string
+# per host ("robots:{scheme}://{host}:{port}", the key a worker builds with robots_key),
+# JSON written by the worker that fetched it (see worker/robots.py): the file's text (at
+# most ROBOTS_MAX_BYTES) after a 2xx, "allow everything" after a 4xx, or "unavailable,
+# ask again at ..." after a 5xx, 429, timeout or network error. Expires after
+# ROBOTS_CACHE_S (or, unavailable, ROBOTS_UNAVAILABLE_MAX_S after the first failure).
+ROBOTS_PREFIX: Final = "robots:"
+# Held (SET NX, with an expiry) by the one worker fetching a host's robots.txt, so that the
+# cluster fetches it once; the others wait for ``robots:{origin}``.
+ROBOTS_LOCK_PREFIX: Final = "robots_lock:"
+# A set of sources whose robots.txt is not obeyed: an operator has the sites' permission
+# (`image-crawler robots-exempt SOURCE`, or `redis-cli sadd robots_exempt SOURCE`).
+ROBOTS_EXEMPT_SET: Final = "robots_exempt"
+# The largest Crawl-delay (seconds, at most MAX_CRAWL_DELAY_S) of the hosts of a source
+# that workers have read robots.txt files of; it expires with the files (ROBOTS_CACHE_S).
+# The leading monitor caps the source's rate at 1 / delay. The sources that have one are
+# listed in the set CRAWL_DELAYED_SET, which the monitor reads every loop (and cleans).
+CRAWL_DELAY_PREFIX: Final = "crawl_delay:"
+CRAWL_DELAYED_SET: Final = "crawl_delayed"
 
 LAST_N_STATUSES: Final = 50
 # (key prefix, window length in seconds) of the time-based sliding windows.
@@ -117,6 +136,19 @@ def pace_next_key(source: str) -> str:
 
 def backoff_signals_key(source: str) -> str:
     return f"{BACKOFF_SIGNALS_PREFIX}{source}"
+
+
+def robots_key(origin: str) -> str:
+    """``origin`` is "{scheme}://{host}:{port}", the port always written."""
+    return f"{ROBOTS_PREFIX}{origin}"
+
+
+def robots_lock_key(origin: str) -> str:
+    return f"{ROBOTS_LOCK_PREFIX}{origin}"
+
+
+def crawl_delay_key(source: str) -> str:
+    return f"{CRAWL_DELAY_PREFIX}{source}"
 
 
 def last50_key(source: str) -> str:
@@ -144,8 +176,23 @@ def status_of_window_member(member: str) -> str:
 
 # --- Statuses ------------------------------------------------------------------------
 # Statuses are HTTP codes (as strings) or error names. These never trip a breaker.
+# A URL the host's robots.txt disallows for our user-agent: never requested.
+ROBOTS_DISALLOWED: Final = "RobotsDisallowed"
+# A URL whose host's robots.txt could not be fetched (5xx, 429, timeout, network error)
+# for ROBOTS_UNAVAILABLE_MAX_S: it waited that long, never requested.
+ROBOTS_UNAVAILABLE: Final = "RobotsUnavailable"
 EXPECTED_STATUSES: Final = frozenset(
-    {"200", "300", "301", "302", "404", "UnidentifiedImageError", "NoRateToken"}
+    {
+        "200",
+        "300",
+        "301",
+        "302",
+        "404",
+        "UnidentifiedImageError",
+        "NoRateToken",
+        ROBOTS_DISALLOWED,
+        ROBOTS_UNAVAILABLE,
+    }
 )
 # Tried again by the worker that saw them, after an exponential backoff with jitter (and
 # never before a Retry-After has passed), up to MAX_ATTEMPTS tries in all.
@@ -161,6 +208,16 @@ BACKOFF_STATUSES: Final = frozenset({"429", "503", "Timeout"})
 MAX_ATTEMPTS: Final = 5
 # The longest Retry-After obeyed (MAX_RETRY_AFTER_S); longer ones are capped and logged.
 MAX_RETRY_AFTER_S: Final = 3600.0
+
+# robots.txt: how long a host's file is cached for the whole cluster (ROBOTS_CACHE_S, the
+# RFC's ceiling of 24 hours); how long its URLs wait while it cannot be fetched
+# (ROBOTS_UNAVAILABLE_MAX_S); the longest Crawl-delay obeyed (MAX_CRAWL_DELAY_S); how much
+# of a file is read (the RFC asks for at least 500 KiB) and how many redirects followed.
+ROBOTS_CACHE_S: Final = 86400.0
+ROBOTS_UNAVAILABLE_MAX_S: Final = 86400.0
+MAX_CRAWL_DELAY_S: Final = 60.0
+ROBOTS_MAX_BYTES: Final = 512 * 1024
+ROBOTS_MAX_REDIRECTS: Final = 5
 
 RAW_MESSAGE_CAP_BYTES: Final = 4096
 

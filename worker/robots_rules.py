@@ -1,0 +1,59 @@
+"""What one robots.txt file allows, for our product token (RFC 9309).
+
+The parsing and matching are Protego's (the parser Scrapy uses): groups chosen by the
+product token case-insensitively, else ``*``; the longest matching rule wins, ``Allow``
+on a tie; ``*`` and ``$`` in paths; ``/robots.txt`` always allowed. This module is the
+project's one entry point to it, so that the table of parser cases in the tests runs
+through exactly what the worker runs.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+from protego import Protego
+
+# RFC 9309 2.2.1: a product token is letters, "_" and "-".
+_PRODUCT_TOKEN: Final = re.compile(r"[A-Za-z_-]+")
+DEFAULT_PRODUCT_TOKEN: Final = "image-crawler"
+
+
+def product_token(user_agent: str) -> str:
+    """The product token at the start of a User-Agent ("image-crawler/0.1 (+...)" ->
+    "image-crawler"); the default token when it starts with none."""
+    match = _PRODUCT_TOKEN.match(user_agent.strip())
+    return match.group() if match else DEFAULT_PRODUCT_TOKEN
+
+
+class RobotsRules:
+    """A parsed robots.txt, asked about URLs for one product token."""
+
+    __slots__ = ("_parsed", "_token")
+
+    def __init__(self, parsed: Protego | None, token: str) -> None:
+        self._parsed = parsed
+        self._token = token
+
+    @classmethod
+    def parse(cls, text: str, token: str) -> RobotsRules:
+        return cls(Protego.parse(text), token)
+
+    @classmethod
+    def allow_all(cls, token: str) -> RobotsRules:
+        """What a host without a robots.txt (a 4xx) allows: everything."""
+        return cls(None, token)
+
+    def allows(self, url: str) -> bool:
+        """Whether ``url`` (absolute, of this file's host) may be requested."""
+        return self._parsed is None or self._parsed.can_fetch(url, self._token)
+
+    @property
+    def crawl_delay_s(self) -> float | None:
+        """The group's ``Crawl-delay`` in seconds, None without a usable one."""
+        if self._parsed is None:
+            return None
+        delay = self._parsed.crawl_delay(self._token)
+        if delay is None or not delay >= 0 or delay == float("inf"):
+            return None
+        return float(delay)
