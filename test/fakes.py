@@ -49,7 +49,7 @@ class FakeFetcher:
         self.results = results
         self.requests: list[str] = []
 
-    async def fetch(self, url: str) -> FetchResult:
+    async def fetch(self, url: str, permit: object = None) -> FetchResult:
         self.requests.append(url)
         result = self.results.get(url, FetchResult("404"))
         if isinstance(result, list):

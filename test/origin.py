@@ -199,6 +199,11 @@ class Origin:
         self._set(path, Reply(body, content_type, status, headers))
         return self.url(path)
 
+    def set_robots(self, text: str | bytes, content_type: str = "text/plain") -> str:
+        """Serve ``text`` as this host's /robots.txt; returns its URL."""
+        body = text.encode() if isinstance(text, str) else text
+        return self.add("/robots.txt", body, content_type)
+
     def add_handler(self, path: str, handler: Handler) -> str:
         """Serve ``path`` with ``async handler(request) -> web.StreamResponse``.
 

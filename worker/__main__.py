@@ -24,6 +24,7 @@ from worker.outputs import KafkaSink, LocalThumbnailStore, ThumbnailStore
 from worker.pacing import PacingSettings, RedisPacer
 from worker.pipeline import Pipeline, RetryPolicy
 from worker.processing import PoolProcessor
+from worker.robots import RobotsGuard
 from worker.s3 import SignedS3Store
 from worker.scheduler import Scheduler, SchedulerSettings
 from worker.settings import WorkerSettings
@@ -98,11 +99,14 @@ async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
         pacer = RedisPacer(redis, PacingSettings(no_rate_retry_s=settings.token_retry_s))
         stack.callback(pacer.close)
         stats = RedisStats(redis)
+        fetcher = Fetcher(
+            http, settings.fetch, policy, ByteBudget(settings.fetch.max_bytes_in_flight)
+        )
+        robots = RobotsGuard(redis, fetcher, pacer, settings.robots)
+        stack.callback(robots.close)
         pipeline = Pipeline(
             pacer=pacer,
-            fetcher=Fetcher(
-                http, settings.fetch, policy, ByteBudget(settings.fetch.max_bytes_in_flight)
-            ),
+            fetcher=fetcher,
             processor=processor,
             store=store,
             sink=KafkaSink(producer),
@@ -111,6 +115,7 @@ async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
                 max_attempts=settings.max_attempts, max_retry_after_s=settings.max_retry_after_s
             ),
             rate_limit_timeout_s=settings.rate_limit_timeout_s,
+            robots=robots,
         )
 
         async def dead_letter(
@@ -148,6 +153,8 @@ async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
             dead_letter_topic=CRAWL_ERRORS_TOPIC,
             user_agent=settings.fetch.user_agent,
             max_attempts=settings.max_attempts,
+            robots_policy=settings.robots.policy,
+            robots_user_agent=settings.robots.token,
         )
         async with _background(pacer.run(), stats.run(), _report(scheduler, stop)):
             await scheduler.run(stop)

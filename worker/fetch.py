@@ -10,7 +10,7 @@ import asyncio
 import dataclasses
 import time
 import types
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 import aiohttp
@@ -50,8 +50,13 @@ class FetchResult:
         return self.status == "200" and self.body is not None
 
 
+# Asked before each redirect hop: None lets the hop go ahead, a status ends the fetch with
+# that status (robots.txt: worker/robots.py).
+HopPermit = Callable[[URL], Awaitable[str | None]]
+
+
 class UrlFetcher(Protocol):
-    async def fetch(self, url: str) -> FetchResult:
+    async def fetch(self, url: str, permit: HopPermit | None = None) -> FetchResult:
         """Download ``url``; every failure is a status, never an exception."""
         ...
 
@@ -146,7 +151,8 @@ class Fetcher:
         self._budget = budget
         self._typical_body = _FIRST_ESTIMATE
 
-    async def fetch(self, url: str) -> FetchResult:
+    async def fetch(self, url: str, permit: HopPermit | None = None) -> FetchResult:
+        """Download ``url``, asking ``permit`` before each redirect hop."""
         try:
             current = URL(url)
         except (ValueError, TypeError) as e:
@@ -157,8 +163,9 @@ class Fetcher:
         hold = _Hold(self._budget)
         if self._budget is not None:
             hold.held = await self._budget.acquire(self._typical_body)
+        read = _Read(self._settings.max_body_bytes, truncate=False)
         try:
-            result = await self._follow(current, hold)
+            result = await self._follow(current, hold, read, permit, self._settings.max_redirects)
         except BaseException:
             hold.release()
             raise
@@ -169,17 +176,39 @@ class Fetcher:
             hold.release()
         return result
 
-    async def _follow(self, url: URL, hold: _Hold) -> FetchResult:
+    async def fetch_text(self, url: str, max_bytes: int, max_redirects: int) -> FetchResult:
+        """GET a small text resource (robots.txt): the first ``max_bytes`` of the body
+        are kept and the rest is not read (``detail`` then says "truncated"). Outside the
+        byte budget, which is for images: ``max_bytes`` bounds it."""
+        try:
+            current = URL(url)
+        except (ValueError, TypeError) as e:
+            return FetchResult("InvalidURL", detail=str(e))
+        read = _Read(max_bytes, truncate=True)
+        return await self._follow(current, _Hold(None), read, None, max_redirects)
+
+    async def _follow(
+        self,
+        url: URL,
+        hold: _Hold,
+        read: _Read,
+        permit: HopPermit | None,
+        max_redirects: int,
+    ) -> FetchResult:
         current = url
-        for _ in range(self._settings.max_redirects + 1):
+        for hop in range(max_redirects + 1):
             refusal = self._refusal(current)
             if refusal is not None:
                 return FetchResult("Blocked", detail=refusal)
-            result = await self._get_once(current, hold)
+            if hop and permit is not None:
+                status = await permit(current)
+                if status is not None:
+                    return FetchResult(status, detail=str(current))
+            result = await self._get_once(current, hold, read)
             if isinstance(result, FetchResult):
                 return result
             current = result
-        return FetchResult("TooManyRedirects", detail=f"more than {self._settings.max_redirects}")
+        return FetchResult("TooManyRedirects", detail=f"more than {max_redirects}")
 
     def _learn(self, size: int) -> None:
         # A running mean over about the last 32 bodies, kept within sensible bounds.
@@ -193,7 +222,7 @@ class Fetcher:
             return "no host"
         return self._policy.refusal(url.host)
 
-    async def _get_once(self, url: URL, hold: _Hold) -> FetchResult | URL:
+    async def _get_once(self, url: URL, hold: _Hold, read: _Read) -> FetchResult | URL:
         """One request: a final result, or the URL a redirect points to."""
         timing = _Timing()
         # The fallback start, for a session built without new_session's trace.
@@ -220,7 +249,7 @@ class Fetcher:
                     return FetchResult(
                         str(response.status), retry_after=retry_after, response_s=response_s
                     )
-                return await self._read_body(response, hold, response_s)
+                return await self._read_body(response, hold, read, response_s)
         except aiohttp.ServerDisconnectedError as e:
             return FetchResult("ServerDisconnected", detail=str(e))
         except (TimeoutError, aiohttp.ServerTimeoutError) as e:
@@ -239,11 +268,11 @@ class Fetcher:
             return FetchResult("ClientError", detail=repr(e))
 
     async def _read_body(
-        self, response: aiohttp.ClientResponse, hold: _Hold, response_s: float
+        self, response: aiohttp.ClientResponse, hold: _Hold, read: _Read, response_s: float
     ) -> FetchResult:
-        cap = self._settings.max_body_bytes
+        cap = read.max_bytes
         declared = response.content_length
-        if declared is not None and declared > cap:
+        if declared is not None and declared > cap and not read.truncate:
             return FetchResult(
                 "TooLarge", detail=f"Content-Length {declared}", response_s=response_s
             )
@@ -251,16 +280,33 @@ class Fetcher:
             hold.cover(declared)
         chunks: list[bytes] = []
         size = 0
-        async for chunk in response.content.iter_chunked(_CHUNK_BYTES):
+        detail = ""
+        async for chunk in response.content.iter_chunked(min(_CHUNK_BYTES, cap + 1)):
             size += len(chunk)
             if size > cap:
-                return FetchResult(
-                    "TooLarge", detail=f"body over {cap} bytes", response_s=response_s
-                )
+                if not read.truncate:
+                    return FetchResult(
+                        "TooLarge", detail=f"body over {cap} bytes", response_s=response_s
+                    )
+                # The rest is never read: the connection is closed, not drained.
+                chunks.append(chunk[: len(chunk) - (size - cap)])
+                size, detail = cap, f"truncated at {cap} bytes"
+                break
             hold.cover(size)  # no Content-Length, or a wrong one
             chunks.append(chunk)
         body: Body = chunks[0] if len(chunks) == 1 else tuple(chunks)
-        return FetchResult("200", body=body, release=hold.keep(size), response_s=response_s)
+        return FetchResult(
+            "200", body=body, detail=detail, release=hold.keep(size), response_s=response_s
+        )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Read:
+    """How much of a body is read: over ``max_bytes`` it is TooLarge, or, with
+    ``truncate``, cut there."""
+
+    max_bytes: int
+    truncate: bool
 
 
 class _Hold:

@@ -12,12 +12,17 @@ Retry-After has passed. A Retry-After holds back every worker's requests to the 
 (``Pacer.pause``), not only this URL's. Every try's status is recorded, with whether it
 was a backoff signal (a status of ``BACKOFF_STATUSES``, or a response much slower than
 the source's usual): the monitor cuts the source's rate on those.
+
+Before any of that, the URL's host's robots.txt is asked (``RobotsGuard``; so is each
+redirect hop's): a URL it disallows ends as ``RobotsDisallowed`` without a request, and
+a URL whose host's robots.txt cannot be fetched waits for it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -49,6 +54,7 @@ from worker.latency import LatencyWatch
 from worker.outputs import DependencyError, MetadataSink, ThumbnailStore
 from worker.pacing import Pacer
 from worker.processing import ImageProcessor, body_size
+from worker.robots import ROBOTS_PENDING, RobotsGuard
 from worker.stats import SUCCESS_STATUS, StatsRecorder
 
 log = get_logger(__name__)
@@ -92,6 +98,7 @@ class Pipeline:
         stats: StatsRecorder,
         retries: RetryPolicy = RetryPolicy(),
         response_times: LatencyWatch | None = None,
+        robots: RobotsGuard | None = None,
         rate_limit_timeout_s: float = 6 * 3600.0,
         max_backoff_s: float = 10.0,
         rng: random.Random | None = None,
@@ -104,6 +111,7 @@ class Pipeline:
         self._stats = stats
         self._retries = retries
         self._response_times = response_times or LatencyWatch()
+        self._robots = robots
         self._rate_limit_timeout_s = rate_limit_timeout_s
         self._max_backoff_s = max_backoff_s
         self._rng = rng or random.Random()
@@ -115,10 +123,17 @@ class Pipeline:
         except MalformedMessage as e:
             await self.reject(raw, str(e), topic)
             return Outcome("Malformed", MALFORMED)
+        if self._robots is not None:
+            refused = await self._robots.verdict(source, task.url)
+            if refused is not None:
+                return await self._refuse(source, task, refused)
         attempts = task.attempts
         while True:
             attempts += 1
             status = await self._attempt(source, task)
+            if status == ROBOTS_PENDING:  # a redirect's host now answers: not a try
+                attempts -= 1
+                continue
             if status not in RETRYABLE_STATUSES or attempts >= self._retries.max_attempts:
                 break
             await self._back_off(source, task, status, attempts)
@@ -147,10 +162,28 @@ class Pipeline:
         )
         await self._publish(CRAWL_ERRORS_TOPIC, error.to_json(), task.uuid)
 
+    async def _refuse(self, source: str, task: SourceTask, status: str) -> Outcome:
+        """End a URL robots.txt keeps us from requesting: counted, and dead-lettered."""
+        log.debug("robots_refused", source=source, identifier=task.uuid, status=status)
+        await self._reliably("record_stats", lambda: self._stats.record(source, status))
+        await self.dead_letter(source, task, status, task.attempts)
+        return Outcome(status, DEAD_LETTERED, task.attempts)
+
     async def _attempt(self, source: str, task: SourceTask) -> str:
-        """One try: a slot, the download, the image; its status recorded."""
+        """One try: a slot, the download, the image; its status recorded.
+
+        ``ROBOTS_PENDING`` (not recorded): a redirect led to a host whose robots.txt
+        could not be fetched; it has been waited for, and the URL may be tried again.
+        """
         await self._take_slot(source, task)
-        fetched = await self._fetcher.fetch(task.url)
+        robots = self._robots
+        permit = None if robots is None else functools.partial(robots.hop_status, source)
+        fetched = await self._fetcher.fetch(task.url, permit)
+        if fetched.status == ROBOTS_PENDING and robots is not None:
+            status = await robots.verdict(source, fetched.detail) or ROBOTS_PENDING
+            if status == ROBOTS_PENDING:
+                return status
+            fetched = FetchResult(status, detail=fetched.detail)
         backoff = await self._heed(source, fetched)
         if fetched.ok:
             try:

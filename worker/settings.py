@@ -22,6 +22,7 @@ from image_crawler.config import (
     env_str,
 )
 from worker.netguard import AddressPolicy, IPNetwork, parse_networks
+from worker.robots_rules import DEFAULT_PRODUCT_TOKEN, product_token
 
 PROJECT_URL = "https://github.com/cc-archive/image-crawler"
 
@@ -62,6 +63,35 @@ class FetchSettings:
         return AddressPolicy(self.allowed_private_networks)
 
 
+RobotsPolicy = Literal["obey", "ignore"]
+ROBOTS_POLICIES: tuple[RobotsPolicy, ...] = ("obey", "ignore")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RobotsSettings:
+    """robots.txt (worker/robots.py). Times in seconds."""
+
+    policy: RobotsPolicy = "obey"
+    # Our product token: robots.txt groups naming it apply to us (else the `*` group).
+    token: str = DEFAULT_PRODUCT_TOKEN
+    cache_s: float = contract.ROBOTS_CACHE_S
+    unavailable_max_s: float = contract.ROBOTS_UNAVAILABLE_MAX_S
+    max_crawl_delay_s: float = contract.MAX_CRAWL_DELAY_S
+    # An unreachable robots.txt is asked again after this, doubling up to retry_cap_s.
+    retry_base_s: float = 60.0
+    retry_cap_s: float = 3600.0
+    max_retry_after_s: float = contract.MAX_RETRY_AFTER_S
+    # How often the set robots_exempt is read again.
+    exempt_refresh_s: float = 5.0
+    # How often a worker waiting for another's fetch of a file looks for it.
+    poll_s: float = 0.1
+    # Hosts whose rules a worker keeps parsed in memory (least recently used go first).
+    local_hosts: int = 10_000
+    # The longest one fetch of a robots.txt may take, its redirects included; also how
+    # long a fetcher's lock lives, should it die while fetching.
+    fetch_timeout_s: float = 120.0
+
+
 ThumbnailStoreKind = Literal["s3", "local"]
 THUMBNAIL_STORES: tuple[ThumbnailStoreKind, ...] = ("s3", "local")
 
@@ -94,6 +124,7 @@ class WorkerSettings:
     s3: S3Settings = dataclasses.field(default_factory=S3Settings)
     thumbnails: ThumbnailSettings = dataclasses.field(default_factory=ThumbnailSettings)
     fetch: FetchSettings = dataclasses.field(default_factory=FetchSettings)
+    robots: RobotsSettings = dataclasses.field(default_factory=RobotsSettings)
     # Task slots of this process, shared fairly among sources.
     max_tasks: int = 3000
     # Processes decoding and thumbnailing images; 0 means one per CPU.
@@ -134,6 +165,7 @@ class WorkerSettings:
             user_agent=_user_agent(env, "USER_AGENT"),
         )
         settings = cls(
+            robots=_robots(env, fetch),
             kafka=KafkaSettings.from_env(env),
             redis=RedisSettings.from_env(env),
             s3=S3Settings.from_env(env),
@@ -166,6 +198,35 @@ class WorkerSettings:
                 "a worker does not poll while it drains"
             )
         return settings
+
+
+def _robots(env: Mapping[str, str], fetch: FetchSettings) -> RobotsSettings:
+    policy = env_str(env, "ROBOTS_POLICY", "obey").strip().lower() or "obey"
+    if policy not in ROBOTS_POLICIES:
+        raise ConfigError(
+            f"ROBOTS_POLICY must be one of {', '.join(ROBOTS_POLICIES)}, got {policy!r}"
+        )
+    token = env.get("ROBOTS_USER_AGENT", "").strip() or product_token(fetch.user_agent)
+    if not _PRODUCT_TOKEN.fullmatch(token):
+        raise ConfigError(
+            f"ROBOTS_USER_AGENT must be a product token (letters, '_' and '-', as robots.txt "
+            f"files name crawlers), got {token!r}"
+        )
+    return RobotsSettings(
+        policy="ignore" if policy == "ignore" else "obey",
+        token=token,
+        cache_s=_positive_seconds(env, "ROBOTS_CACHE_S", contract.ROBOTS_CACHE_S),
+        unavailable_max_s=_positive_seconds(
+            env, "ROBOTS_UNAVAILABLE_MAX_S", contract.ROBOTS_UNAVAILABLE_MAX_S
+        ),
+        max_crawl_delay_s=_positive_seconds(env, "MAX_CRAWL_DELAY_S", contract.MAX_CRAWL_DELAY_S),
+        retry_base_s=_positive_seconds(env, "ROBOTS_RETRY_S", 60.0),
+        max_retry_after_s=_positive_seconds(env, "MAX_RETRY_AFTER_S", contract.MAX_RETRY_AFTER_S),
+        fetch_timeout_s=fetch.total_timeout_s,
+    )
+
+
+_PRODUCT_TOKEN = re.compile(r"[A-Za-z_-]+")
 
 
 def _networks(env: Mapping[str, str], name: str) -> tuple[IPNetwork, ...]:
