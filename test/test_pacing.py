@@ -105,6 +105,18 @@ async def test_two_pacers_share_one_slot_every_interval(redis, pacers):
     assert first.asks + second.asks >= 10  # slots come a horizon at a time, not all at once
 
 
+@pytest.mark.parametrize("delay", ["0.25", "not a number", "-1", "inf", "nan"])
+async def test_a_crawl_delay_is_the_shortest_interval_whatever_the_rate(redis, pacers, delay):
+    first, second = pacers(), pacers()
+    await redis.set(c.pace_rate_key(SOURCE), "100")
+    await redis.set(c.crawl_delay_key(SOURCE), delay)
+    futures = [pacer.acquire(SOURCE) for _ in range(3) for pacer in (first, second)]
+    times = granted_at(futures)
+    await asyncio.wait_for(asyncio.gather(*futures), 10)
+    interval = 0.25 if delay == "0.25" else 0.01  # anything but a delay is not one
+    assert max(times) - min(times) == pytest.approx(5 * interval, abs=0.04)
+
+
 async def test_an_idle_source_starts_from_now_without_catching_up(redis, pacers):
     rate = 10.0
     pacer = pacers()

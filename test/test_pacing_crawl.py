@@ -100,6 +100,12 @@ class Crawl:
             30,
             what="the monitor's first rates",
         )
+        await self.add_workers(sources, workers, **extra)
+
+    async def add_workers(self, sources: Sequence[str], workers: int, **extra: Any) -> None:
+        """Start ``workers`` workers; returns once each holds its share of every source's
+        partitions."""
+        env = {**self.kafka.env, "REDIS_URL": self.redis_url}
         worker_env = {
             **env,
             "THUMBNAIL_STORE": "local",
@@ -113,12 +119,16 @@ class Crawl:
             "ALLOWED_PRIVATE_NETWORKS": "127.0.0.1/32",
             **{k: str(v) for k, v in extra.items()},
         }
-        for i in range(workers):
-            log = self.tmp_path / f"worker{i}.log"
-            self.workers.append(CrawlerProcess("worker", worker_env, log))
+        started = [
+            CrawlerProcess(
+                "worker", worker_env, self.tmp_path / f"worker{len(self.workers) + i}.log"
+            )
+            for i in range(workers)
+        ]
+        self.workers.extend(started)
         topics = [c.source_topic(s) for s in sources]
         await wait_for(
-            lambda: all(_holds_share(w, topics, workers) for w in self.workers),
+            lambda: all(_holds_share(w, topics, workers) for w in started),
             90,
             interval_s=0.2,
             what="every worker holding its share of every source",

@@ -240,6 +240,10 @@ async def test_a_crawl_delay_is_noted_for_the_monitor_capped(redis, session, ori
         assert await guard.verdict(SOURCE, origin.url("/a.jpg")) is None
     assert await redis.get(c.crawl_delay_key(SOURCE)) == kept
     assert await redis.smembers(c.CRAWL_DELAYED_SET) == {SOURCE}
+    # The robots.txt request was a request: the next one waits a delay after it.
+    seconds, micros = await redis.time()
+    next_slot = float(await redis.get(c.pace_next_key(SOURCE)))
+    assert next_slot - (seconds + micros / 1e6) == pytest.approx(float(kept), abs=0.5)
     capped = [e for e in logs if e["event"] == "crawl_delay_capped"]
     assert len(capped) == (asked == "3600")
 

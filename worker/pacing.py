@@ -25,6 +25,11 @@ microseconds late would all be given up; nor is the time before the answer was r
 Slot times are placed on the worker's clock at the middle of the ask's round trip,
 which is within half of it of Redis' own clock.
 
+A source's ``crawl_delay:{source}`` (its hosts' robots.txt Crawl-delay, see
+worker/robots.py) is the shortest interval between its requests, whatever the rate: the
+monitor lowers the rate to match within a loop, but the script obeys it from the moment a
+worker notes it.
+
 Fail closed: without a rate (no monitor: the key expired; a halted source: "0") nothing
 is granted, and the worker asks again after ``no_rate_retry_s``. A server's Retry-After
 pushes ``pace_next`` forward (``pause``), which holds every worker's requests to that
@@ -44,12 +49,18 @@ from typing import Any, Final, Protocol
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from image_crawler.contract import PACE_NEXT_PREFIX, PACE_RATE_PREFIX, pace_next_key
+from image_crawler.contract import (
+    CRAWL_DELAY_PREFIX,
+    PACE_NEXT_PREFIX,
+    PACE_RATE_PREFIX,
+    pace_next_key,
+)
 from image_crawler.logs import get_logger
 
 log = get_logger(__name__)
 
-# ARGV: rate prefix, next prefix, horizon (s), JSON [[source, wanted], ...]. Answers JSON,
+# ARGV: rate prefix, next prefix, horizon (s), JSON [[source, wanted], ...], crawl-delay
+# prefix (a source's crawl_delay, when set, is the shortest interval). Answers JSON,
 # one entry per ask: false when the source has no rate (absent, not a number, <= 0), else
 # [seconds until its next slot comes within the horizon, [offset of each granted slot
 # from now, in seconds], the interval 1/rate] (an empty list may come back as {}). Both
@@ -74,6 +85,11 @@ for i, ask in ipairs(cjson.decode(ARGV[4])) do
     local tat = type(stored) == 'string' and tonumber(stored) or now
     if tat ~= tat or tat < now then tat = now end
     local interval = 1 / rate
+    local delay = redis.pcall('GET', ARGV[5] .. source)
+    delay = type(delay) == 'string' and tonumber(delay) or nil
+    if delay ~= nil and delay == delay and delay > interval and delay ~= math.huge then
+      interval = delay
+    end
     local slots = {}
     while #slots < wanted and tat <= now + horizon do
       slots[#slots + 1] = tat - now
@@ -239,6 +255,7 @@ class RedisPacer:
                 PACE_NEXT_PREFIX,
                 repr(self._settings.horizon_s),
                 json.dumps([[source, wanted] for source, wanted in due.items()]),
+                CRAWL_DELAY_PREFIX,
             ]
         )
         answers = json.loads(raw)

@@ -25,8 +25,9 @@ longer file is cut at its last whole line. What its answer means (RFC 9309 2.3.1
 
 A disallowed URL ends as ``RobotsDisallowed``, never requested. A ``Crawl-delay`` (not in
 the RFC, widely used) caps the source's rate: the largest delay of a source's hosts goes
-to ``crawl_delay:{source}`` and the leading monitor paces the source at most at one
-request per delay. Sources in the set ``robots_exempt`` (an operator has the sites'
+to ``crawl_delay:{source}``, which the pacing script obeys at once (one request per delay
+at most, the robots.txt request counted) and the leading monitor turns into the source's
+rate within a loop. Sources in the set ``robots_exempt`` (an operator has the sites'
 permission) and every source under ``policy="ignore"`` skip all of this.
 """
 
@@ -56,6 +57,7 @@ from image_crawler.contract import (
     ROBOTS_MAX_REDIRECTS,
     ROBOTS_UNAVAILABLE,
     crawl_delay_key,
+    pace_next_key,
     robots_key,
     robots_lock_key,
 )
@@ -74,15 +76,29 @@ log = get_logger(__name__)
 # outcome of a message).
 ROBOTS_PENDING: Final = "RobotsPending"
 
-# KEYS: crawl_delay:{source}, crawl_delayed. ARGV: delay (s), expiry (ms), source. Keeps
-# the largest delay of the source's hosts; a value not a number is overwritten.
+# KEYS: crawl_delay:{source}, crawl_delayed, pace_next:{source}. ARGV: delay (s), expiry
+# (ms), source. Keeps the largest delay of the source's hosts (a value not a number is
+# overwritten). A delay longer than the one in force also moves the source's next pacing
+# slot to at least a delay from now: the robots.txt request that brought it was a request
+# to the host.
 _NOTE_DELAY_SCRIPT: Final = """
+redis.replicate_commands()
+local delay = tonumber(ARGV[1])
 local raw = redis.pcall('GET', KEYS[1])
 local current = type(raw) == 'string' and tonumber(raw) or nil
-if current == nil or current ~= current or tonumber(ARGV[1]) >= current then
+if current == nil or current ~= current or delay >= current then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 end
 redis.call('SADD', KEYS[2], ARGV[3])
+if current == nil or current ~= current or delay > current then
+  local clock = redis.call('TIME')
+  local until_s = tonumber(clock[1]) + tonumber(clock[2]) / 1000000 + delay
+  local stored = redis.pcall('GET', KEYS[3])
+  local tat = type(stored) == 'string' and tonumber(stored) or 0
+  if tat ~= tat or until_s > tat then
+    redis.call('SET', KEYS[3], string.format('%.6f', until_s), 'PX', math.ceil(delay * 1000) + 1000)
+  end
+end
 return 1
 """
 
@@ -440,7 +456,7 @@ class RobotsGuard:
         keep_ms = max(1000, int((known.entry.expires_at - self._clock()) * 1000))
         try:
             await self._note_delay(
-                keys=[crawl_delay_key(source), CRAWL_DELAYED_SET],
+                keys=[crawl_delay_key(source), CRAWL_DELAYED_SET, pace_next_key(source)],
                 args=[repr(delay_s), keep_ms, source],
             )
         except RedisError as e:
