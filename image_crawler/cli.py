@@ -9,6 +9,7 @@ Subcommands (each has ``--help``)::
     halt      halt a source now (the permanent breaker, set by hand)
     resume    resume a halted source (the README's redis-cli procedure, done right)
     override  set or clear a source's rate override
+    robots-exempt  stop (or, --remove, resume) obeying robots.txt for sources; list them
 
 Connections come from the environment the crawler's processes read (``KAFKA_HOSTS``,
 ``REDIS_URL`` or ``REDIS_HOST``/``REDIS_PORT``), or ``--kafka``/``--redis``. Errors go to
@@ -528,13 +529,17 @@ def _operate(
         for line in done:
             _out(str(line))
         if not known:
-            _note(
-                f"note: {source!r} is not a source the monitor rates or the splitter has "
-                "seen (yet); check the name"
-            )
+            _note_unknown(source)
         return EXIT_OK
 
     return asyncio.run(run())
+
+
+def _note_unknown(source: str) -> None:
+    _note(
+        f"note: {source!r} is not a source the monitor rates or the splitter has "
+        "seen (yet); check the name"
+    )
 
 
 def cmd_halt(args: argparse.Namespace) -> int:
@@ -562,6 +567,63 @@ def _rate(raw: str) -> float:
         return controls.parse_rate(raw)
     except controls.InvalidArgument as e:
         raise UsageError(str(e)) from None
+
+
+# --- robots-exempt ------------------------------------------------------------------------
+
+
+def cmd_robots_exempt(args: argparse.Namespace) -> int:
+    if args.list and (args.remove or args.sources):
+        raise UsageError("--list takes no SOURCE and no --remove")
+    if args.remove and not args.sources:
+        raise UsageError("--remove needs the SOURCEs to obey robots.txt for again")
+    try:
+        sources = list(dict.fromkeys(controls.source_name(raw) for raw in args.sources))
+    except controls.InvalidArgument as e:
+        raise UsageError(str(e)) from None
+    redis_settings = _redis_settings(args)
+    if not sources:
+        return asyncio.run(_list_robots_exempt(redis_settings))
+    action = controls.robots_obey if args.remove else controls.robots_exempt
+    return asyncio.run(_robots_exempt(redis_settings, sources, action))
+
+
+async def _robots_exempt(
+    redis_settings: RedisSettings,
+    sources: list[str],
+    action: Callable[[aioredis.Redis, list[str]], Awaitable[list[controls.Done]]],
+) -> int:
+    redis = _redis_client(redis_settings)
+    try:
+        unknown = await controls.unknown(redis, sources)
+        done = await action(redis, sources)
+    except RedisError as e:
+        _error(f"Redis at {redis_settings.redacted_url}: {e}")
+        return EXIT_UNAVAILABLE
+    finally:
+        await redis.aclose()
+    for line in done:
+        _out(str(line))
+    for source in unknown:
+        _note_unknown(source)
+    return EXIT_OK
+
+
+async def _list_robots_exempt(redis_settings: RedisSettings) -> int:
+    redis = _redis_client(redis_settings)
+    try:
+        exempt = await controls.robots_exempted(redis)
+    except RedisError as e:
+        _error(f"Redis at {redis_settings.redacted_url}: {e}")
+        return EXIT_UNAVAILABLE
+    finally:
+        await redis.aclose()
+    # One name a line on stdout, for scripts; the sentence for people goes to stderr.
+    for source in exempt:
+        _out(source)
+    if not exempt:
+        _note("no source is robots-exempt: robots.txt is obeyed for every source")
+    return EXIT_OK
 
 
 # --- the parser ---------------------------------------------------------------------------
@@ -757,7 +819,34 @@ def build_parser() -> argparse.ArgumentParser:
     override.add_argument("rate", nargs="?", metavar="RATE", help="requests/s, > 0")
     override.add_argument("--clear", action="store_true", help="remove the override")
     override.set_defaults(run=cmd_override)
+    _add_robots_exempt(commands, redis)
     return parser
+
+
+def _add_robots_exempt(commands: argparse._SubParsersAction[_Parser], redis: _Parser) -> None:
+    exempt = commands.add_parser(
+        "robots-exempt",
+        parents=[redis],
+        help="stop obeying robots.txt for sources (--remove: obey it again); list them",
+        description=(
+            "Exempt each SOURCE from robots.txt (SADD robots_exempt SOURCE): workers stop "
+            "obeying it for the source's URLs, so none is refused as RobotsDisallowed and "
+            "no Crawl-delay caps the source's rate (pacing, backoff and the breakers still "
+            "apply). With --remove, obey robots.txt for them again (SREM robots_exempt "
+            "SOURCE). With no SOURCE, or --list, print the exempt sources, one a line. "
+            "Exempt a source only when its sites have given you permission to crawl what "
+            "their robots.txt disallows: having that permission is the operator's "
+            "responsibility, not the crawler's."
+        ),
+    )
+    exempt.add_argument(
+        "sources", nargs="*", metavar="SOURCE", help="source names, as messages spell them"
+    )
+    exempt.add_argument(
+        "--remove", action="store_true", help="obey robots.txt for the SOURCEs again"
+    )
+    exempt.add_argument("--list", action="store_true", help="list the exempt sources (default)")
+    exempt.set_defaults(run=cmd_robots_exempt)
 
 
 def run(argv: list[str] | None = None) -> int:

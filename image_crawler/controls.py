@@ -1,4 +1,5 @@
-"""Operator actions on a running crawl: halt, resume, override a source's rate.
+"""Operator actions on a running crawl: halt, resume, override a source's rate, exempt a
+source from robots.txt.
 
 Each is a few Redis commands in one transaction (MULTI/EXEC), the same ones an operator
 would type into redis-cli (``README.md``, "Operating a crawl"); each returns what it did,
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 
 import redis.asyncio as aioredis
 
@@ -21,6 +23,7 @@ from image_crawler.contract import (
     OVERRIDE_RATE_ALIAS_PREFIX,
     OVERRIDE_RATE_PREFIX,
     RATES_HASH,
+    ROBOTS_EXEMPT_SET,
     STATUS_60S_PREFIX,
     TEMP_HALTED_SET,
     is_valid_source_name,
@@ -84,12 +87,19 @@ def _rate_text(rate: float) -> str:
 
 async def is_known(redis: aioredis.Redis, source: str) -> bool:
     """True when the monitor rates ``source`` or the splitter has seen it."""
+    return not await unknown(redis, [source])
+
+
+async def unknown(redis: aioredis.Redis, sources: Sequence[str]) -> list[str]:
+    """Those of ``sources`` that the monitor does not rate, the splitter has not seen and
+    no one halted; one round trip for all of them."""
     async with redis.pipeline(transaction=False) as pipe:
-        pipe.hexists(RATES_HASH, source)
-        pipe.sismember(INBOUND_SOURCES_SET, source)
-        pipe.sismember(HALTED_SET, source)
+        for source in sources:
+            pipe.hexists(RATES_HASH, source)
+            pipe.sismember(INBOUND_SOURCES_SET, source)
+            pipe.sismember(HALTED_SET, source)
         results = await pipe.execute()
-    return any(bool(r) for r in results)
+    return [s for i, s in enumerate(sources) if not any(results[3 * i : 3 * i + 3])]
 
 
 async def halt(redis: aioredis.Redis, source: str) -> list[Done]:
@@ -161,3 +171,45 @@ async def clear_override(redis: aioredis.Redis, source: str) -> list[Done]:
         Done(f"DEL {override_key(source)}", "" if deleted else "there was none"),
         Done(f"DEL {override_alias_key(source)}", "" if deleted_alias else "there was none"),
     ]
+
+
+async def robots_exempt(redis: aioredis.Redis, sources: Sequence[str]) -> list[Done]:
+    """Add ``sources`` to ``robots_exempt``: their workers stop obeying robots.txt (the
+    operator has the sites' permission). One transaction."""
+    async with redis.pipeline(transaction=True) as pipe:
+        for source in sources:
+            pipe.sadd(ROBOTS_EXEMPT_SET, source)
+        added = await pipe.execute()
+    return [
+        Done(
+            f"SADD {ROBOTS_EXEMPT_SET} {source}",
+            f"robots.txt is no longer obeyed for {source}"
+            if was_added
+            else f"it was already exempt: robots.txt was not obeyed for {source}",
+        )
+        for source, was_added in zip(sources, added, strict=True)
+    ]
+
+
+async def robots_obey(redis: aioredis.Redis, sources: Sequence[str]) -> list[Done]:
+    """Remove ``sources`` from ``robots_exempt``: robots.txt applies to them again."""
+    async with redis.pipeline(transaction=True) as pipe:
+        for source in sources:
+            pipe.srem(ROBOTS_EXEMPT_SET, source)
+        removed = await pipe.execute()
+    return [
+        Done(
+            f"SREM {ROBOTS_EXEMPT_SET} {source}",
+            f"robots.txt is obeyed again for {source}"
+            if was_removed
+            else f"it was not exempt: robots.txt was already obeyed for {source}",
+        )
+        for source, was_removed in zip(sources, removed, strict=True)
+    ]
+
+
+async def robots_exempted(redis: aioredis.Redis) -> list[str]:
+    """The sources whose robots.txt is not obeyed, sorted."""
+    members = await redis.smembers(ROBOTS_EXEMPT_SET)
+    # Bytes unless the client decodes responses (the CLI's does).
+    return sorted(m.decode() if isinstance(m, bytes) else m for m in members)

@@ -3,19 +3,23 @@
 ``read_status`` gathers every source's keys in one round trip (a Lua script: the set of
 sources is itself in Redis, so a plain pipeline would need two) and ``status_table``
 renders the result; ``parse_status`` between them is pure. The sources listed are the
-union of ``inbound_sources``, the monitor's ``crawl_rates``, ``halted`` and
-``temp_halted``.
+union of ``inbound_sources``, the monitor's ``crawl_rates``, ``halted``, ``temp_halted``
+and ``robots_exempt`` (so that an exempt name no source has shows, as a typo should).
 
 A source's pacing comes from three keys: the monitor's record in ``crawl_rates`` (the
 effective and configured rate, and why), the rate workers are paced at this second
 (``pace_rate:``, which expires when no monitor renews it) and the earliest time the next
 request may start (``pace_next:``, pushed into the future by a server's Retry-After).
+Its robots.txt: how many URLs it disallowed (``resize_errors:{source}:RobotsDisallowed``),
+the Crawl-delay that caps the source's rate (``crawl_delay:``) and whether an operator
+exempted the source (``robots_exempt``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections import Counter
 from collections.abc import Mapping
 from typing import Any, Final
@@ -27,6 +31,7 @@ from rich.table import Table
 from rich.text import Text
 
 from image_crawler.contract import (
+    CRAWL_DELAY_PREFIX,
     HALTED_SET,
     INBOUND_SOURCES_SET,
     LAST_50_PREFIX,
@@ -45,6 +50,8 @@ from image_crawler.contract import (
     PACE_STOPPED,
     RATES_HASH,
     RESIZE_ERRORS,
+    ROBOTS_DISALLOWED,
+    ROBOTS_EXEMPT_SET,
     TEMP_HALTED_SET,
     MalformedMessage,
     PacingInfo,
@@ -52,6 +59,7 @@ from image_crawler.contract import (
 
 # ARGV: the set and hash names, then key prefixes and counters, in the order of _ARGV.
 # Answers JSON {"sources": {name: {...}}, "halted": [...], "temp_halted": [...],
+# "robots_exempt": [...],
 # "totals": {...}, "now": [seconds, microseconds]}. A key of the wrong type reads as
 # absent rather than failing the view. "now" is Redis's clock, not the operator's: the
 # workers write pace_next from Redis's TIME, so only that clock compares with it.
@@ -59,7 +67,8 @@ _SCRIPT: Final = """
 local inbound, halted_set, temp_set, rates_hash = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local pace_rate_prefix, resized, errors, last_prefix = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
 local override_prefix, alias_prefix, split, malformed = ARGV[9], ARGV[10], ARGV[11], ARGV[12]
-local pace_next_prefix = ARGV[13]
+local pace_next_prefix, exempt_set, crawl_delay_prefix = ARGV[13], ARGV[14], ARGV[15]
+local disallowed_status = ARGV[16]
 
 local function call(...)
   local reply = redis.pcall(...)
@@ -76,9 +85,11 @@ local function add(list)
 end
 local halted = call('SMEMBERS', halted_set) or {}
 local temp = call('SMEMBERS', temp_set) or {}
+local exempt = call('SMEMBERS', exempt_set) or {}
 add(call('SMEMBERS', inbound))
 add(halted)
 add(temp)
+add(exempt)
 local rates = {}
 local flat = call('HGETALL', rates_hash) or {}
 for i = 1, #flat, 2 do
@@ -97,10 +108,13 @@ for _, s in ipairs(names) do
     last = call('LRANGE', last_prefix .. s, 0, -1) or {},
     override = call('GET', override_prefix .. s),
     alias = call('GET', alias_prefix .. s),
+    disallowed = call('GET', errors .. ':' .. s .. ':' .. disallowed_status),
+    crawl_delay = call('GET', crawl_delay_prefix .. s),
   }
 end
 return cjson.encode({
-  sources = sources, halted = halted, temp_halted = temp, now = redis.call('TIME'),
+  sources = sources, halted = halted, temp_halted = temp, robots_exempt = exempt,
+  now = redis.call('TIME'),
   totals = {
     num_resized = call('GET', resized), resize_errors = call('GET', errors),
     num_split = call('GET', split), num_malformed = call('GET', malformed),
@@ -121,6 +135,9 @@ _ARGV: Final = (
     NUM_SPLIT,
     NUM_MALFORMED,
     PACE_NEXT_PREFIX,
+    ROBOTS_EXEMPT_SET,
+    CRAWL_DELAY_PREFIX,
+    ROBOTS_DISALLOWED,
 )
 
 # A next slot closer than this is ordinary pacing at any rate above 1/s: not worth a line.
@@ -153,6 +170,12 @@ class SourceStatus:
     temp_halted: bool
     # The operator's override as written (``override_rate:``, else ``override-rate:``).
     override: str | None
+    # URLs its robots.txt disallowed, ever (``resize_errors:{source}:RobotsDisallowed``).
+    robots_disallowed: int = 0
+    # In ``robots_exempt``: its workers do not obey robots.txt.
+    robots_exempt: bool = False
+    # ``crawl_delay:``, seconds; None when absent or not a positive finite number.
+    crawl_delay_s: float | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -210,8 +233,19 @@ def _redis_time(value: Any) -> float | None:
     return seconds + microseconds / 1e6
 
 
+def _positive(value: Any) -> float | None:
+    number = _float(value)
+    return number if number is not None and math.isfinite(number) and number > 0 else None
+
+
 def _source(
-    name: str, raw: Mapping[str, Any], halted: bool, temp_halted: bool, now: float | None
+    name: str,
+    raw: Mapping[str, Any],
+    now: float | None,
+    *,
+    halted: bool,
+    temp_halted: bool,
+    robots_exempt: bool,
 ) -> SourceStatus:
     pacing = _pacing(raw.get("rate"))
     pace_next = _float(raw.get("pace_next"))
@@ -228,6 +262,10 @@ def _source(
         halted=halted,
         temp_halted=temp_halted,
         override=_text(raw.get("override")) or _text(raw.get("alias")),
+        robots_disallowed=_int(raw.get("disallowed")) or 0,
+        robots_exempt=robots_exempt,
+        # The monitor ignores a value that is no delay; so does the view.
+        crawl_delay_s=_positive(raw.get("crawl_delay")),
     )
 
 
@@ -236,10 +274,18 @@ def parse_status(payload: str | bytes) -> CrawlStatus:
     data = json.loads(payload)
     halted = set(_strings(data.get("halted")))
     temp_halted = set(_strings(data.get("temp_halted")))
+    exempt = set(_strings(data.get("robots_exempt")))
     now = _redis_time(data.get("now"))
     raw_sources = data.get("sources")
     sources = tuple(
-        _source(name, raw, name in halted, name in temp_halted, now)
+        _source(
+            name,
+            raw,
+            now,
+            halted=name in halted,
+            temp_halted=name in temp_halted,
+            robots_exempt=name in exempt,
+        )
         for name, raw in sorted((raw_sources if isinstance(raw_sources, dict) else {}).items())
         if isinstance(raw, dict)
     )
@@ -360,6 +406,23 @@ def _state(source: SourceStatus) -> Text:
     return text
 
 
+def robots_text(source: SourceStatus) -> str:
+    """``"exempt"``, ``"12 disallowed"``, ``"delay 10 s"``, one a line; ``"-"`` for none."""
+    parts = ["exempt"] if source.robots_exempt else []
+    if source.robots_disallowed:
+        parts.append(f"{source.robots_disallowed} disallowed")
+    # An exempt source's delay binds nothing (the monitor ignores it) and soon expires.
+    if source.crawl_delay_s is not None and not source.robots_exempt:
+        parts.append(f"delay {source.crawl_delay_s:g} s")
+    # One a line: a row has a second line anyway (the pacing's reason), and the column
+    # stays as narrow as its longest part in a narrow terminal.
+    return "\n".join(parts) or "-"
+
+
+def _robots(source: SourceStatus) -> Text:
+    return Text(robots_text(source), style="yellow" if source.robots_exempt else "")
+
+
 def status_table(status: CrawlStatus, *, note: str | None = None) -> Table:
     """The status as a table: one row per source (its pacing's reason on a second line),
     totals in the caption."""
@@ -381,6 +444,7 @@ def status_table(status: CrawlStatus, *, note: str | None = None) -> Table:
     table.add_column("errors", justify="right", no_wrap=True)
     table.add_column("last 50 statuses")
     table.add_column("state")
+    table.add_column("robots", no_wrap=True, overflow="ellipsis")
     for source in status.sources:
         table.add_row(
             source.name,
@@ -391,14 +455,16 @@ def status_table(status: CrawlStatus, *, note: str | None = None) -> Table:
             str(source.errors),
             _histogram(source.last_statuses),
             _state(source),
+            _robots(source),
         )
     if not status.sources:
-        table.add_row("(no source yet)", "", "", "", "", "", "", "")
+        table.add_row("(no source yet)", "", "", "", "", "", "", "", "")
     caption = (
         f"total: {status.num_resized} resized, {status.resize_errors} errors, "
         f"{status.num_split} split, {status.num_malformed} malformed\n"
         "rate/s: effective of configured; pace_rate: the rate workers get now (none: no "
-        "monitor)"
+        "monitor)\nrobots: URLs its robots.txt disallowed, its Crawl-delay; exempt: "
+        "robots.txt not obeyed (image-crawler robots-exempt)"
     )
     table.caption = f"{caption}\n{note}" if note else caption
     return table

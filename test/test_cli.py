@@ -120,19 +120,19 @@ async def inbound(kafka: KafkaBroker) -> list[c.InboundImage]:
 
 # --- help and usage -----------------------------------------------------------------------
 
+SUBCOMMANDS = ("up", "demo", "produce", "status", "halt", "resume", "override", "robots-exempt")
+
 
 def test_the_console_script_is_installed_and_lists_every_subcommand() -> None:
     assert SCRIPT.exists(), "pip install -e . installs the image-crawler script"
     result = run("--help")
     assert result.returncode == 0, result.stderr
-    for name in ("up", "demo", "produce", "status", "halt", "resume", "override"):
+    for name in SUBCOMMANDS:
         assert re.search(rf"^\s+{name}\s", result.stdout, re.MULTILINE), name
     assert result.stderr == ""
 
 
-@pytest.mark.parametrize(
-    "subcommand", ["up", "demo", "produce", "status", "halt", "resume", "override"]
-)
+@pytest.mark.parametrize("subcommand", SUBCOMMANDS)
 def test_every_subcommand_has_help(subcommand: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as caught:
         cli.run([subcommand, "--help"])
@@ -152,6 +152,10 @@ def test_every_subcommand_has_help(subcommand: str, capsys: pytest.CaptureFixtur
         (["override", "flickr", "fast"], "RATE must be a number"),
         (["resume", "flickr", "--rate", "-1"], "RATE must be a number > 0"),
         (["halt", "two words"], "not a source name"),
+        (["robots-exempt", "ok", "a/b"], "not a source name"),
+        (["robots-exempt", "--remove"], "--remove needs the SOURCEs"),
+        (["robots-exempt", "--list", "flickr"], "--list takes no SOURCE"),
+        (["robots-exempt", "--list", "--remove"], "--list takes no SOURCE"),
         (["status", "--interval", "0"], "--interval must be > 0"),
         (["status", "--redis", "http://example.com"], "REDIS_URL must start with redis://"),
         (["up", "--workers", "0"], "--workers must be at least 1"),
@@ -383,6 +387,79 @@ async def test_halt_resume_and_override_change_the_documented_keys(
     assert "'typo' is not a source the monitor rates" in unknown.stderr
 
 
+def test_robots_exempt_help_says_whose_responsibility_permission_is(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit):
+        cli.run(["robots-exempt", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "SADD robots_exempt SOURCE" in out and "SREM robots_exempt SOURCE" in out
+    assert "permission" in out and "the operator's responsibility" in out
+
+
+async def test_robots_exempt_adds_removes_and_lists(redis: Redis, redis_url: str) -> None:
+    await redis.sadd(c.INBOUND_SOURCES_SET, "flickr", "met")
+
+    empty = await arun("robots-exempt", "--redis", redis_url)
+    assert (empty.returncode, empty.stdout) == (0, "")
+    assert "no source is robots-exempt: robots.txt is obeyed for every source" in empty.stderr
+
+    added = await arun("robots-exempt", "Flickr", "met", "flickr", "--redis", redis_url)
+    assert added.returncode == 0, added.stderr
+    assert added.stdout.splitlines() == [
+        "SADD robots_exempt flickr  (robots.txt is no longer obeyed for flickr)",
+        "SADD robots_exempt met  (robots.txt is no longer obeyed for met)",
+    ]
+    assert added.stderr == ""  # known sources: no warning
+    assert await redis.smembers(c.ROBOTS_EXEMPT_SET) == {"flickr", "met"}
+
+    again = await arun("robots-exempt", "met", "--redis", redis_url)
+    assert "it was already exempt" in again.stdout
+
+    listed = await arun("robots-exempt", "--list", "--redis", redis_url)
+    assert (listed.returncode, listed.stdout, listed.stderr) == (0, "flickr\nmet\n", "")
+
+    removed = await arun("robots-exempt", "--remove", "met", "--redis", redis_url)
+    assert removed.returncode == 0, removed.stderr
+    assert removed.stdout.splitlines() == [
+        "SREM robots_exempt met  (robots.txt is obeyed again for met)"
+    ]
+    assert await redis.smembers(c.ROBOTS_EXEMPT_SET) == {"flickr"}
+    assert (await arun("robots-exempt", "--redis", redis_url)).stdout == "flickr\n"
+
+
+async def test_robots_exempt_warns_about_an_unknown_source_but_does_it(
+    redis: Redis, redis_url: str
+) -> None:
+    await redis.sadd(c.INBOUND_SOURCES_SET, "flickr")
+    result = await arun("robots-exempt", "flickr", "flikr", "--redis", redis_url)
+    assert result.returncode == 0
+    assert "'flikr' is not a source the monitor rates" in result.stderr
+    assert "'flickr'" not in result.stderr
+    assert await redis.smembers(c.ROBOTS_EXEMPT_SET) == {"flickr", "flikr"}
+
+
+def test_robots_exempt_without_redis_says_so_with_status_3() -> None:
+    away = run("robots-exempt", "flickr", "--redis", f"redis://{LOOPBACK}:{free_port()}/0")
+    assert away.returncode == 3
+    assert "Redis at" in away.stderr
+
+
+async def test_status_once_shows_robots(redis: Redis, redis_url: str) -> None:
+    await redis.sadd(c.INBOUND_SOURCES_SET, "flickr", "met")
+    await redis.set(c.resize_errors_key("flickr", c.ROBOTS_DISALLOWED), 12)
+    await redis.set(c.crawl_delay_key("flickr"), "10", ex=60)
+    await redis.sadd(c.ROBOTS_EXEMPT_SET, "met")
+    result = await arun("status", "--once", "--redis", redis_url)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    flickr = lines.index(next(line for line in lines if line.startswith("flickr ")))
+    assert re.search(r"running\s+12 disallowed$", lines[flickr].rstrip()), lines[flickr]
+    assert lines[flickr + 1].rstrip().endswith("delay 10 s")
+    met = next(line for line in lines if line.startswith("met "))
+    assert re.search(r"running\s+exempt$", met.rstrip()), met
+
+
 # --- operator actions on a running crawl --------------------------------------------------
 
 # The monitor's one rule that matters here, played by the test: it SETs the pace rate of
@@ -603,7 +680,9 @@ async def test_up_runs_a_crawl_end_to_end_and_ctrl_c_stops_everything(
             image.height,
         )
         assert (data / "thumbnails" / f"up-{n}.jpg").is_file()
-    assert origin.total_requests == len(images)
+    # Each image once, and the host's robots.txt once before them (a 404: allow all).
+    assert origin.requests("/robots.txt") == 1
+    assert origin.total_requests == len(images) + 1
 
     client = Redis.from_url(redis_url, decode_responses=True)
     try:

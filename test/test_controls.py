@@ -121,3 +121,43 @@ def test_rates(raw: str, rate: float) -> None:
 def test_bad_rates(raw: str) -> None:
     with pytest.raises(controls.InvalidArgument, match="RATE must be a number"):
         controls.parse_rate(raw)
+
+
+# --- robots-exempt ----------------------------------------------------------------------
+
+
+async def test_robots_exempt_adds_and_says_what_changed(redis: Redis) -> None:
+    await redis.sadd(c.ROBOTS_EXEMPT_SET, "met")
+    done = await controls.robots_exempt(redis, ["flickr", "met"])
+    assert await redis.smembers(c.ROBOTS_EXEMPT_SET) == {"flickr", "met"}
+    assert [str(d) for d in done] == [
+        "SADD robots_exempt flickr  (robots.txt is no longer obeyed for flickr)",
+        "SADD robots_exempt met  (it was already exempt: robots.txt was not obeyed for met)",
+    ]
+
+
+async def test_robots_obey_removes_and_says_what_changed(redis: Redis) -> None:
+    await redis.sadd(c.ROBOTS_EXEMPT_SET, "flickr", "met")
+    done = await controls.robots_obey(redis, ["flickr", "nasa"])
+    assert await redis.smembers(c.ROBOTS_EXEMPT_SET) == {"met"}
+    assert [str(d) for d in done] == [
+        "SREM robots_exempt flickr  (robots.txt is obeyed again for flickr)",
+        "SREM robots_exempt nasa  (it was not exempt: robots.txt was already obeyed for nasa)",
+    ]
+
+
+async def test_robots_exempted_lists_sorted(redis: Redis) -> None:
+    assert await controls.robots_exempted(redis) == []
+    await redis.sadd(c.ROBOTS_EXEMPT_SET, "nasa", "flickr", "met")
+    assert await controls.robots_exempted(redis) == ["flickr", "met", "nasa"]
+
+
+async def test_unknown_names_the_sources_nothing_knows(redis: Redis) -> None:
+    await redis.hset(c.RATES_HASH, "rated", "2.0")
+    await redis.sadd(c.INBOUND_SOURCES_SET, "seen")
+    await redis.sadd(c.HALTED_SET, "halted")
+    # Being exempt does not make a name known: exempting a typo is what the note is for.
+    await redis.sadd(c.ROBOTS_EXEMPT_SET, "typo")
+    names = ["rated", "typo", "seen", "halted", "other"]
+    assert await controls.unknown(redis, names) == ["typo", "other"]
+    assert await controls.unknown(redis, []) == []

@@ -88,6 +88,14 @@ class Crawl:
         await redis.set(f"{c.OVERRIDE_RATE_PREFIX}{source}", repr(rate_rps))
         await redis.sadd(c.INBOUND_SOURCES_SET, source)
 
+    async def queue_more(self, source: str, urls: Sequence[str], first_index: int) -> None:
+        """More URLs for a source already queued; uuids go on from ``first_index``."""
+        tasks = [
+            c.SourceTask(url=url, uuid=f"{source}-{first_index + i}").to_json()
+            for i, url in enumerate(urls)
+        ]
+        await produce(self.kafka.bootstrap, c.source_topic(source), tasks)
+
     async def start(self, redis: Redis, sources: Sequence[str], workers: int, **extra: Any) -> None:
         """The monitor, then ``workers`` workers; returns once each worker holds its share
         of every source's partitions (no rebalance left to come)."""

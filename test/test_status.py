@@ -18,6 +18,7 @@ from image_crawler.status import (
     parse_status,
     paused_by_server,
     read_status,
+    robots_text,
     status_table,
 )
 
@@ -135,6 +136,40 @@ async def test_an_empty_redis_and_keys_of_the_wrong_type_do_not_break_the_view(
         None,
     )
     assert odd.last_statuses == {}
+
+
+async def seed_robots(redis: Redis) -> None:
+    await redis.sadd(c.INBOUND_SOURCES_SET, "flickr", "met", "nasa")
+    await redis.set(c.resize_errors_key("flickr", c.ROBOTS_DISALLOWED), 12)
+    await redis.set(c.crawl_delay_key("flickr"), "10.0", ex=int(c.ROBOTS_CACHE_S))
+    await redis.sadd(c.ROBOTS_EXEMPT_SET, "met", "typo")
+    await redis.set(c.resize_errors_key("met", c.ROBOTS_DISALLOWED), 3)  # before its exemption
+    await redis.set(c.crawl_delay_key("met"), "5")  # left over: expires, binds nothing
+
+
+async def test_read_status_reads_robots_keys_in_the_same_round_trip(
+    redis: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await seed_robots(redis)
+    commands: list[str] = []
+    execute = redis.execute_command
+
+    async def counting(*args: Any, **options: Any) -> Any:
+        commands.append(str(args[0]))
+        return await execute(*args, **options)
+
+    monkeypatch.setattr(redis, "execute_command", counting)
+    status = await read_status(redis)
+    assert commands == ["EVAL"]
+    robots = {
+        s.name: (s.robots_disallowed, s.robots_exempt, s.crawl_delay_s) for s in status.sources
+    }
+    assert robots == {
+        "flickr": (12, False, 10.0),
+        "met": (3, True, 5.0),
+        "nasa": (0, False, None),
+        "typo": (0, True, None),  # exempt but no source has the name: shown, to be noticed
+    }
 
 
 # --- parse_status: the script's answer, decoded ------------------------------------------
@@ -259,6 +294,52 @@ def test_next_slot_text(source: dict[str, Any], text: str | None) -> None:
     assert next_slot_text(parsed(source)) == text
 
 
+@pytest.mark.parametrize(
+    ("crawl_delay", "expected"),
+    [("10", 10.0), ("0.5", 0.5), ("60.0", 60.0), (False, None), ("0", None), ("-1", None),
+     ("nan", None), ("inf", None), ("soon", None), ({}, None)],
+)  # fmt: skip
+def test_a_crawl_delay_is_a_positive_finite_number_of_seconds(
+    crawl_delay: Any, expected: float | None
+) -> None:
+    assert parsed({"crawl_delay": crawl_delay}).crawl_delay_s == expected
+
+
+@pytest.mark.parametrize(
+    ("disallowed", "expected"), [("12", 12), (False, None), ("x", None), ({}, None)]
+)
+def test_the_robots_disallowed_count(disallowed: Any, expected: int | None) -> None:
+    assert parsed({"disallowed": disallowed}).robots_disallowed == (expected or 0)
+
+
+def test_robots_exempt_comes_from_the_set() -> None:
+    raw = json.dumps({"sources": {"a": {}, "b": {}}, "robots_exempt": ["b", "gone"], "now": NOW})
+    assert [(s.name, s.robots_exempt) for s in parse_status(raw).sources] == [
+        ("a", False),
+        ("b", True),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("raw_source", "exempt", "text"),
+    [
+        ({}, False, "-"),
+        ({"disallowed": "12"}, False, "12 disallowed"),
+        ({"crawl_delay": "10"}, False, "delay 10 s"),
+        ({"crawl_delay": "0.5", "disallowed": "1"}, False, "1 disallowed\ndelay 0.5 s"),
+        ({}, True, "exempt"),
+        # The monitor ignores an exempt source's delay: so does the view.
+        ({"crawl_delay": "10", "disallowed": "3"}, True, "exempt\n3 disallowed"),
+    ],
+)
+def test_robots_text(raw_source: dict[str, Any], exempt: bool, text: str) -> None:
+    raw = json.dumps(
+        {"sources": {"s": raw_source}, "robots_exempt": ["s"] if exempt else [], "now": NOW}
+    )
+    (source,) = parse_status(raw).sources
+    assert robots_text(source) == text
+
+
 # --- the table -------------------------------------------------------------------------
 
 
@@ -311,3 +392,20 @@ async def test_the_table_fits_100_columns(redis: Redis) -> None:
     wikimedia = row(text, "wikimedia_commons")
     assert "0.1 of 200" in wikimedia[0] and "floor" in wikimedia[0]
     assert wikimedia[1].rstrip().endswith("…") and len(wikimedia) == 2
+
+
+async def test_the_table_has_a_robots_column(redis: Redis) -> None:
+    await seed(redis)
+    await seed_robots(redis)
+    text = render(await read_status(redis))
+    header = next(line for line in text.splitlines() if line.startswith("source "))
+    assert header.rstrip().endswith("robots")
+    flickr = row(text, "flickr")
+    assert re.search(r"running\s+12 disallowed$", flickr[0].rstrip()), flickr
+    assert flickr[1].rstrip().endswith("delay 10 s")
+    met = row(text, "met")
+    assert met[0].rstrip().endswith("exempt") and met[1].rstrip().endswith("3 disallowed")
+    assert not any("delay" in line for line in met)
+    assert re.search(r"running\s+-$", row(text, "nasa")[0].rstrip())
+    assert row(text, "typo")[0].rstrip().endswith("exempt")
+    assert "robots: URLs its robots.txt disallowed, its Crawl-delay; exempt: " in text
