@@ -8,18 +8,20 @@ Between loops every source gets a new status, as a worker records it: one in
 window (``failing_every=1``: every source, the worst case), and one in ``backoff_every``
 a 503, a backoff signal that cuts its rate. The regulator's clock advances one period a
 loop, so cuts and climbs happen as they would a second apart. It overwrites keys of the
-``bench-*`` sources only. From a shell::
+``bench-*`` sources only (and their membership of ``crawl_delayed``). ``crawl_delayed``
+sources get a robots.txt Crawl-delay of ``CRAWL_DELAY_S`` (a cap of 0.5/s). From a shell::
 
-    REDIS_URL=redis://127.0.0.1:6379/0 python -m crawl_monitor.bench 1000 10000
+    REDIS_URL=redis://127.0.0.1:6379/0 python -m crawl_monitor.bench 1000 10000 \\
+        --crawl-delayed 100
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import dataclasses
 import os
 import statistics
-import sys
 import time
 from typing import Final
 
@@ -30,12 +32,14 @@ from crawl_monitor.rates import compute_crawl_rate
 from crawl_monitor.regulator import Regulator, RegulatorSettings
 from crawl_monitor.store import RedisRegulatorStore
 from image_crawler.contract import (
+    CRAWL_DELAYED_SET,
     HALTED_SET,
     LAST_N_STATUSES,
     OVERRIDE_RATE_PREFIX,
     STATUS_60S_PREFIX,
     TEMP_HALTED_SET,
     backoff_signals_key,
+    crawl_delay_key,
     last50_key,
     resize_errors_key,
     window_member,
@@ -48,6 +52,8 @@ SEED_CHUNK: Final = 500
 FAILING_EVERY: Final = 10
 # One source in this many answers a 503 between two loops (a backoff signal).
 BACKOFF_EVERY: Final = 20
+# The robots.txt Crawl-delay of the crawl-delayed sources: a cap of 0.5/s.
+CRAWL_DELAY_S: Final = 2.0
 
 
 def bench_source(i: int) -> str:
@@ -69,6 +75,8 @@ class BenchSources:
     erroring: str  # errors in its 60 s window: trips the temporary halt
     overridden: str
     override_rps: float
+    # Sources with a crawl_delay key of CRAWL_DELAY_S (listed in crawl_delayed).
+    crawl_delayed: frozenset[str] = frozenset()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -88,12 +96,18 @@ class LoopMeasurement:
 
 
 async def seed(
-    redis: aioredis.Redis, n_sources: int, now_s: float, *, busy_every: int = 1
+    redis: aioredis.Redis,
+    n_sources: int,
+    now_s: float,
+    *,
+    busy_every: int = 1,
+    crawl_delayed: int = 0,
 ) -> BenchSources:
-    """Write the bench sources' statuses, halts and override.
+    """Write the bench sources' statuses, halts, override and crawl delays.
 
     Every ``busy_every``-th source (and the special ones) has statuses: a full last-50
     list and ``WINDOW_SAMPLES`` statuses in its 60 s window; the others have none.
+    ``crawl_delayed`` sources, spread among the others, have a crawl delay.
     """
     names = [bench_source(i) for i in range(n_sources)]
     halted = frozenset(names[i] for i in range(0, n_sources, 100))
@@ -105,7 +119,10 @@ async def seed(
         async with redis.pipeline(transaction=False) as pipe:
             for i, name in enumerate(names[start : start + SEED_CHUNK], start):
                 pipe.delete(
-                    last50_key(name), f"{STATUS_60S_PREFIX}{name}", backoff_signals_key(name)
+                    last50_key(name),
+                    f"{STATUS_60S_PREFIX}{name}",
+                    backoff_signals_key(name),
+                    crawl_delay_key(name),
                 )
                 if i % busy_every and name not in (failing, erroring):
                     continue
@@ -122,6 +139,7 @@ async def seed(
             await pipe.execute()
     await redis.sadd(HALTED_SET, *halted)
     await redis.set(f"{OVERRIDE_RATE_PREFIX}{overridden}", "7.5")
+    delayed = await _seed_crawl_delays(redis, names, crawl_delayed)
     return BenchSources(
         image_counts={name: bench_image_count(i) for i, name in enumerate(names)},
         halted=halted,
@@ -129,7 +147,21 @@ async def seed(
         erroring=erroring,
         overridden=overridden,
         override_rps=7.5,
+        crawl_delayed=delayed,
     )
+
+
+async def _seed_crawl_delays(redis: aioredis.Redis, names: list[str], count: int) -> frozenset[str]:
+    # Offset 5: not one of the special sources (1-3); spread: none halted (every 100th)
+    # while fewer than a fifth of them.
+    step = max(1, len(names) // count) if count else 1
+    delayed = frozenset(names[5 + k * step] for k in range(count) if 5 + k * step < len(names))
+    if names:
+        await redis.srem(CRAWL_DELAYED_SET, *names)
+    if delayed:
+        await redis.mset({crawl_delay_key(name): repr(CRAWL_DELAY_S) for name in delayed})
+        await redis.sadd(CRAWL_DELAYED_SET, *delayed)
+    return delayed
 
 
 async def add_traffic(
@@ -175,15 +207,19 @@ async def measure_loop(
     busy_every: int = 1,
     failing_every: int = FAILING_EVERY,
     backoff_every: int = BACKOFF_EVERY,
+    crawl_delayed: int = 0,
 ) -> LoopMeasurement:
     """Seed ``n_sources`` sources and time ``loops`` regulator loops, with a second of
     traffic (``add_traffic``, not timed) before each but the first.
 
     By default every source is busy (see ``seed``), one in ``failing_every`` failed and
-    one in ``backoff_every`` was asked to slow down since the last loop.
+    one in ``backoff_every`` was asked to slow down since the last loop; ``crawl_delayed``
+    sources have a robots.txt Crawl-delay.
     """
     started_s = time.time()
-    seeded = await seed(redis, n_sources, started_s, busy_every=busy_every)
+    seeded = await seed(
+        redis, n_sources, started_s, busy_every=busy_every, crawl_delayed=crawl_delayed
+    )
     rates = {name: compute_crawl_rate(n) for name, n in seeded.image_counts.items()}
     store = RedisRegulatorStore(redis)
     settings = RegulatorSettings()
@@ -218,17 +254,18 @@ async def measure_loop(
     )
 
 
-async def _bench(url: str, sizes: list[int]) -> None:
+async def _bench(url: str, sizes: list[int], crawl_delayed: int) -> None:
     # As the monitor logs, but only warnings: the bench's churn of pacing changes would
     # drown the figures.
     configure_logging("WARNING")
     redis = aioredis.from_url(url, decode_responses=True)
     try:
         for n, busy_every in [(size, b) for size in sizes for b in (1, 10, size)]:
-            m = await measure_loop(redis, n, busy_every=busy_every)
+            m = await measure_loop(redis, n, busy_every=busy_every, crawl_delayed=crawl_delayed)
             print(
                 f"{n:>6} sources, 1 in {busy_every} busy, 1 in {m.failing_every} failing, "
-                f"1 in {m.backoff_every} backing off: median "
+                f"1 in {m.backoff_every} backing off, {len(m.seeded.crawl_delayed)} "
+                "crawl-delayed: median "
                 f"{m.median_s * 1000:.1f} ms, slowest "
                 f"{m.slowest_s * 1000:.1f} ms, first {m.first_s * 1000:.1f} ms, "
                 f"{m.round_trips_per_loop:g} round trips per loop"
@@ -237,10 +274,16 @@ async def _bench(url: str, sizes: list[int]) -> None:
         await redis.aclose()
 
 
-if __name__ == "__main__":
-    asyncio.run(
-        _bench(
-            os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"),
-            [int(a) for a in sys.argv[1:]] or [1000, 10000],
-        )
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Time the regulator's loop (see the module).")
+    parser.add_argument("sizes", nargs="*", type=int, default=[1000, 10000])
+    parser.add_argument(
+        "--crawl-delayed", type=int, default=0, help="sources with a robots.txt Crawl-delay"
     )
+    args = parser.parse_args()
+    url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+    asyncio.run(_bench(url, args.sizes, args.crawl_delayed))
+
+
+if __name__ == "__main__":
+    main()

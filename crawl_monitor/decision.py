@@ -7,6 +7,11 @@ to the next. Per source and loop:
 - its configured rate is the computed one (from its image count) unless an operator
   override (``override_rate:``, or ``override-rate:``) holds a valid rate; overrides are
   read every loop, so a change applies within a second;
+- while ``crawl_delay:{source}`` holds a delay (workers write the largest robots.txt
+  Crawl-delay of the source's hosts, and list the source in ``crawl_delayed``), its
+  configured rate is at most 1 / delay, override or not: the site asked. Not for a source
+  in ``robots_exempt``. A member of ``crawl_delayed`` whose key expired leaves the set
+  (the cap is lifted); a value that is not a delay is ignored and logged once;
 - its effective rate follows its backoff signals (``adaptive``: cut when its server
   pushes back, climbing back while it answers well); a source in ``halted`` or
   ``temp_halted`` gets 0, and its effective rate waits, unchanged, until it is back;
@@ -35,15 +40,24 @@ from typing import Any, Final, Literal
 
 from crawl_monitor import breakers
 from crawl_monitor.adaptive import AdaptiveSettings, Pace, above_floor, hold, step
-from crawl_monitor.rates import COMPUTED, choose_rate
-from crawl_monitor.store import EMPTY_SOURCE, ObservedState, Writes
+from crawl_monitor.rates import (
+    COMPUTED,
+    CRAWL_DELAY,
+    InvalidCrawlDelay,
+    choose_rate,
+    crawl_delay_why,
+    parse_crawl_delay,
+)
+from crawl_monitor.store import EMPTY_SOURCE, ObservedState, SourceState, Writes
 from image_crawler.contract import (
     OVERRIDE_RATE_ALIAS_PREFIX,
     OVERRIDE_RATE_PREFIX,
     PACE_BACKOFF,
+    PACE_CONFIGURED,
     PACE_HALTED,
     PACE_RECOVERING,
     PacingInfo,
+    crawl_delay_key,
 )
 
 # crawl_rates is rewritten whole every this many loops (so it comes back after Redis lost
@@ -105,6 +119,8 @@ class Memory:
     # that each is logged once.
     reported_overrides: Mapping[str, str] = dataclasses.field(default_factory=dict)
     reported_key_errors: frozenset[str] = frozenset()
+    # crawl_delay keys whose value was reported as ignored (logged once, likewise).
+    reported_crawl_delays: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -162,6 +178,7 @@ def decide(
     events: list[LogEvent] = []
     reported_key_errors = _report_key_errors(observed, memory.reported_key_errors, events)
     overrides = _Overrides(memory.reported_overrides, events)
+    delays, delays_gone, bad_delays = _crawl_delays(observed, memory.reported_crawl_delays, events)
     halted, temp_halted = observed.halted, observed.temp_halted
     resumed = frozenset() if memory.halted is None else memory.halted - halted
     states, signals = observed.sources, observed.backoff_signals
@@ -179,17 +196,19 @@ def decide(
         before = None if source in resumed else paces_before.get(source)
         counter = signals.get(source, 0)
         halt_why: str | None = None
-        if state is None and source not in temp_halted:
-            # Nothing in Redis about it (the common case): no override, no trip.
+        delay_s = delays.get(source) if delays else None
+        if state is None and delay_s is None:
+            # Nothing in Redis about it (the common case): no override, no cap.
             rate, origin = computed[source], COMPUTED
             overrides.check(source, {})
+        else:
+            rate, origin = _configured_rate(computed[source], state, delay_s, overrides, source)
+        if state is None and source not in temp_halted:
+            # Nothing in Redis about it (the common case): no trip.
             if source in halted:
                 halt_why = HALTED_WHY
         else:
             state = state or EMPTY_SOURCE
-            choice = choose_rate(computed[source], state.override, state.override_alias)
-            overrides.check(source, choice.ignored)
-            rate, origin = choice.rate_rps, choice.origin
             decision = decisions[source] = breakers.decide(
                 {} if source in resumed else state.window,
                 state.last_statuses,
@@ -210,7 +229,7 @@ def decide(
         else:
             pace = paces[source] = step(before, rate, counter, now_s, adaptive)
             pace_rates[source] = pace.effective_rps
-            info = _pacing_info(pace, origin, before, info_before)
+            info = _pacing_info(pace, origin, before, info_before, delay_s)
             if before is not None and _noteworthy(before.state, pace.state):
                 events.append(_pacing_changed(source, before, info))
         pacing[source] = info
@@ -233,6 +252,7 @@ def decide(
         temp_halt=temp_halt,
         lift_temp_halt=lift,
         clear_window=resumed,
+        forget_crawl_delayed=delays_gone,
     )
 
     halted_now = halted | halt
@@ -259,12 +279,62 @@ def decide(
             quiet_counters={s: n for s, n in observed.failure_counters.items() if s not in unquiet},
             reported_overrides=overrides.reported,
             reported_key_errors=reported_key_errors,
+            reported_crawl_delays=bad_delays,
         ),
     )
 
 
+def _configured_rate(
+    computed_rps: float,
+    state: SourceState | None,
+    delay_s: float | None,
+    overrides: _Overrides,
+    source: str,
+) -> tuple[float, str]:
+    """A source's configured rate and its origin: computed or overridden, then capped at
+    1 / ``delay_s`` (its robots.txt Crawl-delay in force, None: none)."""
+    if state is None:
+        rate, origin = computed_rps, COMPUTED
+        overrides.check(source, {})
+    else:
+        choice = choose_rate(computed_rps, state.override, state.override_alias)
+        overrides.check(source, choice.ignored)
+        rate, origin = choice.rate_rps, choice.origin
+    if delay_s is not None and 1.0 / delay_s < rate:
+        return 1.0 / delay_s, CRAWL_DELAY
+    return rate, origin
+
+
+def _crawl_delays(
+    observed: ObservedState, reported: Mapping[str, str], events: list[LogEvent]
+) -> tuple[dict[str, float], list[str], dict[str, str]]:
+    """The robots.txt Crawl-delays in force (source -> delay, s), the crawl_delayed
+    members whose key is gone, and the keys whose value is not a delay (each logged once,
+    until it changes or goes)."""
+    delays: dict[str, float] = {}
+    gone: list[str] = []
+    bad: dict[str, str] = {}
+    for source, raw in observed.crawl_delays.items():
+        if raw is None:
+            gone.append(source)  # expired with its robots.txt files: the cap is lifted
+        elif source not in observed.robots_exempt:  # the site's permission: no cap
+            try:
+                delays[source] = parse_crawl_delay(raw)
+            except InvalidCrawlDelay:
+                bad[crawl_delay_key(source)] = raw
+    for key in sorted(bad):
+        if reported.get(key) != bad[key]:
+            fields = {"key": key, "value": bad[key], "reason": "not a number of seconds > 0"}
+            events.append(LogEvent("warning", "crawl_delay_ignored", fields))
+    return delays, gone, bad
+
+
 def _pacing_info(
-    pace: Pace, origin: str, before: Pace | None, info_before: PacingInfo | None
+    pace: Pace,
+    origin: str,
+    before: Pace | None,
+    info_before: PacingInfo | None,
+    delay_s: float | None,
 ) -> PacingInfo:
     if (
         pace is before
@@ -274,7 +344,11 @@ def _pacing_info(
     ):
         return info_before  # the common case: nothing new since the last loop
     rate = round(pace.effective_rps, 6)
-    return PacingInfo(rate, pace.configured_rps, origin, pace.state, pace.why)
+    why = pace.why
+    if origin == CRAWL_DELAY and delay_s is not None:
+        capped = crawl_delay_why(delay_s)
+        why = capped if pace.state == PACE_CONFIGURED else f"{why}; {capped}"
+    return PacingInfo(rate, pace.configured_rps, origin, pace.state, why)
 
 
 def _noteworthy(before: str, after: str) -> bool:

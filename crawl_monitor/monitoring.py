@@ -10,7 +10,8 @@ Its keys are those of the original README's example, and the pacing of each sour
 Counters come from Redis (one pipelined round trip); rates, pacing, halts and the
 last-50 histograms from the regulator's latest snapshot. ``*_rps`` and ``*_rate`` values
 are the counters' growth over the measured interval, per second. ``rate_limit`` is a
-source's configured rate (computed, or its override), ``effective_rate`` the rate its
+source's configured rate (computed, or its override; at most 1 / its robots.txt
+Crawl-delay, ``pacing_why`` then says so), ``effective_rate`` the rate its
 requests are paced at now (lower while its server pushes back, 0 while halted),
 ``pacing`` its state (``image_crawler.contract.PACE_STATES``) and ``pacing_why`` why.
 ``global_max_rps`` sums the effective rates of the known sources that are not halted.

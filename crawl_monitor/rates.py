@@ -1,7 +1,9 @@
 """Rate policy: how fast a source may be crawled (its configured rate), and the loop's grid.
 
-Pure functions, no I/O. Rates are in requests per second. How far below its configured
-rate a source is held while its server pushes back is ``adaptive``'s business.
+Pure functions, no I/O. Rates are in requests per second. A source's configured rate is
+computed from its image count, or an operator's override, and at most 1 / its robots.txt
+Crawl-delay (``parse_crawl_delay``; applied by ``decision``). How far below its
+configured rate a source is held while its server pushes back is ``adaptive``'s business.
 """
 
 from __future__ import annotations
@@ -10,7 +12,11 @@ import dataclasses
 import math
 from typing import Final
 
-from image_crawler.contract import OVERRIDE_RATE_ALIAS_PREFIX, OVERRIDE_RATE_PREFIX
+from image_crawler.contract import (
+    MAX_CRAWL_DELAY_S,
+    OVERRIDE_RATE_ALIAS_PREFIX,
+    OVERRIDE_RATE_PREFIX,
+)
 
 # The interpolation's two anchors: (image count, requests/s).
 MIN_IMAGES: Final = 5_000
@@ -63,6 +69,8 @@ class RateChoice:
 
 
 COMPUTED: Final = "computed"
+# PacingInfo.origin of a source whose configured rate is its robots.txt Crawl-delay's cap.
+CRAWL_DELAY: Final = "crawl_delay"
 
 
 def choose_rate(computed_rps: float, override: str | None, alias: str | None) -> RateChoice:
@@ -81,6 +89,30 @@ def choose_rate(computed_rps: float, override: str | None, alias: str | None) ->
             continue
         return RateChoice(rate, prefix, ignored)
     return RateChoice(computed_rps, COMPUTED, ignored)
+
+
+class InvalidCrawlDelay(ValueError):
+    """A ``crawl_delay:`` key holds something that is not a delay."""
+
+
+def parse_crawl_delay(raw: str) -> float:
+    """The delay (seconds) a ``crawl_delay:`` key holds; raises ``InvalidCrawlDelay``.
+
+    Any finite number > 0; above ``MAX_CRAWL_DELAY_S`` it is ``MAX_CRAWL_DELAY_S``, the
+    longest delay obeyed (workers write no more, so only a hand-written value is cut).
+    """
+    try:
+        value = float(raw)
+    except ValueError:
+        raise InvalidCrawlDelay(f"not a number: {raw!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise InvalidCrawlDelay(f"not a finite delay > 0: {raw!r}")
+    return min(value, MAX_CRAWL_DELAY_S)
+
+
+def crawl_delay_why(delay_s: float) -> str:
+    """Why a source's configured rate is its Crawl-delay's cap, for operators."""
+    return f"robots.txt Crawl-delay {delay_s:g} s: at most {1.0 / delay_s:.3g}/s"
 
 
 def next_tick_at(origin_s: float, now_s: float, period_s: float) -> float:

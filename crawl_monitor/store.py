@@ -7,9 +7,11 @@ walks the sources, Python parses one string. The scripts only gather and apply; 
 decision is made in Python. Key prefixes come from ``image_crawler.contract``.
 
 Reading is one pipeline of script calls, ``READ_CHUNK`` sources each, so that a long
-read never holds Redis for long; each chunk is a consistent snapshot of its sources,
-writing is one atomic script. Keys are built inside the scripts, which is fine for
-a single Redis server (not for Redis Cluster).
+read never holds Redis for long, and one more for the robots.txt crawl delays (the
+``crawl_delayed`` and ``robots_exempt`` sets and the members' ``crawl_delay:`` keys);
+each call is a consistent snapshot of what it reads, writing is one atomic script. Keys
+are built inside the scripts, which is fine for a single Redis server (not for Redis
+Cluster).
 
 Leadership rides in the write script: it applies a loop's writes only while the
 monitor's ``LeaderLease`` token is the one in ``monitor_leader``, and renews the lease in
@@ -33,6 +35,8 @@ from redis.exceptions import NoScriptError
 
 from image_crawler.contract import (
     BACKOFF_SIGNALS_PREFIX,
+    CRAWL_DELAY_PREFIX,
+    CRAWL_DELAYED_SET,
     EXPECTED_STATUSES,
     HALTED_SET,
     LAST_50_PREFIX,
@@ -43,6 +47,7 @@ from image_crawler.contract import (
     PACE_RATE_PREFIX,
     RATES_HASH,
     RESIZE_ERRORS,
+    ROBOTS_EXEMPT_SET,
     STATUS_60S_PREFIX,
     TEMP_HALTED_SET,
     PacingInfo,
@@ -203,12 +208,36 @@ return cjson.encode({
 })
 """
 
+# KEYS: crawl_delayed, robots_exempt. ARGV: the crawl_delay key prefix.
+# Answers JSON {"d": {crawl_delayed member: its crawl_delay value, false when the key is
+# missing or not a string}, "e": robots_exempt members}: the members' keys in one MGET,
+# without a round trip in between; JSON, as the read script, because redis-py parses one
+# string several times faster than thousands of replies. Once a loop, in the read's
+# pipeline.
+_DELAYS_SCRIPT: Final = """
+local members = redis.call('SMEMBERS', KEYS[1])
+local delays = {}
+if #members > 0 then
+  local keys = {}
+  for i, source in ipairs(members) do keys[i] = ARGV[1] .. source end
+  -- unpack's limit is 8,000 values: MGET in slices.
+  for i = 1, #keys, 4000 do
+    local values = redis.call('MGET', unpack(keys, i, math.min(i + 3999, #keys)))
+    for j = 1, #values do delays[members[i + j - 1]] = values[j] end
+  end
+end
+return cjson.encode({d = delays, e = redis.call('SMEMBERS', KEYS[2])})
+"""
+
 # KEYS: halted, temp_halted, crawl_rates, monitor_leader.
 # ARGV: JSON plan {"pace": {source: "rate"}, "rates": {source: PacingInfo JSON},
 # "rates_whole": bool, "rates_gone": [...], "halt": [...], "temp_halt": [...],
-# "lift": [...], "clear_window": [...]}, the pace_rate TTL (ms), the pace_rate prefix, the
-# window prefix, the writer's lease token ("" when it runs without a lease) and the lease's
-# TTL (ms). A source in `halted` when this runs gets "0" whatever the plan says.
+# "lift": [...], "clear_window": [...], "forget_delayed": [...]}, the pace_rate TTL (ms),
+# the pace_rate prefix, the window prefix, the writer's lease token ("" when it runs
+# without a lease), the lease's TTL (ms) and the crawl_delay prefix; KEYS[5]: crawl_delayed.
+# A source in `halted` when this runs gets "0" whatever the plan says. A source of
+# "forget_delayed" leaves crawl_delayed only if its crawl_delay key is still missing: a
+# worker may have set it (and SADDed) since the read.
 # crawl_rates gets the fields of "rates" and loses those of "rates_gone"; with
 # "rates_whole" it is replaced by "rates". Answers {1, pace_rate keys set}, or {0, holder}
 # with nothing written when the lease is not the writer's (holder "" when nobody holds
@@ -226,6 +255,9 @@ for _, source in ipairs(plan.halt) do redis.call('SADD', KEYS[1], source) end
 for _, source in ipairs(plan.temp_halt) do redis.call('SADD', KEYS[2], source) end
 for _, source in ipairs(plan.lift) do redis.call('SREM', KEYS[2], source) end
 for _, source in ipairs(plan.clear_window) do redis.call('DEL', window_prefix .. source) end
+for _, source in ipairs(plan.forget_delayed) do
+  if redis.call('EXISTS', ARGV[7] .. source) == 0 then redis.call('SREM', KEYS[5], source) end
+end
 if plan.rates_whole then redis.call('DEL', KEYS[3]) end
 -- A thousand fields a call: one HSET per source costs far more, and unpack has a limit.
 local fields, count = {}, 0
@@ -322,6 +354,10 @@ class ObservedState:
     # The backoff signal counter (backoff_signals:{source}) of the requested sources that
     # have one holding an integer.
     backoff_signals: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    # Every member of crawl_delayed (known source or not) with its crawl_delay:{source}
+    # value as written, None when the key is missing (expired) or not a string.
+    crawl_delays: Mapping[str, str | None] = dataclasses.field(default_factory=dict)
+    robots_exempt: frozenset[str] = frozenset()
 
     def of(self, source: str) -> SourceState:
         return self.sources.get(source, EMPTY_SOURCE)
@@ -343,6 +379,8 @@ class Writes:
     temp_halt: Collection[str] = ()
     lift_temp_halt: Collection[str] = ()
     clear_window: Collection[str] = ()
+    # Members of crawl_delayed whose crawl_delay key was missing: SREMed if it still is.
+    forget_crawl_delayed: Collection[str] = ()
 
 
 class RegulatorStore(Protocol):
@@ -409,6 +447,20 @@ def decode_observed(raw: str | bytes, sources_asked: Sequence[str]) -> ObservedS
     )
 
 
+def decode_delays(raw: str | bytes) -> tuple[dict[str, str | None], frozenset[str]]:
+    """The delays script's JSON answer: each crawl_delayed member's crawl_delay value
+    (None: missing), and the robots_exempt members."""
+    document = json.loads(raw)
+    delays = document.get("d")
+    return (
+        # An empty set's {} is an empty object too.
+        {s: v if isinstance(v, str) else None for s, v in delays.items()}
+        if isinstance(delays, dict)
+        else {},
+        _members(document.get("e")),
+    )
+
+
 def _integers(values: Mapping[str, Any]) -> dict[str, int]:
     # A counter an operator overwrote with something else is as good as missing.
     counters = {}
@@ -435,6 +487,7 @@ class RedisRegulatorStore:
     def __init__(self, redis: aioredis.Redis) -> None:
         self._redis = redis
         self._read = redis.register_script(_READ_SCRIPT)
+        self._read_delays = redis.register_script(_DELAYS_SCRIPT)
         self._write = redis.register_script(_WRITE_SCRIPT)
         self._acquire = redis.register_script(_ACQUIRE_SCRIPT)
         self._release = redis.register_script(_RELEASE_SCRIPT)
@@ -492,15 +545,17 @@ class RedisRegulatorStore:
         ]
         keys = [HALTED_SET, TEMP_HALTED_SET]
         try:
-            answers = await self._read_chunks(keys, calls)
+            *answers, delays = await self._read_chunks(keys, calls)
         except NoScriptError:
-            # A restarted or flushed Redis forgot the script: load it, read again.
+            # A restarted or flushed Redis forgot the scripts: load them, read again.
             self.round_trips += 1
             await self._redis.script_load(_READ_SCRIPT)
-            answers = await self._read_chunks(keys, calls)
+            await self._redis.script_load(_DELAYS_SCRIPT)
+            *answers, delays = await self._read_chunks(keys, calls)
         observed = [
             decode_observed(raw, chunk) for raw, chunk in zip(answers, chunks or [[]], strict=True)
         ]
+        crawl_delays, robots_exempt = decode_delays(delays)
         # The halted sets come from the last chunk read: the newest of the snapshots.
         return ObservedState(
             halted=observed[-1].halted,
@@ -508,15 +563,21 @@ class RedisRegulatorStore:
             sources={s: state for part in observed for s, state in part.sources.items()},
             failure_counters={s: n for part in observed for s, n in part.failure_counters.items()},
             backoff_signals={s: n for part in observed for s, n in part.backoff_signals.items()},
+            crawl_delays=crawl_delays,
+            robots_exempt=robots_exempt,
         )
 
     async def _read_chunks(self, keys: list[str], calls: list[list[Any]]) -> list[Any]:
+        """The read scripts' answers, then the crawl delays' (``_DELAYS_SCRIPT``)."""
         # EVALSHA by hand: redis-py's pipelined Script objects add a SCRIPT EXISTS
         # round trip to every execute.
         self.round_trips += 1
         async with self._redis.pipeline(transaction=False) as pipe:
             for args in calls:
                 pipe.evalsha(self._read.sha, len(keys), *keys, *args)
+            pipe.evalsha(
+                self._read_delays.sha, 2, CRAWL_DELAYED_SET, ROBOTS_EXEMPT_SET, CRAWL_DELAY_PREFIX
+            )
             return list(await pipe.execute())
 
     async def write(
@@ -538,6 +599,7 @@ class RedisRegulatorStore:
             "temp_halt": sorted(writes.temp_halt),
             "lift": sorted(writes.lift_temp_halt),
             "clear_window": sorted(writes.clear_window),
+            "forget_delayed": sorted(writes.forget_crawl_delayed),
         }
         applied, value = await self._call(
             self._write,
@@ -546,6 +608,7 @@ class RedisRegulatorStore:
                 TEMP_HALTED_SET,
                 RATES_HASH,
                 MONITOR_LEADER_KEY if lease is None else lease.key,
+                CRAWL_DELAYED_SET,
             ],
             [
                 json.dumps(plan),
@@ -554,6 +617,7 @@ class RedisRegulatorStore:
                 STATUS_60S_PREFIX,
                 "" if lease is None else lease.token,
                 0 if lease is None else lease.ttl_ms,
+                CRAWL_DELAY_PREFIX,
             ],
         )
         if int(applied):

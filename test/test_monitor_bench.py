@@ -1,4 +1,5 @@
-"""The regulator's loop with 1,000 and 10,000 busy sources against a real redis-server.
+"""The regulator's loop with 1,000 and 10,000 busy sources against a real redis-server,
+10,000 also with 100 of them capped by a robots.txt Crawl-delay.
 
 Checks every rate and halt, and the round trips per loop; the durations are printed
 (``pytest -s``) and recorded as properties, not asserted (they depend on the machine).
@@ -8,18 +9,19 @@ from __future__ import annotations
 
 import pytest
 
-from crawl_monitor.bench import bench_source, measure_loop
+from crawl_monitor.bench import CRAWL_DELAY_S, bench_source, measure_loop
 from crawl_monitor.rates import compute_crawl_rate
 from image_crawler import contract as c
 
 
-@pytest.mark.parametrize("n_sources", [1_000, 10_000])
-async def test_one_loop_with_many_sources(redis, n_sources, record_property):
+@pytest.mark.parametrize(("n_sources", "crawl_delayed"), [(1_000, 0), (10_000, 0), (10_000, 100)])
+async def test_one_loop_with_many_sources(redis, n_sources, crawl_delayed, record_property):
     loops = 5
-    m = await measure_loop(redis, n_sources, loops=loops)
+    m = await measure_loop(redis, n_sources, loops=loops, crawl_delayed=crawl_delayed)
     print(
-        f"\n{n_sources} busy sources: loop median {m.median_s * 1000:.0f} ms, slowest "
-        f"{m.slowest_s * 1000:.0f} ms, {m.round_trips_per_loop:g} Redis round trips per loop"
+        f"\n{n_sources} busy sources, {crawl_delayed} crawl-delayed: loop median "
+        f"{m.median_s * 1000:.0f} ms, slowest {m.slowest_s * 1000:.0f} ms, "
+        f"{m.round_trips_per_loop:g} Redis round trips per loop"
     )
     record_property("loop_median_s", m.median_s)
     record_property("round_trips_per_loop", m.round_trips_per_loop)
@@ -40,6 +42,8 @@ async def test_one_loop_with_many_sources(redis, n_sources, record_property):
             if name == seeded.overridden
             else compute_crawl_rate(seeded.image_counts[name])
         )
+        if name in seeded.crawl_delayed:
+            configured = min(configured, 1 / CRAWL_DELAY_S)
         assert m.snapshot.rates[name] == configured
         # Sources whose server answered 503 are paced below their configured rate.
         if signalled:
@@ -48,6 +52,9 @@ async def test_one_loop_with_many_sources(redis, n_sources, record_property):
         else:
             assert float(value) == configured, name
     assert cut >= n_sources // m.backoff_every
+    assert len(seeded.crawl_delayed) == crawl_delayed
+    capped = [n for n in seeded.crawl_delayed if m.snapshot.pacing[n].origin == "crawl_delay"]
+    assert len(capped) >= crawl_delayed * 0.9  # all but those computed below 0.5/s
     assert await redis.smembers(c.HALTED_SET) == seeded.halted | {seeded.failing}
     assert await redis.smembers(c.TEMP_HALTED_SET) == {seeded.erroring}
     assert await redis.hlen(c.RATES_HASH) == n_sources

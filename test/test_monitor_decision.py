@@ -38,6 +38,8 @@ def observed(
     halted: frozenset[str] = frozenset(),
     temp_halted: frozenset[str] = frozenset(),
     signals: dict[str, int] | None = None,
+    delays: dict[str, str | None] | None = None,
+    exempt: frozenset[str] = frozenset(),
 ) -> ObservedState:
     return ObservedState(
         halted=halted,
@@ -45,6 +47,8 @@ def observed(
         sources=sources or {},
         failure_counters={},
         backoff_signals=signals or {},
+        crawl_delays=delays or {},
+        robots_exempt=exempt,
     )
 
 
@@ -289,3 +293,170 @@ def test_plan_read_reads_the_last_50_lists_in_turn(loops, full):
     plan = plan_read(computed, dataclasses.replace(Memory(), loops=loops), 5)
     assert list(plan.sources) == sorted(computed)
     assert plan.full_last_statuses == (None if full is None else frozenset(full))
+
+
+CAPPED_10S = "robots.txt Crawl-delay 10 s: at most 0.1/s"
+
+
+@pytest.mark.parametrize(
+    ("seen", "memory", "expected"),
+    [
+        # (pace_rate, configured, PacingInfo state, origin, why, forget, events)
+        pytest.param(
+            observed(delays={"src": "10"}),
+            after_a_loop({"src": start(50.0, 0, NOW - 1)}),
+            (0.1, 0.1, PACE_CONFIGURED, "crawl_delay", CAPPED_10S, set(), []),
+            id="cap-binds-at-once",
+        ),
+        pytest.param(
+            observed(delays={"src": "0.01"}),
+            after_a_loop(),
+            (50.0, 50.0, PACE_CONFIGURED, "computed", "at its configured rate", set(), []),
+            id="cap-above-the-configured-rate-does-not-bind",
+        ),
+        pytest.param(
+            observed({"src": SourceState(override="5")}, delays={"src": "2.5"}),
+            after_a_loop(),
+            (
+                *(0.4, 0.4, PACE_CONFIGURED, "crawl_delay"),
+                *("robots.txt Crawl-delay 2.5 s: at most 0.4/s", set(), []),
+            ),
+            id="an-override-does-not-lift-the-cap",
+        ),
+        pytest.param(
+            observed({"src": SourceState(override="0.2")}, delays={"src": "2"}),
+            after_a_loop(),
+            (0.2, 0.2, PACE_CONFIGURED, "override_rate:", "at its configured rate", set(), []),
+            id="an-override-below-the-cap",
+        ),
+        pytest.param(
+            observed({"src": SourceState(override="0")}, delays={"src": "2"}),
+            after_a_loop(),
+            (0.0, 0.0, PACE_STOPPED, "override_rate:", "stopped: configured at 0", set(), []),
+            id="an-override-of-0-below-the-cap",
+        ),
+        pytest.param(
+            observed(delays={"src": "10"}, exempt=frozenset({"src"})),
+            after_a_loop(),
+            (50.0, 50.0, PACE_CONFIGURED, "computed", "at its configured rate", set(), []),
+            id="exempt-ignores-the-cap",
+        ),
+        pytest.param(
+            observed(delays={"src": "3600"}),
+            after_a_loop(),
+            (
+                *(1 / 60, 1 / 60, PACE_CONFIGURED, "crawl_delay"),
+                *("robots.txt Crawl-delay 60 s: at most 0.0167/s", set(), []),
+            ),
+            id="a-delay-above-the-longest-obeyed",
+        ),
+        pytest.param(
+            observed(delays={"src": None, "gone": None, "other": "5"}),
+            after_a_loop({"src": start(0.1, 0, NOW - 1)}, pacing={}),
+            (
+                50.0,
+                50.0,
+                PACE_CONFIGURED,
+                "computed",
+                "at its configured rate",
+                {"src", "gone"},
+                [],
+            ),
+            id="key-expired-cap-lifted-member-forgotten",
+        ),
+        pytest.param(
+            observed(delays={"src": "10"}, halted=frozenset({"src"})),
+            Memory(loops=1, halted=frozenset({"src"})),
+            (0.0, 0.1, PACE_HALTED, "crawl_delay", HALTED_WHY, set(), []),
+            id="halted-under-a-cap",
+        ),
+        pytest.param(
+            observed(delays={"src": "1"}, signals={"src": 4}),
+            after_a_loop({"src": start(50.0, 3, NOW - 1)}),
+            (
+                *(0.7, 1.0, PACE_BACKOFF, "crawl_delay"),
+                "1 backoff signal in the last second: cut to 0.7 x; "
+                "robots.txt Crawl-delay 1 s: at most 1/s",
+                set(),
+                ["pacing_changed"],
+            ),
+            id="adaptive-cuts-below-the-cap",
+        ),
+        pytest.param(
+            observed(delays={"src": "0.1"}),
+            after_a_loop({"src": Pace(30.0, 50.0, PACE_RECOVERING, "", 0, NOW - 1, NOW - 9)}),
+            (
+                *(10.0, 10.0, PACE_CONFIGURED, "crawl_delay"),
+                *("robots.txt Crawl-delay 0.1 s: at most 10/s", set(), ["pacing_changed"]),
+            ),
+            id="recovering-above-a-new-cap-drops-to-it",
+        ),
+        pytest.param(
+            observed(delays={"src": "0.1"}),
+            after_a_loop({"src": Pace(5.0, 50.0, PACE_RECOVERING, "", 0, NOW - 1, NOW - 9)}),
+            (
+                *(5.1, 10.0, PACE_RECOVERING, "crawl_delay"),
+                "recovering +0.1/s, last cut 9 s ago; robots.txt Crawl-delay 0.1 s: at most 10/s",
+                set(),
+                [],
+            ),
+            id="recovering-below-a-new-cap-climbs-to-it",
+        ),
+        *(
+            pytest.param(
+                observed(delays={"src": bad}),
+                after_a_loop(),
+                (
+                    *(50.0, 50.0, PACE_CONFIGURED, "computed", "at its configured rate"),
+                    *(set(), ["crawl_delay_ignored"]),
+                ),
+                id=f"bad-value-{bad or 'empty'}",
+            )
+            for bad in ["ten", "0", "-5", "nan", "inf", ""]
+        ),
+    ],
+)
+def test_crawl_delay_caps_the_configured_rate(seen, memory, expected):
+    pace_rate, configured, state, origin, why, forget, event_names = expected
+    decision = loop(seen, memory)
+    assert decision.writes.pace_rates == {"src": pytest.approx(pace_rate)}
+    assert decision.snapshot.rates == {"src": pytest.approx(configured)}
+    info = decision.snapshot.pacing["src"]
+    # crawl_rates' rate_rps is rounded to 6 decimals.
+    assert (info.rate_rps, info.configured_rps) == (
+        pytest.approx(pace_rate, abs=1e-6),
+        pytest.approx(configured),
+    )
+    assert (info.state, info.origin, info.why) == (state, origin, why)
+    assert set(decision.writes.forget_crawl_delayed) == forget
+    assert [e.event for e in decision.events] == event_names
+
+
+def test_a_crawl_delay_that_is_not_a_delay_is_reported_once():
+    bad = observed(delays={"src": "soon", "other": "-1"})
+    first = loop(bad, after_a_loop())
+    assert [e.fields for e in first.events] == [
+        {"key": f"crawl_delay:{s}", "value": v, "reason": "not a number of seconds > 0"}
+        for s, v in [("other", "-1"), ("src", "soon")]
+    ]
+    assert {e.level for e in first.events} == {"warning"}
+    assert loop(bad, first.memory).events == ()
+    changed = loop(observed(delays={"src": "never", "other": "-1"}), first.memory)
+    assert [e.fields["value"] for e in changed.events] == ["never"]
+    fixed = loop(observed(delays={"src": "10"}), changed.memory)
+    assert (fixed.events, fixed.memory.reported_crawl_delays) == ((), {})
+    assert fixed.writes.pace_rates == {"src": pytest.approx(0.1)}
+    assert [e.event for e in loop(bad, fixed.memory).events] == ["crawl_delay_ignored"] * 2
+
+
+def test_a_cap_follows_its_delay_and_lifts_when_it_expires():
+    memory = after_a_loop({"src": start(50.0, 0, NOW - 1)})
+    rates = []
+    for second, delay in enumerate(["10", "10", "2", None, None]):
+        seen = observed(delays={} if delay is None else {"src": delay})
+        decision = loop(seen, memory, None, NOW + second)
+        rates.append(decision.writes.pace_rates["src"])
+        memory = decision.memory
+    # At its configured rate, a source follows the cap down and back up at once.
+    assert rates == [pytest.approx(r) for r in (0.1, 0.1, 0.5, 50.0, 50.0)]
+    assert decision.snapshot.pacing["src"].origin == "computed"

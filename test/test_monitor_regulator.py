@@ -570,3 +570,100 @@ async def test_a_source_that_keeps_pushing_back_at_its_floor_is_halted(redis, cl
     (halted,) = events(logs, "crawl_halted", type="temporary")
     assert '"503": 20' in halted["msg"]
     assert await redis.get(c.pace_rate_key("src")) == "0"
+
+
+async def set_crawl_delay(redis: Redis, source: str, delay: str, px: int | None = None) -> None:
+    """As a worker records a robots.txt Crawl-delay: the key, then the set."""
+    await redis.set(c.crawl_delay_key(source), delay, px=px or int(c.ROBOTS_CACHE_S * 1000))
+    await redis.sadd(c.CRAWL_DELAYED_SET, source)
+
+
+async def test_a_crawl_delay_caps_the_rate_until_its_key_goes(redis, regulator, rates):
+    rates.update({"src": 50.0, "other": 50.0})
+    await regulator.tick()
+    assert await rate(redis, "src") == 50
+    await set_crawl_delay(redis, "src", "10")
+    await regulator.tick()
+    assert await rate(redis, "src") == 0.1  # one request every 10 s
+    assert await rate(redis, "other") == 50
+    assert (await pacing(redis))["src"] == c.PacingInfo(
+        0.1, 0.1, "crawl_delay", c.PACE_CONFIGURED, "robots.txt Crawl-delay 10 s: at most 0.1/s"
+    )
+    assert regulator.snapshot is not None and regulator.snapshot.rates["src"] == 0.1
+    # An override does not lift it.
+    await redis.set("override_rate:src", "20")
+    await regulator.tick()
+    assert await rate(redis, "src") == 0.1
+    await redis.delete("override_rate:src")
+    # Deleted (or expired, below): the cap is lifted, the member cleaned by the leader.
+    await redis.delete(c.crawl_delay_key("src"))
+    await regulator.tick()
+    assert await rate(redis, "src") == 50
+    assert (await pacing(redis))["src"].origin == "computed"
+    assert await redis.smembers(c.CRAWL_DELAYED_SET) == set()
+    await set_crawl_delay(redis, "src", "4", px=200)
+    await regulator.tick()
+    assert await rate(redis, "src") == 0.25
+    await asyncio.sleep(0.3)
+    await regulator.tick()
+    assert await rate(redis, "src") == 50
+    assert await redis.smembers(c.CRAWL_DELAYED_SET) == set()
+
+
+async def test_a_robots_exempt_source_ignores_its_crawl_delay(redis, regulator, rates):
+    rates["src"] = 50.0
+    await set_crawl_delay(redis, "src", "10")
+    await redis.sadd(c.ROBOTS_EXEMPT_SET, "src")
+    await regulator.tick()
+    assert await rate(redis, "src") == 50
+    assert (await pacing(redis))["src"].origin == "computed"
+    assert await redis.smembers(c.CRAWL_DELAYED_SET) == {"src"}  # its key expires by itself
+    await redis.srem(c.ROBOTS_EXEMPT_SET, "src")
+    await regulator.tick()
+    assert await rate(redis, "src") == 0.1
+
+
+async def test_a_crawl_delay_that_is_not_a_delay_is_ignored_and_logged_once(
+    redis, regulator, rates
+):
+    rates["src"] = 50.0
+    await set_crawl_delay(redis, "src", "soon")
+    with capture_logs() as logs:
+        for _ in range(3):
+            await regulator.tick()
+            assert await rate(redis, "src") == 50
+    ignored = events(logs, "crawl_delay_ignored")
+    assert [(e["key"], e["value"], e["log_level"]) for e in ignored] == [
+        ("crawl_delay:src", "soon", "warning")
+    ]
+    assert await redis.smembers(c.CRAWL_DELAYED_SET) == {"src"}  # its key is still there
+
+
+async def test_the_crawl_delayed_cleanup_spares_a_key_set_again_since_the_read(redis):
+    store = RedisRegulatorStore(redis)
+    await redis.sadd(c.CRAWL_DELAYED_SET, "back", "gone")
+    observed = await store.read([], time.time() - 60)
+    assert observed.crawl_delays == {"back": None, "gone": None}
+    # A worker records a delay for "back" between the loop's read and its write.
+    await redis.set(c.crawl_delay_key("back"), "5")
+    await store.write(Writes(pace_rates={}, forget_crawl_delayed=["back", "gone"]), 1500)
+    assert await redis.smembers(c.CRAWL_DELAYED_SET) == {"back"}
+
+
+async def test_crawl_delays_are_read_in_the_same_round_trip_whatever_their_number(redis):
+    store = RedisRegulatorStore(redis)
+    members = [f"s{i}" for i in range(9_000)]  # more than one MGET of the script's
+    await redis.mset({c.crawl_delay_key(s): str(1 + i % 7) for i, s in enumerate(members)})
+    await redis.delete(c.crawl_delay_key("s8999"), c.crawl_delay_key("s0"))
+    await redis.hset(c.crawl_delay_key("s0"), "delay", "3")  # not a string: as if missing
+    await redis.sadd(c.CRAWL_DELAYED_SET, *members)
+    await redis.sadd(c.ROBOTS_EXEMPT_SET, "s1", "elsewhere")
+    await redis.script_flush()  # as after a restart: the scripts are loaded again
+    observed = await store.read(["s1", "s2"], time.time() - 60)
+    expected = {s: str(1 + i % 7) for i, s in enumerate(members)}
+    expected.update({"s0": None, "s8999": None})
+    assert observed.crawl_delays == expected
+    assert observed.robots_exempt == {"s1", "elsewhere"}
+    before = store.round_trips
+    await store.read(["s1", "s2"], time.time() - 60)
+    assert store.round_trips - before == 1

@@ -8,10 +8,13 @@ from crawl_monitor.rates import (
     COMPUTED,
     MAX_RATE_RPS,
     MIN_RATE_RPS,
+    InvalidCrawlDelay,
     InvalidOverride,
     choose_rate,
     compute_crawl_rate,
+    crawl_delay_why,
     next_tick_at,
+    parse_crawl_delay,
     parse_override,
 )
 
@@ -79,6 +82,42 @@ def test_parse_override_rejects_what_is_not_a_rate(raw):
 def test_choose_rate(override, alias, rate_rps, origin, ignored):
     choice = choose_rate(3.0, override, alias)
     assert (choice.rate_rps, choice.origin, choice.ignored) == (rate_rps, origin, ignored)
+
+
+@pytest.mark.parametrize(
+    ("raw", "delay_s"),
+    [
+        ("10", 10.0),
+        ("0.5", 0.5),
+        (" 2 ", 2.0),
+        ("1e1", 10.0),
+        ("60", 60.0),
+        ("61", 60.0),  # the longest delay obeyed
+        ("1e9", 60.0),
+        ("0.001", 0.001),
+    ],
+)
+def test_parse_crawl_delay_accepts_delays(raw, delay_s):
+    assert parse_crawl_delay(raw) == delay_s
+
+
+@pytest.mark.parametrize("raw", ["", "soon", "0", "-0", "-1", "nan", "inf", "-inf", "10s"])
+def test_parse_crawl_delay_rejects_what_is_not_a_delay(raw):
+    with pytest.raises(InvalidCrawlDelay):
+        parse_crawl_delay(raw)
+
+
+@pytest.mark.parametrize(
+    ("delay_s", "why"),
+    [
+        (10.0, "robots.txt Crawl-delay 10 s: at most 0.1/s"),
+        (3.0, "robots.txt Crawl-delay 3 s: at most 0.333/s"),
+        (0.25, "robots.txt Crawl-delay 0.25 s: at most 4/s"),
+        (60.0, "robots.txt Crawl-delay 60 s: at most 0.0167/s"),
+    ],
+)
+def test_crawl_delay_why(delay_s, why):
+    assert crawl_delay_why(delay_s) == why
 
 
 @pytest.mark.parametrize(

@@ -453,7 +453,9 @@ class RobotsGuard:
                 crawl_delay_s=asked_s,
                 cap_s=delay_s,
             )
-        keep_ms = max(1000, int((known.entry.expires_at - self._clock()) * 1000))
+        # A minute beyond the file's expiry: the file is fetched again by then, and the
+        # delay noted again, so the cap never lapses in between.
+        keep_ms = max(1000, int((known.entry.expires_at - self._clock() + 60) * 1000))
         try:
             await self._note_delay(
                 keys=[crawl_delay_key(source), CRAWL_DELAYED_SET, pace_next_key(source)],

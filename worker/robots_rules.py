@@ -11,12 +11,20 @@ from __future__ import annotations
 
 import re
 from typing import Final
+from urllib.parse import quote
 
 from protego import Protego
 
 # RFC 9309 2.2.1: a product token is letters, "_" and "-".
 _PRODUCT_TOKEN: Final = re.compile(r"[A-Za-z_-]+")
 DEFAULT_PRODUCT_TOKEN: Final = "image-crawler"
+
+# RFC 9309 2.2: a line ends at CR, LF or CRLF only. Protego splits the file with
+# str.splitlines(), which also breaks lines at these; in a rule they are characters of
+# the path, so they are given the percent-encoding Protego would give them there (a
+# "Disallow: /a<U+2028>b" must not become "Disallow: /a").
+_NOT_LINE_BREAKS: Final = {ord(c): quote(c) for c in "\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"}
+_NOT_LINE_BREAK_CHARS: Final = tuple(map(chr, _NOT_LINE_BREAKS))
 
 
 def product_token(user_agent: str) -> str:
@@ -37,6 +45,14 @@ class RobotsRules:
 
     @classmethod
     def parse(cls, text: str, token: str) -> RobotsRules:
+        """``text``: the file decoded as UTF-8, undecodable bytes replaced (U+FFFD)."""
+        # A UTF-8 byte-order mark, which Protego would read as part of the first line's
+        # name, is skipped, as Google's parser does; so is a partial one (its first one
+        # or two bytes), which decoding has turned into one U+FFFD.
+        if text.startswith(("\ufeff", "\ufffd")):
+            text = text[1:]
+        if any(c in text for c in _NOT_LINE_BREAK_CHARS):
+            text = text.translate(_NOT_LINE_BREAKS)
         return cls(Protego.parse(text), token)
 
     @classmethod
