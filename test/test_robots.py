@@ -29,7 +29,12 @@ FETCH = FetchSettings(
 LOOPBACK = AddressPolicy(parse_networks("127.0.0.0/8"))
 # Short waits: the backoff's shape is test_backoff.py's business.
 FAST = RobotsSettings(
-    token="image-crawler", retry_base_s=0.2, retry_cap_s=0.4, poll_s=0.02, fetch_timeout_s=3
+    token="image-crawler",
+    retry_base_s=0.2,
+    retry_cap_s=0.4,
+    poll_s=0.02,
+    slot_recheck_s=0.1,
+    fetch_timeout_s=3,
 )
 SOURCE = "example"
 ROBOTS = "User-agent: *\nDisallow: /private/\n\nUser-agent: Image-Crawler\nDisallow: /secret\n"
@@ -131,6 +136,21 @@ async def test_a_robots_fetch_waits_for_the_sources_pacing_slot(redis, session, 
     assert origin.requests("/robots.txt") == 1
 
 
+async def test_a_source_without_a_rate_does_not_hold_back_another_on_the_same_host(
+    redis, session, origin
+):
+    origin.set_robots(ROBOTS)
+    pacer = FakePacer(granted={"paid"})
+    guard = make_guard(redis, session, pacer=pacer)
+    starved = asyncio.create_task(guard.verdict("starved", origin.url("/secret/a.jpg")))
+    await wait_for(lambda: pacer.waiting, 5, what="the starved source to ask for a slot")
+    paid = await asyncio.wait_for(guard.verdict("paid", origin.url("/secret/b.jpg")), 5)
+    assert paid == c.ROBOTS_DISALLOWED
+    # The file is known now, for every source: the starved one's URL is answered too.
+    assert await asyncio.wait_for(starved, 5) == c.ROBOTS_DISALLOWED
+    assert pacer.taken == ["paid"] and origin.requests("/robots.txt") == 1
+
+
 # --- unreachable ---------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "failure",
@@ -214,6 +234,15 @@ async def test_a_redirect_to_a_private_address_is_not_followed(redis, session, o
     guard = make_guard(redis, session, address=only_origin, unavailable_max_s=0.3)
     assert await guard.check(SOURCE, origin.url("/a.jpg")) is Robots.UNAVAILABLE
     assert await guard.verdict(SOURCE, origin.url("/a.jpg")) == c.ROBOTS_UNAVAILABLE
+
+
+async def test_a_host_the_fetcher_refuses_is_left_to_the_fetcher(redis, session, second_host):
+    # Its URLs end as Blocked without a request; they must not wait for a robots.txt that
+    # will never be asked for.
+    only_origin = AddressPolicy(parse_networks("127.0.0.1/32"))
+    guard = make_guard(redis, session, address=only_origin)
+    assert await guard.verdict(SOURCE, second_host.url("/a.jpg")) is None
+    assert second_host.total_requests == 0
 
 
 async def test_an_image_redirect_is_checked_against_its_hosts_robots(

@@ -44,6 +44,8 @@ class FetchResult:
     # Seconds from sending the final hop's request to its response headers: the server's
     # answer time, without the wait for a connection. None when no response came.
     response_s: float | None = None
+    # Redirects followed before this result (its hop's index).
+    redirects: int = 0
 
     @property
     def ok(self) -> bool:
@@ -197,18 +199,25 @@ class Fetcher:
     ) -> FetchResult:
         current = url
         for hop in range(max_redirects + 1):
-            refusal = self._refusal(current)
-            if refusal is not None:
-                return FetchResult("Blocked", detail=refusal)
-            if hop and permit is not None:
-                status = await permit(current)
-                if status is not None:
-                    return FetchResult(status, detail=str(current))
-            result = await self._get_once(current, hold, read)
+            result = await self._hop(current, hold, read, permit if hop else None)
             if isinstance(result, FetchResult):
-                return result
+                return dataclasses.replace(result, redirects=hop) if hop else result
             current = result
-        return FetchResult("TooManyRedirects", detail=f"more than {max_redirects}")
+        return FetchResult(
+            "TooManyRedirects", detail=f"more than {max_redirects}", redirects=max_redirects
+        )
+
+    async def _hop(
+        self, url: URL, hold: _Hold, read: _Read, permit: HopPermit | None
+    ) -> FetchResult | URL:
+        refusal = self._refusal(url)
+        if refusal is not None:
+            return FetchResult("Blocked", detail=refusal)
+        if permit is not None:
+            status = await permit(url)
+            if status is not None:
+                return FetchResult(status, detail=str(url))
+        return await self._get_once(url, hold, read)
 
     def _learn(self, size: int) -> None:
         # A running mean over about the last 32 bodies, kept within sensible bounds.

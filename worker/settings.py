@@ -85,6 +85,8 @@ class RobotsSettings:
     exempt_refresh_s: float = 5.0
     # How often a worker waiting for another's fetch of a file looks for it.
     poll_s: float = 0.1
+    # How often the sources offering a slot for a host's robots.txt are counted again.
+    slot_recheck_s: float = 1.0
     # Hosts whose rules a worker keeps parsed in memory (least recently used go first).
     local_hosts: int = 10_000
     # The longest one fetch of a robots.txt may take, its redirects included; also how
