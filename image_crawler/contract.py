@@ -8,6 +8,12 @@ Where the pacing work changed that contract (the README's "Politeness" says more
 it; ``crawl_rates`` holds ``PacingInfo`` JSON instead of a bare rate; retryable
 statuses are tried again by the worker (``MAX_ATTEMPTS`` tries, 5 by default) instead of
 once through ``inbound_images``, whose ``attempts`` field still counts.
+
+Where the robots.txt work changed it: two new ``crawl_errors`` statuses,
+``RobotsDisallowed`` and ``RobotsUnavailable`` (URLs never requested, expected outcomes);
+new keys ``robots:{origin}``, ``robots_lock:{origin}``, the set ``robots_exempt``,
+``crawl_delay:{source}`` and the set ``crawl_delayed``; ``PacingInfo.origin`` may be
+``"crawl_delay"``.
 Every message type has ``to_json``/``from_json`` so its shape lives in one place, and
 decoding failures raise ``MalformedMessage`` with a reason fit for a log line.
 """
@@ -58,7 +64,8 @@ def is_valid_source_name(source: str) -> bool:
 # worker of a rolling upgrade may be reading.
 TOKENS_PREFIX: Final = "currtokens:"
 # Pacing (replaces currtokens:{source}). The rate (requests/s, a float) the leading monitor
-# grants the source now: its configured rate (computed or overridden), cut while the
+# grants the source now: its configured rate (computed or overridden, and at most one
+# request per robots.txt Crawl-delay, see CRAWL_DELAY_PREFIX), cut while the
 # source's server pushes back; "0" while the source is halted. SET every loop with a short
 # expiry (TOKEN_TTL_MS): no monitor, no rate, no request.
 PACE_RATE_PREFIX: Final = "pace_rate:"
@@ -433,7 +440,8 @@ PACE_STATES: Final = frozenset(
 class PacingInfo:
     """One source's pacing in ``crawl_rates``: the rate requests are paced at now
     (``rate_rps``), the rate it would have without backoff (``configured_rps``: computed,
-    or an override, named by ``origin``), and why (``state``, one of ``PACE_STATES``, and
+    an override, or the cap of a robots.txt Crawl-delay, named by ``origin``:
+    ``"computed"``, the override's key prefix, or ``"crawl_delay"``), and why (``state``, one of ``PACE_STATES``, and
     ``why``, a sentence for operators)."""
 
     rate_rps: float
