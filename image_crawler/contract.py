@@ -441,8 +441,8 @@ class PacingInfo:
     """One source's pacing in ``crawl_rates``: the rate requests are paced at now
     (``rate_rps``), the rate it would have without backoff (``configured_rps``: computed,
     an override, or the cap of a robots.txt Crawl-delay, named by ``origin``:
-    ``"computed"``, the override's key prefix, or ``"crawl_delay"``), and why (``state``, one of ``PACE_STATES``, and
-    ``why``, a sentence for operators)."""
+    ``"computed"``, the override's key prefix, or ``"crawl_delay"``), and why (``state``,
+    one of ``PACE_STATES``, and ``why``, a sentence for operators)."""
 
     rate_rps: float
     configured_rps: float
