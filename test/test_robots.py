@@ -13,6 +13,7 @@ from redis.asyncio import Redis
 from structlog.testing import capture_logs
 
 from image_crawler import contract as c
+from image_crawler.config import ConfigError
 from test.fakes import FakePacer, FakeSink, FakeStats, FakeStore
 from test.origin import DISCONNECT, Origin, Reply
 from test.services import wait_for
@@ -21,7 +22,7 @@ from worker.netguard import AddressPolicy, parse_networks
 from worker.pipeline import DEAD_LETTERED, Outcome, Pipeline
 from worker.processing import InlineProcessor
 from worker.robots import Robots, RobotsEntry, RobotsGuard, origin_of
-from worker.settings import FetchSettings, RobotsSettings
+from worker.settings import FetchSettings, RobotsSettings, WorkerSettings
 
 FETCH = FetchSettings(
     connect_timeout_s=1, read_timeout_s=1, total_timeout_s=3, max_body_bytes=1_000_000
@@ -420,3 +421,37 @@ def test_entries_round_trip_and_bad_ones_are_none():
 def test_origin_of(url, origin):
     where = origin_of(url)
     assert (where and where[0]) == origin
+
+
+# --- settings ------------------------------------------------------------------------------
+def _settings(**env: str) -> RobotsSettings:
+    return WorkerSettings.from_env({"AWS_ACCESS_KEY_ID": "x", **env}).robots
+
+
+def test_the_settings_default_to_obeying_as_the_user_agents_product_token():
+    settings = _settings()
+    assert (settings.policy, settings.token) == ("obey", "image-crawler")
+    assert (settings.cache_s, settings.unavailable_max_s) == (86400.0, 86400.0)
+    assert settings.max_crawl_delay_s == 60.0
+    assert _settings(USER_AGENT="PhotoBot/2.0 (+mailto:ops@example.org)").token == "PhotoBot"
+    assert _settings(ROBOTS_USER_AGENT="Our_Bot", USER_AGENT="x/1").token == "Our_Bot"
+    assert _settings(ROBOTS_POLICY=" IGNORE ").policy == "ignore"
+    assert _settings(ROBOTS_POLICY="").policy == "obey"  # empty means the default
+    changed = _settings(ROBOTS_CACHE_S="600", ROBOTS_UNAVAILABLE_MAX_S="7", MAX_CRAWL_DELAY_S="5")
+    assert (changed.cache_s, changed.unavailable_max_s, changed.max_crawl_delay_s) == (600, 7, 5)
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"ROBOTS_POLICY": "sometimes"}, "ROBOTS_POLICY must be one of obey, ignore"),
+        ({"ROBOTS_USER_AGENT": "image-crawler/1.0"}, "ROBOTS_USER_AGENT must be a product token"),
+        ({"ROBOTS_USER_AGENT": "two words"}, "ROBOTS_USER_AGENT must be a product token"),
+        ({"ROBOTS_CACHE_S": "0"}, "ROBOTS_CACHE_S must be a number of seconds above 0"),
+        ({"MAX_CRAWL_DELAY_S": "-1"}, "MAX_CRAWL_DELAY_S"),
+        ({"ROBOTS_UNAVAILABLE_MAX_S": "soon"}, "ROBOTS_UNAVAILABLE_MAX_S"),
+    ],
+)
+def test_bad_settings_are_refused_with_their_name(env, message):
+    with pytest.raises(ConfigError, match=message):
+        _settings(**env)
