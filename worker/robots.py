@@ -43,7 +43,7 @@ import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from typing import Any, Final, Protocol
+from typing import Final, Protocol
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
@@ -510,9 +510,6 @@ class RobotsGuard:
         for task in self._loading.values():
             task.cancel()
         self._loading.clear()
-
-    def stats(self) -> dict[str, Any]:
-        return {"hosts": len(self._known), "fetches": self.fetches}
 
 
 async def _first_of(
