@@ -389,6 +389,9 @@ class RobotsGuard:
         rate, halted or unknown, must not hold the others back); returns that source."""
         while True:
             sources = sorted(self._asking.get(origin, ()))
+            if not sources:  # closing
+                await asyncio.sleep(self._settings.slot_recheck_s)
+                continue
             asks: dict[asyncio.Future[None], str] = {
                 asyncio.ensure_future(self._pacer.acquire(s)): s for s in sources
             }
