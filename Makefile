@@ -1,4 +1,5 @@
-# The few commands people type. `make test` is what CI runs (see .ci/run).
+# The few commands people type. CI (.ci/run) runs `make test`'s command, then lint and
+# typecheck.
 .PHONY: install test lint format typecheck demo
 
 install:
