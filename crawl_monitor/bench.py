@@ -38,6 +38,7 @@ from image_crawler.contract import (
     OVERRIDE_RATE_PREFIX,
     STATUS_60S_PREFIX,
     TEMP_HALTED_SET,
+    Status,
     backoff_signals_key,
     crawl_delay_key,
     last50_key,
@@ -184,17 +185,17 @@ async def add_traffic(
             for i, name in enumerate(names[start : start + SEED_CHUNK], start):
                 if name in (seeded.failing, seeded.erroring):
                     continue
-                status = "200"
+                status: str = Status.OK
                 if (i + loop) % failing_every == 0:
-                    status = "404"
+                    status = Status.NOT_FOUND
                 elif backoff_every and (i + loop) % backoff_every == 1:
-                    status = "503"
+                    status = Status.SERVICE_UNAVAILABLE
                 pipe.zadd(f"{STATUS_60S_PREFIX}{name}", {window_member(status, now_s): now_s})
                 pipe.rpush(last50_key(name), status)
                 pipe.ltrim(last50_key(name), -LAST_N_STATUSES, -1)
-                if status != "200":
+                if status != Status.OK:
                     pipe.incr(resize_errors_key(name))
-                if status == "503":
+                if status == Status.SERVICE_UNAVAILABLE:
                     pipe.incr(backoff_signals_key(name))
             await pipe.execute()
 

@@ -21,6 +21,7 @@ decoding failures raise ``MalformedMessage`` with a reason fit for a log line.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
 import re
 from datetime import UTC, datetime
@@ -182,34 +183,113 @@ def status_of_window_member(member: str) -> str:
 
 
 # --- Statuses ------------------------------------------------------------------------
-# Statuses are HTTP codes (as strings) or error names. These never trip a breaker.
-# A URL the host's robots.txt disallows for our user-agent: never requested.
-ROBOTS_DISALLOWED: Final = "RobotsDisallowed"
-# A URL whose host's robots.txt could not be fetched (5xx, 429, timeout, network error)
-# for ROBOTS_UNAVAILABLE_MAX_S: it waited that long, never requested.
-ROBOTS_UNAVAILABLE: Final = "RobotsUnavailable"
-EXPECTED_STATUSES: Final = frozenset(
+class Status(enum.StrEnum):
+    """The outcome of one URL: an HTTP code as a string, or an error name.
+
+    The members are every status the crawler names; other HTTP codes travel as their
+    digits ("418"). A member equals its string, so statuses read back from Redis or Kafka
+    compare equal to them. ``Status.expected``, ``.retried`` and ``.backoff`` say what a
+    status means (the sets below).
+    """
+
+    OK = "200"
+    MULTIPLE_CHOICES = "300"
+    MOVED_PERMANENTLY = "301"
+    FOUND = "302"
+    BAD_REQUEST = "400"
+    UNAUTHORIZED = "401"
+    FORBIDDEN = "403"
+    NOT_FOUND = "404"  # to link_rot
+    TOO_MANY_REQUESTS = "429"
+    INTERNAL_SERVER_ERROR = "500"
+    BAD_GATEWAY = "502"
+    SERVICE_UNAVAILABLE = "503"
+    GATEWAY_TIMEOUT = "504"
+    # The download (worker/fetch.py).
+    TIMEOUT = "Timeout"
+    SERVER_DISCONNECTED = "ServerDisconnected"
+    CONNECTION_ERROR = "ConnectionError"
+    BLOCKED = "Blocked"  # a non-public address, refused before connecting
+    INVALID_URL = "InvalidURL"
+    TOO_LARGE = "TooLarge"
+    TOO_MANY_REDIRECTS = "TooManyRedirects"
+    PAYLOAD_ERROR = "PayloadError"
+    BAD_RESPONSE = "BadResponse"
+    CLIENT_ERROR = "ClientError"
+    # The image (worker/image.py, worker/processing.py).
+    UNIDENTIFIED_IMAGE = "UnidentifiedImageError"
+    DECOMPRESSION_BOMB = "DecompressionBombError"
+    IMAGE_DECODE_ERROR = "ImageDecodeError"
+    PROCESS_CRASHED = "ProcessCrashed"
+    # The message.
+    MALFORMED = "Malformed"
+    INTERNAL_ERROR = "InternalError"  # a bug: the message is dead-lettered
+    # robots.txt: URLs never requested.
+    ROBOTS_DISALLOWED = "RobotsDisallowed"  # the host's robots.txt disallows it
+    # Its host's robots.txt could not be fetched for ROBOTS_UNAVAILABLE_MAX_S.
+    ROBOTS_UNAVAILABLE = "RobotsUnavailable"
+    # Written by the original crawler's workers for a URL that got no token; nothing
+    # writes it now, but the status windows of a crawl upgraded in place may still hold
+    # it, and it was never an error.
+    LEGACY_NO_RATE_TOKEN = "NoRateToken"
+
+    @staticmethod
+    def expected(status: str) -> bool:
+        """An expected outcome: never a breaker error."""
+        return status in EXPECTED_STATUSES
+
+    @staticmethod
+    def retried(status: str) -> bool:
+        """Tried again by the worker that saw it."""
+        return status in RETRYABLE_STATUSES
+
+    @staticmethod
+    def backoff(status: str) -> bool:
+        """A server asking us to slow down."""
+        return status in BACKOFF_STATUSES
+
+
+ROBOTS_DISALLOWED: Final = Status.ROBOTS_DISALLOWED
+ROBOTS_UNAVAILABLE: Final = Status.ROBOTS_UNAVAILABLE
+# These never trip a breaker.
+EXPECTED_STATUSES: Final[frozenset[str]] = frozenset(
     {
-        "200",
-        "300",
-        "301",
-        "302",
-        "404",
-        "UnidentifiedImageError",
-        "NoRateToken",
-        ROBOTS_DISALLOWED,
-        ROBOTS_UNAVAILABLE,
+        Status.OK,
+        Status.MULTIPLE_CHOICES,
+        Status.MOVED_PERMANENTLY,
+        Status.FOUND,
+        Status.NOT_FOUND,
+        Status.UNIDENTIFIED_IMAGE,
+        Status.ROBOTS_DISALLOWED,
+        Status.ROBOTS_UNAVAILABLE,
+        Status.LEGACY_NO_RATE_TOKEN,
     }
 )
 # Tried again by the worker that saw them, after an exponential backoff with jitter (and
 # never before a Retry-After has passed), up to MAX_ATTEMPTS tries in all.
-RETRYABLE_STATUSES: Final = frozenset(
-    {"400", "401", "403", "429", "500", "502", "503", "504", "ServerDisconnected"}
+RETRYABLE_STATUSES: Final[frozenset[str]] = frozenset(
+    {
+        Status.BAD_REQUEST,
+        Status.UNAUTHORIZED,
+        Status.FORBIDDEN,
+        Status.TOO_MANY_REQUESTS,
+        Status.INTERNAL_SERVER_ERROR,
+        Status.BAD_GATEWAY,
+        Status.SERVICE_UNAVAILABLE,
+        Status.GATEWAY_TIMEOUT,
+        Status.SERVER_DISCONNECTED,
+    }
 )
 # A server asking us to slow down: each one is a backoff signal that cuts the source's
 # rate. While the rate is above its floor they are not breaker errors (the rate is still
 # falling); at the floor they count as errors again.
-BACKOFF_STATUSES: Final = frozenset({"429", "503", "Timeout"})
+BACKOFF_STATUSES: Final[frozenset[str]] = frozenset(
+    {Status.TOO_MANY_REQUESTS, Status.SERVICE_UNAVAILABLE, Status.TIMEOUT}
+)
+# Whose Retry-After holds back the whole source.
+RETRY_AFTER_STATUSES: Final[frozenset[str]] = frozenset(
+    {Status.TOO_MANY_REQUESTS, Status.SERVICE_UNAVAILABLE}
+)
 # A URL is attempted at most this many times in all (MAX_ATTEMPTS), counting the
 # ``attempts`` an inbound message already carries.
 MAX_ATTEMPTS: Final = 5

@@ -31,6 +31,7 @@ from image_crawler.contract import (
     LINK_ROT_TOPIC,
     METADATA_TOPIC,
     InboundImage,
+    Status,
 )
 
 # (source, target rate in requests/s). Each source serves every sample under its own path,
@@ -217,7 +218,7 @@ class Outcomes:
                 return None
             outcome = Outcome("ok")
         elif topic == LINK_ROT_TOPIC:
-            outcome = Outcome("404")
+            outcome = Outcome(Status.NOT_FOUND)
         else:
             outcome = Outcome(str(message.get("status", "error")))
         previous = self.ended.get(identifier)

@@ -127,3 +127,35 @@ def test_pacing_info_is_encoded_with_every_field_and_decodes_to_itself(info):
     # to_json builds its object by hand: it must still hold every field, as asdict would.
     assert json.loads(info.to_json()) == dataclasses.asdict(info)
     assert c.PacingInfo.from_json(info.to_json()) == info
+
+
+def test_every_status_the_sets_name_is_a_member_and_equals_its_string():
+    for status in c.EXPECTED_STATUSES | c.RETRYABLE_STATUSES | c.BACKOFF_STATUSES:
+        assert isinstance(status, c.Status), status
+    assert c.Status("404") is c.Status.NOT_FOUND and c.Status.NOT_FOUND == "404"
+    assert json.dumps({"status": c.Status.TIMEOUT}) == '{"status": "Timeout"}'
+    assert f"{c.Status.ROBOTS_DISALLOWED}" == "RobotsDisallowed"
+    assert {c.Status.OK: 1}["200"] == 1  # statuses read back from Redis are strings
+
+
+@pytest.mark.parametrize(
+    ("status", "expected", "retried", "backoff"),
+    [
+        ("200", True, False, False),
+        ("404", True, False, False),
+        ("RobotsDisallowed", True, False, False),
+        ("RobotsUnavailable", True, False, False),
+        ("NoRateToken", True, False, False),  # the original's, still in old windows
+        ("429", False, True, True),
+        ("503", False, True, True),
+        ("Timeout", False, False, True),
+        ("500", False, True, False),
+        ("ServerDisconnected", False, True, False),
+        ("Blocked", False, False, False),
+        ("418", False, False, False),  # an HTTP code nobody named
+    ],
+)
+def test_what_each_status_means(status, expected, retried, backoff):
+    assert c.Status.expected(status) is expected
+    assert c.Status.retried(status) is retried
+    assert c.Status.backoff(status) is backoff

@@ -11,7 +11,7 @@ from image_crawler import contract as c
 from image_crawler.tasks import cancel_and_wait
 from test.fakes import FlakyRedis
 from test.services import wait_for
-from worker.stats import SUCCESS_STATUS, RedisStats
+from worker.stats import RedisStats
 
 
 @pytest.fixture
@@ -124,7 +124,7 @@ async def write_one_outcome_at_a_time(redis, batch):
                     trimmed.add(key)
                     pipe.zremrangebyscore(key, "-inf", now - window_s)
             pipe.rpush(c.last50_key(source), status)
-            if status == SUCCESS_STATUS:
+            if status == c.Status.OK:
                 pipe.incr(c.NUM_RESIZED)
                 pipe.incr(c.num_resized_key(source))
             else:

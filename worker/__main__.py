@@ -14,7 +14,13 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from image_crawler.contract import CRAWL_ERRORS_TOPIC, WORKER_GROUP, MalformedMessage, SourceTask
+from image_crawler.contract import (
+    CRAWL_ERRORS_TOPIC,
+    WORKER_GROUP,
+    MalformedMessage,
+    SourceTask,
+    Status,
+)
 from image_crawler.entrypoint import serve, start_kafka_clients
 from image_crawler.logs import get_logger
 from image_crawler.tasks import cancel_and_wait
@@ -126,7 +132,7 @@ async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
             except MalformedMessage:
                 await pipeline.reject(raw, f"InternalError: {error!r}", topic)
             else:
-                await pipeline.dead_letter(source, task, "InternalError")
+                await pipeline.dead_letter(source, task, Status.INTERNAL_ERROR)
 
         scheduler = Scheduler(
             consumer,

@@ -16,6 +16,7 @@ from typing import Protocol
 import aiohttp
 from yarl import URL
 
+from image_crawler.contract import Status
 from worker.budget import ByteBudget
 from worker.netguard import AddressPolicy, BlockedAddressError, GuardedResolver
 from worker.processing import Body, body_size
@@ -158,10 +159,10 @@ class Fetcher:
         try:
             current = URL(url)
         except (ValueError, TypeError) as e:
-            return FetchResult("InvalidURL", detail=str(e))
+            return FetchResult(Status.INVALID_URL, detail=str(e))
         refusal = self._refusal(current)
         if refusal is not None:  # refused before it waits for any budget
-            return FetchResult("Blocked", detail=refusal)
+            return FetchResult(Status.BLOCKED, detail=refusal)
         hold = _Hold(self._budget)
         if self._budget is not None:
             hold.held = await self._budget.acquire(self._typical_body)
@@ -185,7 +186,7 @@ class Fetcher:
         try:
             current = URL(url)
         except (ValueError, TypeError) as e:
-            return FetchResult("InvalidURL", detail=str(e))
+            return FetchResult(Status.INVALID_URL, detail=str(e))
         read = _Read(max_bytes, truncate=True)
         return await self._follow(current, _Hold(None), read, None, max_redirects)
 
@@ -204,7 +205,7 @@ class Fetcher:
                 return dataclasses.replace(result, redirects=hop) if hop else result
             current = result
         return FetchResult(
-            "TooManyRedirects", detail=f"more than {max_redirects}", redirects=max_redirects
+            Status.TOO_MANY_REDIRECTS, detail=f"more than {max_redirects}", redirects=max_redirects
         )
 
     async def _hop(
@@ -212,7 +213,7 @@ class Fetcher:
     ) -> FetchResult | URL:
         refusal = self._refusal(url)
         if refusal is not None:
-            return FetchResult("Blocked", detail=refusal)
+            return FetchResult(Status.BLOCKED, detail=refusal)
         if permit is not None:
             status = await permit(url)
             if status is not None:
@@ -260,21 +261,21 @@ class Fetcher:
                     )
                 return await self._read_body(response, hold, read, response_s)
         except aiohttp.ServerDisconnectedError as e:
-            return FetchResult("ServerDisconnected", detail=str(e))
+            return FetchResult(Status.SERVER_DISCONNECTED, detail=str(e))
         except (TimeoutError, aiohttp.ServerTimeoutError) as e:
-            return FetchResult("Timeout", detail=repr(e))
+            return FetchResult(Status.TIMEOUT, detail=repr(e))
         except (aiohttp.InvalidURL, aiohttp.NonHttpUrlClientError, ValueError) as e:
-            return FetchResult("InvalidURL", detail=str(e))
+            return FetchResult(Status.INVALID_URL, detail=str(e))
         except aiohttp.ClientConnectorError as e:
             if isinstance(e.os_error, BlockedAddressError):
-                return FetchResult("Blocked", detail=str(e.os_error))
-            return FetchResult("ConnectionError", detail=str(e))
+                return FetchResult(Status.BLOCKED, detail=str(e.os_error))
+            return FetchResult(Status.CONNECTION_ERROR, detail=str(e))
         except aiohttp.ClientPayloadError as e:
-            return FetchResult("PayloadError", detail=str(e))
+            return FetchResult(Status.PAYLOAD_ERROR, detail=str(e))
         except aiohttp.ClientResponseError as e:
-            return FetchResult("BadResponse", detail=str(e))
+            return FetchResult(Status.BAD_RESPONSE, detail=str(e))
         except aiohttp.ClientError as e:
-            return FetchResult("ClientError", detail=repr(e))
+            return FetchResult(Status.CLIENT_ERROR, detail=repr(e))
 
     async def _read_body(
         self, response: aiohttp.ClientResponse, hold: _Hold, read: _Read, response_s: float
@@ -283,7 +284,7 @@ class Fetcher:
         declared = response.content_length
         if declared is not None and declared > cap and not read.truncate:
             return FetchResult(
-                "TooLarge", detail=f"Content-Length {declared}", response_s=response_s
+                Status.TOO_LARGE, detail=f"Content-Length {declared}", response_s=response_s
             )
         if declared is not None:
             hold.cover(declared)
@@ -295,7 +296,7 @@ class Fetcher:
             if size > cap:
                 if not read.truncate:
                     return FetchResult(
-                        "TooLarge", detail=f"body over {cap} bytes", response_s=response_s
+                        Status.TOO_LARGE, detail=f"body over {cap} bytes", response_s=response_s
                     )
                 # The rest is never read: the connection is closed, not drained.
                 chunks.append(chunk[: len(chunk) - (size - cap)])

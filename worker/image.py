@@ -17,6 +17,7 @@ from typing import IO, Any, cast
 
 from PIL import Image, JpegImagePlugin
 
+from image_crawler.contract import Status
 from worker.exif import ExifLimits, exif_to_json
 from worker.quality import estimate_jpeg_quality
 
@@ -137,20 +138,20 @@ def process_image(
             im = Image.open(_readable(body), formats=limits.formats)
         except Image.UnidentifiedImageError:
             return ImageFailure(
-                "UnidentifiedImageError",
+                Status.UNIDENTIFIED_IMAGE,
                 f"not an image in an allowed format ({', '.join(limits.formats)})",
             )
         except Image.DecompressionBombError as err:
-            return _failure("DecompressionBombError", err)
+            return _failure(Status.DECOMPRESSION_BOMB, err)
         except _DECODE_ERRORS as err:
-            return _failure("ImageDecodeError", err)
+            return _failure(Status.IMAGE_DECODE_ERROR, err)
         with im:
             try:
                 return _process(im, limits)
             except Image.DecompressionBombError as err:
-                return _failure("DecompressionBombError", err)
+                return _failure(Status.DECOMPRESSION_BOMB, err)
             except _DECODE_ERRORS as err:
-                return _failure("ImageDecodeError", err)
+                return _failure(Status.IMAGE_DECODE_ERROR, err)
 
 
 def _readable(body: bytes | mmap.mmap) -> IO[bytes]:
@@ -166,7 +167,7 @@ def _process(im: Image.Image, limits: ImageLimits) -> ProcessedImage | ImageFail
     width, height = im.size
     if width * height > limits.max_pixels:
         return ImageFailure(
-            "DecompressionBombError",
+            Status.DECOMPRESSION_BOMB,
             f"{width}x{height} is {width * height} pixels, over the limit of {limits.max_pixels}",
         )
     jpeg = im if isinstance(im, JpegImagePlugin.JpegImageFile) else None  # MPO too

@@ -36,6 +36,7 @@ from image_crawler.contract import (
     MAX_ATTEMPTS,
     MAX_RETRY_AFTER_S,
     METADATA_TOPIC,
+    RETRY_AFTER_STATUSES,
     RETRYABLE_STATUSES,
     CrawlError,
     ExifMessage,
@@ -43,6 +44,7 @@ from image_crawler.contract import (
     MalformedMessage,
     ResolutionMessage,
     SourceTask,
+    Status,
     UnparseableMessage,
     utc_now_iso,
 )
@@ -55,7 +57,7 @@ from worker.outputs import DependencyError, MetadataSink, ThumbnailStore
 from worker.pacing import Pacer
 from worker.processing import ImageProcessor, body_size
 from worker.robots import ROBOTS_PENDING, RobotsGuard
-from worker.stats import SUCCESS_STATUS, StatsRecorder
+from worker.stats import StatsRecorder
 
 log = get_logger(__name__)
 
@@ -64,8 +66,6 @@ CRAWLED = "crawled"
 LINK_ROT = "link_rot"
 DEAD_LETTERED = "dead_lettered"
 MALFORMED = "malformed"
-# Statuses whose Retry-After holds back the whole source.
-_RETRY_AFTER_STATUSES = frozenset({"429", "503"})
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -122,7 +122,7 @@ class Pipeline:
             task = SourceTask.from_json(raw or b"")
         except MalformedMessage as e:
             await self.reject(raw, str(e), topic)
-            return Outcome("Malformed", MALFORMED)
+            return Outcome(Status.MALFORMED, MALFORMED)
         if self._robots is not None:
             refused = await self._robots.verdict(source, task.url)
             if refused is not None:
@@ -208,7 +208,7 @@ class Pipeline:
     async def _heed(self, source: str, fetched: FetchResult) -> bool:
         """Act on what a response says of its server's load: obey a Retry-After. True
         when the response is a backoff signal."""
-        if fetched.status in _RETRY_AFTER_STATUSES and fetched.retry_after is not None:
+        if fetched.status in RETRY_AFTER_STATUSES and fetched.retry_after is not None:
             await self._obey_retry_after(source, fetched.status, fetched.retry_after)
         slow = fetched.response_s is not None and self._response_times.observe(
             source, fetched.response_s
@@ -273,12 +273,12 @@ class Pipeline:
             exif = ExifMessage(identifier=task.uuid, exif=image.exif)
             publishes.append(self._publish(METADATA_TOPIC, exif.to_json(), task.uuid))
         await asyncio.gather(*publishes)
-        return SUCCESS_STATUS
+        return Status.OK
 
     async def _route(self, source: str, task: SourceTask, status: str, attempts: int) -> str:
-        if status == SUCCESS_STATUS:
+        if status == Status.OK:
             return CRAWLED
-        if status == "404":
+        if status == Status.NOT_FOUND:
             link_rot = LinkRotMessage(identifier=task.uuid, timestamp=utc_now_iso())
             await self._publish(LINK_ROT_TOPIC, link_rot.to_json(), task.uuid)
             return LINK_ROT

@@ -38,6 +38,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Final, Protocol
 
+from image_crawler.contract import Status
 from image_crawler.logs import get_logger
 from worker.image import DEFAULT_LIMITS, ImageFailure, ImageLimits, ProcessedImage, process_image
 
@@ -403,7 +404,7 @@ class PoolProcessor:
             try:
                 lane = await self._acquire()
             except ProcessDied:  # the pool was closed
-                return ImageFailure(status="ProcessCrashed", detail="the image pool is closed")
+                return ImageFailure(Status.PROCESS_CRASHED, "the image pool is closed")
             try:
                 outcome = await self._run(lane, body)
                 if outcome is None:  # it goes through the pipe now: to an idle process
@@ -411,12 +412,12 @@ class PoolProcessor:
                     continue
             except _NotStarted:
                 if self._closed:
-                    return ImageFailure(status="ProcessCrashed", detail="the image pool is closed")
+                    return ImageFailure(Status.PROCESS_CRASHED, "the image pool is closed")
                 continue  # its process ended before reaching it: another one takes it
             except ProcessDied as e:
                 log.error("image_process_died", pid=lane.process.process.pid, error=str(e))
                 self._retire(lane.process)
-                return ImageFailure(status="ProcessCrashed", detail="an image process died")
+                return ImageFailure(status=Status.PROCESS_CRASHED, detail="an image process died")
             except BaseException:
                 self._leave(lane)
                 raise

@@ -51,11 +51,13 @@ from yarl import URL
 
 from image_crawler.contract import (
     CRAWL_DELAYED_SET,
+    RETRY_AFTER_STATUSES,
     ROBOTS_DISALLOWED,
     ROBOTS_EXEMPT_SET,
     ROBOTS_MAX_BYTES,
     ROBOTS_MAX_REDIRECTS,
     ROBOTS_UNAVAILABLE,
+    Status,
     crawl_delay_key,
     pace_next_key,
     robots_key,
@@ -194,7 +196,7 @@ def decode_robots(body: Body | None, truncated: bool) -> str:
 
 
 # A URL the fetcher will not request at all.
-_REFUSED: Final = frozenset({"Blocked", "InvalidURL"})
+_REFUSED: Final = frozenset({Status.BLOCKED, Status.INVALID_URL})
 # Files longer than this are parsed outside the event loop.
 _PARSE_INLINE_CHARS: Final = 32 * 1024
 
@@ -425,7 +427,7 @@ class RobotsGuard:
                     robots_url, ROBOTS_MAX_BYTES, ROBOTS_MAX_REDIRECTS
                 )
         except TimeoutError:
-            result = FetchResult("Timeout", detail=f"over {settings.fetch_timeout_s:g} s")
+            result = FetchResult(Status.TIMEOUT, detail=f"over {settings.fetch_timeout_s:g} s")
         now, status = self._clock(), result.status
         took_s = round(time.monotonic() - started, 3)
         if status.isdigit() and 200 <= int(status) < 300:
@@ -435,8 +437,8 @@ class RobotsGuard:
                 log.warning("robots_truncated", origin=origin, detail=result.detail)
             return RobotsEntry(status, text, now, now + settings.cache_s)
         if (
-            (status.isdigit() and 400 <= int(status) < 500 and status != "429")
-            or status == "TooManyRedirects"  # RFC 9309 2.3.1.2: as if there were no file
+            (status.isdigit() and 400 <= int(status) < 500 and status != Status.TOO_MANY_REQUESTS)
+            or status == Status.TOO_MANY_REDIRECTS  # RFC 9309 2.3.1.2: as if there were no file
             # The host itself is one the fetcher refuses: its URLs end as Blocked, without
             # a request, rather than wait for a file that will never be asked for.
             or (status in _REFUSED and not result.redirects)
@@ -460,7 +462,7 @@ class RobotsGuard:
         wait_s = backoff_delay(
             failures, base_s=settings.retry_base_s, cap_s=settings.retry_cap_s, rng=self._rng
         )
-        if result.status in ("429", "503") and result.retry_after is not None:
+        if result.status in RETRY_AFTER_STATUSES and result.retry_after is not None:
             asked = parse_retry_after(result.retry_after, now, settings.max_retry_after_s)
             if asked.delay_s:
                 wait_s = max(wait_s, asked.delay_s)

@@ -48,6 +48,7 @@ from image_crawler.contract import (
     NUM_RESIZED,
     RESIZE_ERRORS,
     STATUS_WINDOWS,
+    Status,
     backoff_signals_key,
     last50_key,
     num_resized_key,
@@ -58,7 +59,6 @@ from image_crawler.logs import get_logger
 
 log = get_logger(__name__)
 
-SUCCESS_STATUS = "200"
 
 # ARGV: a JSON batch {"w": [[window key, trim score, [score, member, ...]], ...], "l":
 # [[last-N key, [status, ...]], ...], "c": {counter key: increment}}, then N. Each window
@@ -196,7 +196,7 @@ class RedisStats:
                     window = windows[key] = [key, repr(now - window_s), []]
                 window[2] += (score, member)
             statuses[source].append(status)
-            if status == SUCCESS_STATUS:
+            if status == Status.OK:
                 counts.update((NUM_RESIZED, num_resized_key(source)))
             else:
                 keys = (RESIZE_ERRORS, resize_errors_key(source), resize_errors_key(source, status))
