@@ -64,6 +64,7 @@ from image_crawler.contract import (
     robots_lock_key,
 )
 from image_crawler.logs import get_logger
+from image_crawler.lua import lua_script
 from worker.backoff import backoff_delay, parse_retry_after
 from worker.fetch import FetchResult
 from worker.pacing import Pacer
@@ -78,31 +79,7 @@ log = get_logger(__name__)
 # outcome of a message).
 ROBOTS_PENDING: Final = "RobotsPending"
 
-# KEYS: crawl_delay:{source}, crawl_delayed, pace_next:{source}. ARGV: delay (s), expiry
-# (ms), source. Keeps the largest delay of the source's hosts (a value not a number is
-# overwritten). A delay longer than the one in force also moves the source's next pacing
-# slot to at least a delay from now: the robots.txt request that brought it was a request
-# to the host.
-_NOTE_DELAY_SCRIPT: Final = """
-redis.replicate_commands()
-local delay = tonumber(ARGV[1])
-local raw = redis.pcall('GET', KEYS[1])
-local current = type(raw) == 'string' and tonumber(raw) or nil
-if current == nil or current ~= current or delay >= current then
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-end
-redis.call('SADD', KEYS[2], ARGV[3])
-if current == nil or current ~= current or delay > current then
-  local clock = redis.call('TIME')
-  local until_s = tonumber(clock[1]) + tonumber(clock[2]) / 1000000 + delay
-  local stored = redis.pcall('GET', KEYS[3])
-  local tat = type(stored) == 'string' and tonumber(stored) or 0
-  if tat ~= tat or until_s > tat then
-    redis.call('SET', KEYS[3], string.format('%.6f', until_s), 'PX', math.ceil(delay * 1000) + 1000)
-  end
-end
-return 1
-"""
+_NOTE_DELAY_SCRIPT: Final = lua_script("worker", "robots_note_delay.lua")
 
 
 class Robots(enum.Enum):

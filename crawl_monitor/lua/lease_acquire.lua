@@ -1,0 +1,6 @@
+-- The fast path of taking the leader's lease (crawl_monitor/store.py).
+--
+-- KEYS: monitor_leader. ARGV: token, lease TTL (ms). Takes the lease when nobody holds it;
+-- answers the holder afterwards (the token itself when taken, or already held).
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return ARGV[1] end
+return redis.call('GET', KEYS[1])

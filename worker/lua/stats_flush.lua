@@ -1,0 +1,26 @@
+-- The fast path of RedisStats' flush (worker/stats.py): the writes of recording each
+-- queued outcome one command at a time (windows, last-N lists, counters), in one call.
+--
+-- ARGV: a JSON batch {"w": [[window key, trim score, [score, member, ...]], ...], "l":
+-- [[last-N key, [status, ...]], ...], "c": {counter key: increment}}, then N. Each window
+-- is trimmed before its ZADD, each list trimmed after its RPUSH. Scores travel as the
+-- strings Python prints (repr: exact).
+local batch = cjson.decode(ARGV[1])
+local n = tonumber(ARGV[2])
+-- At most 1,000 arguments a call: unpack has a limit (a batch queued while Redis was
+-- away can hold thousands of one source's outcomes).
+local function chunked(command, key, items)
+  for i = 1, #items, 1000 do
+    redis.call(command, key, unpack(items, i, math.min(i + 999, #items)))
+  end
+end
+for _, window in ipairs(batch.w) do
+  redis.call('ZREMRANGEBYSCORE', window[1], '-inf', window[2])
+  chunked('ZADD', window[1], window[3])
+end
+for _, last in ipairs(batch.l) do
+  chunked('RPUSH', last[1], last[2])
+  redis.call('LTRIM', last[1], -n, -1)
+end
+for key, count in pairs(batch.c) do redis.call('INCRBY', key, count) end
+return 1
