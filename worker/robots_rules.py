@@ -16,7 +16,7 @@ from urllib.parse import quote
 from protego import Protego
 
 # RFC 9309 2.2.1: a product token is letters, "_" and "-".
-_PRODUCT_TOKEN: Final = re.compile(r"[A-Za-z_-]+")
+PRODUCT_TOKEN: Final = re.compile(r"[A-Za-z_-]+")
 DEFAULT_PRODUCT_TOKEN: Final = "image-crawler"
 
 # RFC 9309 2.2: a line ends at CR, LF or CRLF only. Protego splits the file with
@@ -30,7 +30,7 @@ _NOT_LINE_BREAK_CHARS: Final = tuple(map(chr, _NOT_LINE_BREAKS))
 def product_token(user_agent: str) -> str:
     """The product token at the start of a User-Agent ("image-crawler/0.1 (+...)" ->
     "image-crawler"); the default token when it starts with none."""
-    match = _PRODUCT_TOKEN.match(user_agent.strip())
+    match = PRODUCT_TOKEN.match(user_agent.strip())
     return match.group() if match else DEFAULT_PRODUCT_TOKEN
 
 

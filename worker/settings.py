@@ -22,7 +22,7 @@ from image_crawler.config import (
     env_str,
 )
 from worker.netguard import AddressPolicy, IPNetwork, parse_networks
-from worker.robots_rules import DEFAULT_PRODUCT_TOKEN, product_token
+from worker.robots_rules import DEFAULT_PRODUCT_TOKEN, PRODUCT_TOKEN, product_token
 
 PROJECT_URL = "https://github.com/cc-archive/image-crawler"
 
@@ -166,8 +166,9 @@ class WorkerSettings:
             allowed_private_networks=_networks(env, "ALLOWED_PRIVATE_NETWORKS"),
             user_agent=_user_agent(env, "USER_AGENT"),
         )
+        max_retry_after_s = _positive_seconds(env, "MAX_RETRY_AFTER_S", contract.MAX_RETRY_AFTER_S)
         settings = cls(
-            robots=_robots(env, fetch),
+            robots=_robots(env, fetch, max_retry_after_s),
             kafka=KafkaSettings.from_env(env),
             redis=RedisSettings.from_env(env),
             s3=S3Settings.from_env(env),
@@ -182,9 +183,7 @@ class WorkerSettings:
                 env, "RATE_LIMIT_TIMEOUT_SECONDS", 6 * 3600.0, minimum=0.01
             ),
             max_attempts=env_int(env, "MAX_ATTEMPTS", contract.MAX_ATTEMPTS, minimum=1),
-            max_retry_after_s=_positive_seconds(
-                env, "MAX_RETRY_AFTER_S", contract.MAX_RETRY_AFTER_S
-            ),
+            max_retry_after_s=max_retry_after_s,
             shutdown_grace_s=env_float(env, "SHUTDOWN_GRACE_SECONDS", 30.0),
             kafka_max_poll_interval_s=env_float(
                 env, "KAFKA_MAX_POLL_INTERVAL_SECONDS", 300.0, minimum=1.0
@@ -202,14 +201,16 @@ class WorkerSettings:
         return settings
 
 
-def _robots(env: Mapping[str, str], fetch: FetchSettings) -> RobotsSettings:
+def _robots(
+    env: Mapping[str, str], fetch: FetchSettings, max_retry_after_s: float
+) -> RobotsSettings:
     policy = env_str(env, "ROBOTS_POLICY", "obey").strip().lower() or "obey"
     if policy not in ROBOTS_POLICIES:
         raise ConfigError(
             f"ROBOTS_POLICY must be one of {', '.join(ROBOTS_POLICIES)}, got {policy!r}"
         )
     token = env.get("ROBOTS_USER_AGENT", "").strip() or product_token(fetch.user_agent)
-    if not _PRODUCT_TOKEN.fullmatch(token):
+    if not PRODUCT_TOKEN.fullmatch(token):
         raise ConfigError(
             f"ROBOTS_USER_AGENT must be a product token (letters, '_' and '-', as robots.txt "
             f"files name crawlers), got {token!r}"
@@ -223,12 +224,9 @@ def _robots(env: Mapping[str, str], fetch: FetchSettings) -> RobotsSettings:
         ),
         max_crawl_delay_s=_positive_seconds(env, "MAX_CRAWL_DELAY_S", contract.MAX_CRAWL_DELAY_S),
         retry_base_s=_positive_seconds(env, "ROBOTS_RETRY_S", 60.0),
-        max_retry_after_s=_positive_seconds(env, "MAX_RETRY_AFTER_S", contract.MAX_RETRY_AFTER_S),
+        max_retry_after_s=max_retry_after_s,
         fetch_timeout_s=fetch.total_timeout_s,
     )
-
-
-_PRODUCT_TOKEN = re.compile(r"[A-Za-z_-]+")
 
 
 def _networks(env: Mapping[str, str], name: str) -> tuple[IPNetwork, ...]:
