@@ -36,9 +36,9 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from bench.procstats import MemorySample, ProcessTree, Sampler, at_progress
 from bench.services import S3Sink, s3_service, thumbnails_stored
+from crawlctl.localstack.services import KafkaBroker, ModuleProcess, RedisServer, wait_for
 from image_crawler import contract as c
-from image_crawler.localstack import KafkaBroker, ModuleProcess, RedisServer, wait_for
-from test.services import S3Server, create_bucket, create_topics
+from test.harness.services import S3Server, create_bucket, create_topics
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

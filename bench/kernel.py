@@ -1,6 +1,6 @@
 """The kernel: CPU per image of exactly the function the worker's pool runs per image.
 
-``worker.processing.PoolProcessor`` runs ``worker.image.process_image(body,
+``worker.images.pool.PoolProcessor`` runs ``worker.images.kernel.process_image(body,
 DEFAULT_LIMITS)`` in its pool processes (decode once, dimensions, JPEG quality, EXIF,
 thumbnail, JPEG encode). Here the same call runs in a tight loop in this one process, over
 the same bodies the crawl serves, timed with ``time.process_time`` (this process's user +
@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from worker.image import DEFAULT_LIMITS, ImageFailure, process_image
+from worker.images.kernel import DEFAULT_LIMITS, ImageFailure, process_image
 
 
 def measure_kernel(bodies: Sequence[bytes], *, rounds: int = 2) -> dict[str, Any]:
@@ -35,7 +35,7 @@ def measure_kernel(bodies: Sequence[bytes], *, rounds: int = 2) -> dict[str, Any
     wall_total = time.perf_counter() - wall_started
     means = [t / rounds for t in per_body]
     return {
-        "function": "worker.image.process_image(body, DEFAULT_LIMITS)",
+        "function": "worker.images.kernel.process_image(body, DEFAULT_LIMITS)",
         "images": len(bodies) * rounds,
         "rounds": rounds,
         "cpu_s_per_image": cpu_total / (len(bodies) * rounds),

@@ -1,6 +1,6 @@
-"""The monitor's loop with 1,000 and 10,000 sources, through ``crawl_monitor.bench``.
+"""The monitor's loop with 1,000 and 10,000 sources, through ``bench.regulator``.
 
-``crawl_monitor.bench.measure_loop`` seeds the sources (every one busy: a full last-50
+``bench.regulator.measure_loop`` seeds the sources (every one busy: a full last-50
 list and a busy 60 s window) and times the regulator's loop, with a second of traffic
 before each loop (every source a new status, one in ten a failure); it is used as is for
 the durations. It reports no CPU, so after it the same regulator loop runs again on the
@@ -20,11 +20,11 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from bench.procstats import ProcessTree
-from crawl_monitor.bench import FAILING_EVERY, LoopMeasurement, add_traffic, measure_loop
-from crawl_monitor.rates import compute_crawl_rate
+from bench.regulator import FAILING_EVERY, LoopMeasurement, add_traffic, measure_loop
+from crawl_monitor.policy.rates import compute_crawl_rate
 from crawl_monitor.regulator import Regulator, RegulatorSettings
 from crawl_monitor.store import RedisRegulatorStore
-from image_crawler.localstack import RedisServer
+from crawlctl.localstack.services import RedisServer
 
 
 async def measure_monitor(sizes: list[int], log_dir: Path, loops: int = 5) -> list[dict[str, Any]]:

@@ -1,6 +1,6 @@
 """``python -m bench.pacing``: the politeness figures, from the tests that hold them.
 
-Runs ``test/test_pacing_crawl.py`` (the real monitor and workers against a local origin
+Runs ``test/e2e/test_pacing_crawl.py`` (the real monitor and workers against a local origin
 that times every request) with ``PACING_REPORT_DIR`` set, so that each test keeps its
 figures, and renders them as markdown: the busiest window of each width at 50, 5 and
 0.5 requests/s with two workers, the utilisation under a backlog, the Retry-After
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-TESTS = "test/test_pacing_crawl.py"
+TESTS = "test/e2e/test_pacing_crawl.py"
 
 
 def _row(cells: Sequence[object]) -> str:

@@ -18,7 +18,10 @@ from typing import Any
 CATEGORIES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
     (name, re.compile(pattern))
     for name, pattern in (
-        ("kernel: worker/image.py + Pillow", r"[(/]worker/(image|quality|exif)\.py|[(/]PIL/"),
+        (
+            "kernel: worker/images/kernel.py + Pillow",
+            r"[(/]worker/(image|quality|exif)\.py|[(/]PIL/",
+        ),
         ("pickling / pool IPC", r"multiprocessing/|concurrent/futures/|pickle|_posixsubprocess"),
         ("aiokafka", r"[(/]aiokafka/|[(/]kafka/"),
         ("redis", r"[(/]redis/"),

@@ -29,15 +29,15 @@ from typing import Any
 
 from redis.asyncio import Redis
 
+from crawlctl.localstack.services import RedisServer
 from image_crawler import contract as c
-from image_crawler.localstack import RedisServer
-from image_crawler.tasks import cancel_and_wait
-from test.origin import Origin
-from worker.fetch import Fetcher, new_session
-from worker.netguard import AddressPolicy, parse_networks
-from worker.pacing import RedisPacer
-from worker.robots import RobotsGuard
-from worker.robots_rules import RobotsRules
+from image_crawler.lifecycle import cancel_and_wait
+from test.harness.origin import Origin
+from worker.download.fetch import Fetcher, new_session
+from worker.download.netguard import AddressPolicy, parse_networks
+from worker.politeness.pacing import RedisPacer
+from worker.politeness.robots import RobotsGuard
+from worker.politeness.robots_rules import RobotsRules
 from worker.settings import FetchSettings, RobotsSettings
 
 ROOT = Path(__file__).resolve().parent.parent

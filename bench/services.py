@@ -10,8 +10,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from image_crawler.localstack import LOOPBACK, Service
-from test.services import S3_ACCESS_KEY_ID, S3_REGION, S3_SECRET_ACCESS_KEY, S3Server, list_keys
+from crawlctl.localstack.services import LOOPBACK, Service
+from test.harness.services import (
+    S3_ACCESS_KEY_ID,
+    S3_REGION,
+    S3_SECRET_ACCESS_KEY,
+    S3Server,
+    list_keys,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 

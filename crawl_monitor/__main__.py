@@ -32,9 +32,8 @@ from crawl_monitor.sources import SourceCatalog
 from crawl_monitor.splitter import Splitter, TopicCreator
 from crawl_monitor.store import LeaderLease, RedisRegulatorStore, new_lease_token
 from image_crawler.contract import INBOUND_TOPIC, SPLITTER_GROUP
-from image_crawler.entrypoint import serve, start_kafka_clients
+from image_crawler.lifecycle import cancel_and_wait, serve, start_kafka_clients
 from image_crawler.logs import get_logger
-from image_crawler.tasks import cancel_and_wait
 
 log = get_logger("crawl_monitor")
 

@@ -31,8 +31,8 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from crawl_monitor.decision import RegulatorSnapshot
-from crawl_monitor.rates import next_tick_at
+from crawl_monitor.policy.decision import RegulatorSnapshot
+from crawl_monitor.policy.rates import next_tick_at
 from image_crawler.contract import (
     NUM_RESIZED,
     NUM_SPLIT,

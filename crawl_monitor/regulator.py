@@ -30,10 +30,10 @@ from collections.abc import Callable, Mapping
 
 from redis.exceptions import RedisError
 
-from crawl_monitor.adaptive import AdaptiveSettings
-from crawl_monitor.breakers import WINDOW_S
-from crawl_monitor.decision import Memory, RegulatorSnapshot, decide, plan_read
-from crawl_monitor.rates import next_tick_at
+from crawl_monitor.policy.adaptive import AdaptiveSettings
+from crawl_monitor.policy.breakers import WINDOW_S
+from crawl_monitor.policy.decision import Memory, RegulatorSnapshot, decide, plan_read
+from crawl_monitor.policy.rates import next_tick_at
 from crawl_monitor.store import LeaderLease, RegulatorStore
 from image_crawler.logs import get_logger
 

@@ -31,7 +31,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from crawl_monitor.adaptive import AdaptiveSettings
+from crawl_monitor.policy.adaptive import AdaptiveSettings
 from image_crawler.config import (
     ConfigError,
     KafkaSettings,

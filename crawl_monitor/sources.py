@@ -20,7 +20,7 @@ from typing import Any, Final
 
 import aiohttp
 
-from crawl_monitor.rates import compute_crawl_rate
+from crawl_monitor.policy.rates import compute_crawl_rate
 from image_crawler.contract import is_valid_source_name
 from image_crawler.logs import get_logger
 

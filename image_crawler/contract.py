@@ -103,7 +103,7 @@ RATES_HASH: Final = "crawl_rates"
 MONITOR_LEADER_KEY: Final = "monitor_leader"
 # Beyond the original: robots.txt (RFC 9309). What a host's /robots.txt said, one string
 # per host ("robots:{scheme}://{host}:{port}", the key a worker builds with robots_key),
-# JSON written by the worker that fetched it (see worker/robots.py): the file's text (at
+# JSON written by the worker that fetched it (see worker/politeness/robots.py): the file's text (at
 # most ROBOTS_MAX_BYTES) after a 2xx, "allow everything" after a 4xx, or "unavailable,
 # ask again at ..." after a 5xx, 429, timeout or network error. Expires after
 # ROBOTS_CACHE_S (or, unavailable, ROBOTS_UNAVAILABLE_MAX_S after the first failure).
@@ -205,7 +205,7 @@ class Status(enum.StrEnum):
     BAD_GATEWAY = "502"
     SERVICE_UNAVAILABLE = "503"
     GATEWAY_TIMEOUT = "504"
-    # The download (worker/fetch.py).
+    # The download (worker/download/fetch.py).
     TIMEOUT = "Timeout"
     SERVER_DISCONNECTED = "ServerDisconnected"
     CONNECTION_ERROR = "ConnectionError"
@@ -216,7 +216,7 @@ class Status(enum.StrEnum):
     PAYLOAD_ERROR = "PayloadError"
     BAD_RESPONSE = "BadResponse"
     CLIENT_ERROR = "ClientError"
-    # The image (worker/image.py, worker/processing.py).
+    # The image (worker/images/kernel.py, worker/images/pool.py).
     UNIDENTIFIED_IMAGE = "UnidentifiedImageError"
     DECOMPRESSION_BOMB = "DecompressionBombError"
     IMAGE_DECODE_ERROR = "ImageDecodeError"
@@ -501,6 +501,15 @@ class UnparseableMessage:
     def from_json(cls, raw: bytes | str) -> UnparseableMessage:
         obj = _decode_object(raw)
         return cls(**{f.name: obj[f.name] for f in dataclasses.fields(cls)})
+
+
+# --- Computed rates --------------------------------------------------------------------
+# A source's computed rate is linear in its image count between these two anchors,
+# (image count, requests/s), and clamped at both ends; an override replaces it.
+MIN_IMAGES: Final = 5_000
+MAX_IMAGES: Final = 500_000_000
+MIN_RATE_RPS: Final = 0.2
+MAX_RATE_RPS: Final = 200.0
 
 
 # --- Pacing, as the monitor reports it -------------------------------------------------

@@ -20,8 +20,8 @@ import fakeredis
 import pytest
 from redis.asyncio import Redis
 
-from test.origin import Origin
-from test.services import KafkaBroker, RedisServer, S3Server, create_bucket
+from test.harness.origin import Origin
+from test.harness.services import KafkaBroker, RedisServer, S3Server, create_bucket
 
 SERVICE_FIXTURES = frozenset(
     {

@@ -430,8 +430,8 @@ def test_app_environments_are_valid_settings(compose_default: dict[str, Any]) ->
     assert monitor.kafka.bootstrap_servers == "kafka:9092"
     assert monitor.sources_url or monitor.sources_file
     worker = WorkerSettings.from_env(environment(compose_default, "worker"))
-    assert worker.s3.endpoint_url == "http://minio:9000"
-    assert worker.s3.bucket == DEFAULT_BUCKET
+    assert worker.sinks.s3.endpoint_url == "http://minio:9000"
+    assert worker.sinks.s3.bucket == DEFAULT_BUCKET
     assert worker.thumbnails.store == "s3"
 
 

@@ -21,19 +21,20 @@ from image_crawler.contract import (
     SourceTask,
     Status,
 )
-from image_crawler.entrypoint import serve, start_kafka_clients
+from image_crawler.lifecycle import cancel_and_wait, serve, start_kafka_clients
 from image_crawler.logs import get_logger
-from image_crawler.tasks import cancel_and_wait
-from worker.budget import ByteBudget
-from worker.fetch import Fetcher, close_session, new_session
-from worker.outputs import KafkaSink, LocalThumbnailStore, ThumbnailStore
-from worker.pacing import PacingSettings, RedisPacer
+from worker.download.budget import ByteBudget
+from worker.download.fetch import Fetcher, close_session, new_session
+from worker.images.pool import PoolProcessor
 from worker.pipeline import Pipeline, RetryPolicy
-from worker.processing import PoolProcessor
-from worker.robots import RobotsGuard
-from worker.s3 import SignedS3Store
+from worker.politeness.pacing import PacingSettings, RedisPacer
+from worker.politeness.robots import RobotsGuard
 from worker.scheduler import Scheduler, SchedulerSettings
 from worker.settings import WorkerSettings
+from worker.sinks.base import ThumbnailStore
+from worker.sinks.kafka import KafkaSink
+from worker.sinks.local import LocalThumbnailStore
+from worker.sinks.s3 import SignedS3Store
 from worker.stats import RedisStats
 
 log = get_logger("worker")

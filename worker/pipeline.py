@@ -49,14 +49,14 @@ from image_crawler.contract import (
     utc_now_iso,
 )
 from image_crawler.logs import get_logger
-from worker.backoff import backoff_delay, parse_retry_after
-from worker.fetch import FetchResult, UrlFetcher
-from worker.image import ImageFailure
-from worker.latency import LatencyWatch
-from worker.outputs import DependencyError, MetadataSink, ThumbnailStore
-from worker.pacing import Pacer
-from worker.processing import ImageProcessor, body_size
-from worker.robots import ROBOTS_PENDING, RobotsGuard
+from worker.download.fetch import FetchResult, UrlFetcher
+from worker.images.kernel import ImageFailure
+from worker.images.pool import ImageProcessor, body_size
+from worker.politeness.latency import LatencyWatch
+from worker.politeness.pacing import Pacer
+from worker.politeness.retry_after import backoff_delay, parse_retry_after
+from worker.politeness.robots import ROBOTS_PENDING, RobotsGuard
+from worker.sinks.base import DependencyError, MetadataSink, ThumbnailStore
 from worker.stats import StatsRecorder
 
 log = get_logger(__name__)

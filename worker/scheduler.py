@@ -23,10 +23,10 @@ from aiokafka.errors import KafkaError
 from redis.exceptions import RedisError
 
 from image_crawler.contract import INBOUND_SOURCES_SET, source_of_topic, source_topic
+from image_crawler.lifecycle import cancel_and_wait
 from image_crawler.logs import get_logger
-from image_crawler.tasks import cancel_and_wait
+from worker.fair_share import fair_share, resume_threshold
 from worker.offsets import OffsetTracker
-from worker.schedule import fair_share, resume_threshold
 
 log = get_logger(__name__)
 

@@ -21,8 +21,8 @@ from image_crawler.config import (
     env_int,
     env_str,
 )
-from worker.netguard import AddressPolicy, IPNetwork, parse_networks
-from worker.robots_rules import DEFAULT_PRODUCT_TOKEN, PRODUCT_TOKEN, product_token
+from worker.download.netguard import AddressPolicy, IPNetwork, parse_networks
+from worker.politeness.robots_rules import DEFAULT_PRODUCT_TOKEN, PRODUCT_TOKEN, product_token
 
 PROJECT_URL = "https://github.com/cc-archive/image-crawler"
 
@@ -52,7 +52,7 @@ class FetchSettings:
     max_header_bytes: int = 8190
     max_connections: int = 1000
     # Downloaded bodies held at once, from the request to the end of their message (see
-    # worker/budget.py): what bounds a worker's memory, more than MAX_TASKS does.
+    # worker/download/budget.py): what bounds a worker's memory, more than MAX_TASKS does.
     max_bytes_in_flight: int = 256 * 1024 * 1024
     user_agent: str = DEFAULT_USER_AGENT
     # Private networks the fetcher may still connect to (everything non-public is refused).
@@ -69,7 +69,7 @@ ROBOTS_POLICIES: tuple[RobotsPolicy, ...] = ("obey", "ignore")
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class RobotsSettings:
-    """robots.txt (worker/robots.py). Times in seconds."""
+    """robots.txt (worker/politeness/robots.py). Times in seconds."""
 
     policy: RobotsPolicy = "obey"
     # Our product token: robots.txt groups naming it apply to us (else the `*` group).

@@ -1,0 +1,453 @@
+"""The regulator's decision for one loop: what Redis holds in; writes and log events out.
+
+Pure: ``plan_read`` says what a loop reads, ``decide`` turns what it read into the writes,
+the log events and the snapshot, and both carry the regulator's ``Memory`` from one loop
+to the next. Per source and loop:
+
+- its configured rate is the computed one (from its image count) unless an operator
+  override (``override_rate:``, or ``override-rate:``) holds a valid rate; overrides are
+  read every loop, so a change applies within a second;
+- while ``crawl_delay:{source}`` holds a delay (workers write the largest robots.txt
+  Crawl-delay of the source's hosts, and list the source in ``crawl_delayed``), its
+  configured rate is at most 1 / delay, override or not: the site asked. Not for a source
+  in ``robots_exempt``. A member of ``crawl_delayed`` whose key expired leaves the set
+  (the cap is lifted); a value that is not a delay is ignored and logged once;
+- its effective rate follows its backoff signals (``adaptive``: cut when its server
+  pushes back, climbing back while it answers well); a source in ``halted`` or
+  ``temp_halted`` gets 0, and its effective rate waits, unchanged, until it is back;
+- the breakers trip on the 60 s window and the last 50 statuses (see ``breakers``),
+  without the backoff statuses while the effective rate is above its floor; each trip
+  logs one ``crawl_halted`` event;
+- ``crawl_rates`` gets the fields whose ``PacingInfo`` changed, and is rewritten whole
+  every ``RATES_REWRITE_LOOPS`` loops (so it comes back after Redis lost it).
+
+Resuming after a permanent halt: the operator's procedure (``smembers halted``; ``set
+override_rate:{source} N``; ``del statuslast50req:{source}``; ``srem halted {source}``)
+leaves the 60 s window full of the errors that caused the halt, which would trip a
+temporary halt again for up to a minute. So when a source that was in ``halted`` in the
+previous loop is not any more, its ``status60s:`` window is deleted (the operator's
+resume starts its error windows afresh), any temporary halt lifted, its effective rate
+starts again at its configured rate, and ``crawl_resumed`` is logged; the source is paced
+at its (possibly overridden) rate in that same loop. A resume made while no monitor was
+running is not seen this way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any, Final, Literal
+
+from crawl_monitor.policy import breakers
+from crawl_monitor.policy.adaptive import AdaptiveSettings, Pace, above_floor, hold, step
+from crawl_monitor.policy.rates import (
+    COMPUTED,
+    CRAWL_DELAY,
+    InvalidCrawlDelay,
+    choose_rate,
+    crawl_delay_why,
+    parse_crawl_delay,
+)
+from crawl_monitor.store import EMPTY_SOURCE, ObservedState, SourceState, Writes
+from image_crawler.contract import (
+    OVERRIDE_RATE_ALIAS_PREFIX,
+    OVERRIDE_RATE_PREFIX,
+    PACE_BACKOFF,
+    PACE_CONFIGURED,
+    PACE_HALTED,
+    PACE_RECOVERING,
+    PacingInfo,
+    crawl_delay_key,
+)
+
+# crawl_rates is rewritten whole every this many loops (so it comes back after Redis lost
+# it); in between, only its changed fields are.
+RATES_REWRITE_LOOPS: Final = 30
+
+_SAWTOOTH: Final = frozenset({PACE_BACKOFF, PACE_RECOVERING})
+
+HALTED_WHY: Final = "halted: an operator must resume it"
+TEMP_HALTED_WHY: Final = (
+    f"temporarily halted: more than {breakers.ERROR_SHARE_LIMIT:.0%} errors in the last minute"
+)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LogEvent:
+    """A structlog event to emit once the loop's writes are applied."""
+
+    level: Literal["info", "warning"]
+    event: str
+    fields: Mapping[str, Any]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RegulatorSnapshot:
+    """What the last completed loop saw and decided (read by the monitoring log)."""
+
+    # Configured rate (requests/s) of every known source: computed, or its override.
+    rates: Mapping[str, float]
+    # Pacing of every known source: its effective rate (0 while halted), and why.
+    pacing: Mapping[str, PacingInfo]
+    halted: frozenset[str]
+    temp_halted: frozenset[str]
+    # Histogram of each source's last 50 statuses (sources with none left out).
+    last_statuses: Mapping[str, Mapping[str, int]]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Memory:
+    """What a leading regulator carries from one loop to the next. ``Memory()`` starts a
+    term afresh, as a new process would."""
+
+    loops: int = 0
+    # ``halted`` as the last loop left it (None: no loop yet).
+    halted: frozenset[str] | None = None
+    # Each known source's adaptive rate.
+    paces: Mapping[str, Pace] = dataclasses.field(default_factory=dict)
+    # crawl_rates as last written (None: not yet, so the next loop writes it whole), and
+    # how many loops ago it was written whole.
+    pacing: Mapping[str, PacingInfo] | None = None
+    loops_since_whole: int = 0
+    # Each source's last full last-50 histogram, for the monitoring log.
+    last_statuses: Mapping[str, Mapping[str, int]] = dataclasses.field(default_factory=dict)
+    # The failure counters of the last read, of the sources whose window then held no
+    # error: those of them whose counter has not moved are not read again (None: read
+    # every source).
+    quiet_counters: Mapping[str, str] | None = None
+    # Override keys whose value was reported as ignored, and Redis errors reported, so
+    # that each is logged once.
+    reported_overrides: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    reported_key_errors: frozenset[str] = frozenset()
+    # crawl_delay keys whose value was reported as ignored (logged once, likewise).
+    reported_crawl_delays: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ReadPlan:
+    """What one loop reads."""
+
+    sources: Sequence[str]
+    # The sources whose whole last-50 histogram is read (None: every source).
+    full_last_statuses: frozenset[str] | None
+    failure_counters: Mapping[str, str] | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Decision:
+    """One loop's outcome: apply ``writes``; once applied, emit ``events`` and keep
+    ``snapshot`` and ``memory``."""
+
+    writes: Writes
+    events: tuple[LogEvent, ...]
+    snapshot: RegulatorSnapshot
+    memory: Memory
+
+
+def plan_read(
+    computed: Mapping[str, float], memory: Memory, full_last_statuses_every: int
+) -> ReadPlan:
+    """The read of the known sources (``computed``): the whole last-50 histograms of one
+    source in ``full_last_statuses_every``, in turn (of every source at a term's first
+    loop), and the failure counters seen by the last loop."""
+    sources = sorted(computed)
+    turn = memory.loops % full_last_statuses_every
+    return ReadPlan(
+        sources=sources,
+        full_last_statuses=None
+        if memory.loops == 0
+        else frozenset(sources[turn::full_last_statuses_every]),
+        failure_counters=memory.quiet_counters,
+    )
+
+
+def decide(
+    observed: ObservedState,
+    computed: Mapping[str, float],
+    memory: Memory,
+    plan: ReadPlan,
+    *,
+    now_s: float,
+    adaptive: AdaptiveSettings,
+) -> Decision:
+    """One loop's decision (see the module's docstring).
+
+    ``observed`` is what ``plan`` read, ``computed`` each known source's computed rate
+    (requests/s) and ``now_s`` the time of the read (Unix s).
+    """
+    events: list[LogEvent] = []
+    reported_key_errors = _report_key_errors(observed, memory.reported_key_errors, events)
+    overrides = _Overrides(memory.reported_overrides, events)
+    delays, delays_gone, bad_delays = _crawl_delays(observed, memory.reported_crawl_delays, events)
+    halted, temp_halted = observed.halted, observed.temp_halted
+    resumed = frozenset() if memory.halted is None else memory.halted - halted
+    states, signals = observed.sources, observed.backoff_signals
+    paces_before, pacing_before = memory.paces, memory.pacing or {}
+
+    rates: dict[str, float] = {}
+    paces: dict[str, Pace] = {}
+    pacing: dict[str, PacingInfo] = {}
+    pace_rates: dict[str, float] = {}
+    changed: dict[str, PacingInfo] = {}
+    # Only of the sources Redis said something about: the others cannot change.
+    decisions: dict[str, breakers.BreakerDecision] = {}
+    for source in plan.sources:
+        state = states.get(source)
+        before = None if source in resumed else paces_before.get(source)
+        counter = signals.get(source, 0)
+        halt_why: str | None = None
+        delay_s = delays.get(source) if delays else None
+        if state is None and delay_s is None:
+            # Nothing in Redis about it (the common case): no override, no cap.
+            rate, origin = computed[source], COMPUTED
+            overrides.check(source, {})
+        else:
+            rate, origin = _configured_rate(computed[source], state, delay_s, overrides, source)
+        if state is None and source not in temp_halted:
+            # Nothing in Redis about it (the common case): no trip.
+            if source in halted:
+                halt_why = HALTED_WHY
+        else:
+            state = state or EMPTY_SOURCE
+            decision = decisions[source] = breakers.decide(
+                {} if source in resumed else state.window,
+                state.last_statuses,
+                temp_halted=source in temp_halted,
+                halted=source in halted,
+                backoff_excused=above_floor(before, rate, adaptive),
+            )
+            if source in halted or decision.trips_permanent:
+                halt_why = HALTED_WHY
+            elif decision.temp_halted:
+                halt_why = TEMP_HALTED_WHY
+        rates[source] = rate
+        info_before = pacing_before.get(source)
+        if halt_why is not None:
+            paces[source] = hold(before, rate, counter, now_s)
+            pace_rates[source] = 0.0
+            info = PacingInfo(0.0, rate, origin, PACE_HALTED, halt_why)
+        else:
+            pace = paces[source] = step(before, rate, counter, now_s, adaptive)
+            pace_rates[source] = pace.effective_rps
+            info = _pacing_info(pace, origin, before, info_before, delay_s)
+            if before is not None and _noteworthy(before.state, pace.state):
+                events.append(_pacing_changed(source, before, info))
+        pacing[source] = info
+        if info is not info_before and info != info_before:
+            changed[source] = info
+
+    halt = {s for s, d in decisions.items() if d.trips_permanent}
+    temp_halt = {s for s, d in decisions.items() if d.trips_temporary}
+    lift = {s for s, d in decisions.items() if d.lifts_temporary}
+    # Temporary halts of sources no longer known (they get no rate anyway).
+    lift |= temp_halted - computed.keys()
+    events += _halt_events(observed, rates, resumed, temp_halt, halt, lift)
+    whole = memory.pacing is None or memory.loops_since_whole + 1 >= RATES_REWRITE_LOOPS
+    writes = Writes(
+        pace_rates=pace_rates,
+        pacing=pacing if whole else changed,
+        pacing_gone=() if whole else pacing_before.keys() - pacing.keys(),
+        pacing_whole=whole,
+        halt=halt,
+        temp_halt=temp_halt,
+        lift_temp_halt=lift,
+        clear_window=resumed,
+        forget_crawl_delayed=delays_gone,
+    )
+
+    halted_now = halted | halt
+    last_statuses = _last_statuses(plan, observed, memory.last_statuses)
+    unquiet = {s for s, state in states.items() if state.window or state.errors}
+    return Decision(
+        writes=writes,
+        events=tuple(events),
+        snapshot=RegulatorSnapshot(
+            rates=rates,
+            pacing=pacing,
+            halted=halted_now,
+            temp_halted=(temp_halted | temp_halt) - lift,
+            # As of each source's last full read (full_last_statuses_every loops at most).
+            last_statuses=last_statuses,
+        ),
+        memory=Memory(
+            loops=memory.loops + 1,
+            halted=halted_now,
+            paces=paces,
+            pacing=pacing,
+            loops_since_whole=0 if whole else memory.loops_since_whole + 1,
+            last_statuses=last_statuses,
+            quiet_counters={s: n for s, n in observed.failure_counters.items() if s not in unquiet},
+            reported_overrides=overrides.reported,
+            reported_key_errors=reported_key_errors,
+            reported_crawl_delays=bad_delays,
+        ),
+    )
+
+
+def _configured_rate(
+    computed_rps: float,
+    state: SourceState | None,
+    delay_s: float | None,
+    overrides: _Overrides,
+    source: str,
+) -> tuple[float, str]:
+    """A source's configured rate and its origin: computed or overridden, then capped at
+    1 / ``delay_s`` (its robots.txt Crawl-delay in force, None: none)."""
+    if state is None:
+        rate, origin = computed_rps, COMPUTED
+        overrides.check(source, {})
+    else:
+        choice = choose_rate(computed_rps, state.override, state.override_alias)
+        overrides.check(source, choice.ignored)
+        rate, origin = choice.rate_rps, choice.origin
+    if delay_s is not None and 1.0 / delay_s < rate:
+        return 1.0 / delay_s, CRAWL_DELAY
+    return rate, origin
+
+
+def _crawl_delays(
+    observed: ObservedState, reported: Mapping[str, str], events: list[LogEvent]
+) -> tuple[dict[str, float], list[str], dict[str, str]]:
+    """The robots.txt Crawl-delays in force (source -> delay, s), the crawl_delayed
+    members whose key is gone, and the keys whose value is not a delay (each logged once,
+    until it changes or goes)."""
+    delays: dict[str, float] = {}
+    gone: list[str] = []
+    bad: dict[str, str] = {}
+    for source, raw in observed.crawl_delays.items():
+        if raw is None:
+            gone.append(source)  # expired with its robots.txt files: the cap is lifted
+        elif source not in observed.robots_exempt:  # the site's permission: no cap
+            try:
+                delays[source] = parse_crawl_delay(raw)
+            except InvalidCrawlDelay:
+                bad[crawl_delay_key(source)] = raw
+    for key in sorted(bad):
+        if reported.get(key) != bad[key]:
+            fields = {"key": key, "value": bad[key], "reason": "not a number of seconds > 0"}
+            events.append(LogEvent("warning", "crawl_delay_ignored", fields))
+    return delays, gone, bad
+
+
+def _pacing_info(
+    pace: Pace,
+    origin: str,
+    before: Pace | None,
+    info_before: PacingInfo | None,
+    delay_s: float | None,
+) -> PacingInfo:
+    if (
+        pace is before
+        and info_before is not None
+        and info_before.state == pace.state
+        and info_before.origin == origin
+    ):
+        return info_before  # the common case: nothing new since the last loop
+    rate = round(pace.effective_rps, 6)
+    why = pace.why
+    if origin == CRAWL_DELAY and delay_s is not None:
+        capped = crawl_delay_why(delay_s)
+        why = capped if pace.state == PACE_CONFIGURED else f"{why}; {capped}"
+    return PacingInfo(rate, pace.configured_rps, origin, pace.state, why)
+
+
+def _noteworthy(before: str, after: str) -> bool:
+    """Whether a change of pacing state is logged: all but the climbs and cuts of a
+    source that keeps finding its server's capacity (those are in crawl_rates)."""
+    return before != after and not (before in _SAWTOOTH and after in _SAWTOOTH)
+
+
+def _pacing_changed(source: str, before: Pace, info: PacingInfo) -> LogEvent:
+    return LogEvent(
+        "info",
+        "pacing_changed",
+        {
+            "source": source,
+            "state": info.state,
+            "previous_state": before.state,
+            "rate_rps": info.rate_rps,
+            "configured_rps": info.configured_rps,
+            "why": info.why,
+        },
+    )
+
+
+def _halt_events(
+    observed: ObservedState,
+    rates: Mapping[str, float],
+    resumed: Collection[str],
+    temp_halt: Collection[str],
+    halt: Collection[str],
+    lift: Collection[str],
+) -> list[LogEvent]:
+    events = [
+        LogEvent("info", "crawl_resumed", {"source": s, "rate_rps": rates.get(s)})
+        for s in sorted(resumed)
+    ]
+    events += [_halted(s, "temporary", observed.of(s).window) for s in sorted(temp_halt)]
+    events += [_halted(s, "permanent", observed.of(s).last_statuses) for s in sorted(halt)]
+    events += [LogEvent("info", "temporary_halt_lifted", {"source": s}) for s in sorted(lift)]
+    return events
+
+
+def _halted(source: str, halt_type: breakers.HaltType, histogram: Mapping[str, int]) -> LogEvent:
+    return LogEvent(
+        "warning",
+        "crawl_halted",
+        {
+            "type": halt_type,
+            "source": source,
+            "msg": breakers.halt_message(source, halt_type, histogram),
+        },
+    )
+
+
+def _last_statuses(
+    plan: ReadPlan, observed: ObservedState, before: Mapping[str, Mapping[str, int]]
+) -> dict[str, Mapping[str, int]]:
+    """Each source's last full last-50 histogram, for the monitoring log."""
+    kept = dict(before)
+    for source in plan.sources if plan.full_last_statuses is None else plan.full_last_statuses:
+        kept.pop(source, None)
+    for source, state in observed.sources.items():
+        if state.last_statuses:  # read in full, or all 50 failed (also in full)
+            kept[source] = state.last_statuses
+    for gone in kept.keys() - set(plan.sources):
+        del kept[gone]
+    return kept
+
+
+def _report_key_errors(
+    observed: ObservedState, reported: frozenset[str], events: list[LogEvent]
+) -> frozenset[str]:
+    new = [e for state in observed.sources.values() for e in state.errors if e not in reported]
+    for error in dict.fromkeys(new):
+        events.append(LogEvent("warning", "redis_key_unreadable", {"error": error}))
+    return reported | frozenset(new) if new else reported
+
+
+class _Overrides:
+    """Logs each override value that is not a rate once (until it changes or goes)."""
+
+    def __init__(self, reported: Mapping[str, str], events: list[LogEvent]) -> None:
+        self.reported = dict(reported)
+        self._events = events
+
+    def check(self, source: str, ignored: Mapping[str, str]) -> None:
+        reported = self.reported
+        if not ignored and not reported:
+            return
+        for prefix in (OVERRIDE_RATE_PREFIX, OVERRIDE_RATE_ALIAS_PREFIX):
+            key = f"{prefix}{source}"
+            raw = ignored.get(prefix)
+            if raw is None:
+                reported.pop(key, None)
+            elif reported.get(key) != raw:
+                reported[key] = raw
+                self._events.append(
+                    LogEvent(
+                        "warning",
+                        "override_ignored",
+                        {"key": key, "value": raw, "reason": "not a rate >= 0"},
+                    )
+                )

@@ -1,0 +1,225 @@
+"""A whole crawl on one machine: ``image-crawler up`` (and the stack under ``demo``).
+
+``LocalStack`` starts, on loopback, a tansu broker, a redis-server, ``python -m
+crawl_monitor`` and N ``python -m worker`` processes, each logging to a file under the
+data folder, and stops them in order: workers first (SIGTERM, they hand back or finish
+their work), then the monitor, then the broker and redis-server. The crawler's processes
+get the environment of the contract (``KAFKA_HOSTS``, ``REDIS_URL``...), with thumbnails
+written to a local folder instead of S3.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Final
+
+from crawlctl.localstack.services import (
+    Child,
+    KafkaBroker,
+    ModuleProcess,
+    RedisServer,
+    ServiceError,
+    wait_until,
+)
+
+LOOPBACK_NETWORK: Final = "127.0.0.0/8"
+# Every crawler process SIGTERMed at once gets this long beyond its own grace period.
+STOP_MARGIN_S: Final = 15.0
+# Used when the caller's environment does not set them (see ``crawler_env``).
+DEFAULT_SHUTDOWN_GRACE_S: Final = 10.0
+DEFAULT_SOURCES_POLL_S: Final = 1.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StackSettings:
+    """What ``LocalStack`` runs. Paths are made absolute; times in seconds."""
+
+    data_dir: Path
+    thumbnails_dir: Path
+    workers: int = 1
+    sources_file: Path | None = None
+    log_frequency_s: float = 5.0
+    start_timeout_s: float = 60.0
+
+    @property
+    def log_dir(self) -> Path:
+        return self.data_dir / "logs"
+
+
+def crawler_env(
+    settings: StackSettings,
+    kafka_bootstrap: str,
+    redis_url: str,
+    environ: Mapping[str, str],
+) -> dict[str, str]:
+    """The environment added to the crawler's processes (on top of ``environ``).
+
+    Connection settings, the local thumbnail store and the sources file always come from
+    the stack. Tuning knobs that ``environ`` sets win over the stack's defaults; loopback
+    is always an allowed private network, as the demo's origin lives there.
+    """
+    cpus = os.cpu_count() or 1
+    env = {
+        "LOG_FREQUENCY_SECONDS": f"{settings.log_frequency_s:g}",
+        "SOURCES_POLL_SECONDS": f"{DEFAULT_SOURCES_POLL_S:g}",
+        "SHUTDOWN_GRACE_SECONDS": f"{DEFAULT_SHUTDOWN_GRACE_S:g}",
+        # One image process per CPU for the whole stack, not per worker.
+        "IMAGE_PROCESSES": str(max(1, cpus // max(1, settings.workers))),
+    }
+    env.update({k: environ[k] for k in env if environ.get(k, "").strip()})
+    allowed = [n.strip() for n in environ.get("ALLOWED_PRIVATE_NETWORKS", "").split(",")]
+    allowed = [n for n in allowed if n]
+    if LOOPBACK_NETWORK not in allowed:
+        allowed.append(LOOPBACK_NETWORK)
+    env.update(
+        {
+            "KAFKA_HOSTS": kafka_bootstrap,
+            "REDIS_URL": redis_url,
+            "THUMBNAIL_STORE": "local",
+            "THUMBNAIL_DIR": str(settings.thumbnails_dir),
+            "ALLOWED_PRIVATE_NETWORKS": ",".join(allowed),
+        }
+    )
+    if settings.sources_file is not None:
+        env["SOURCES_FILE"] = str(settings.sources_file)
+    return env
+
+
+def shutdown_grace_s(env: Mapping[str, str]) -> float:
+    try:
+        return max(0.0, float(env.get("SHUTDOWN_GRACE_SECONDS", DEFAULT_SHUTDOWN_GRACE_S)))
+    except ValueError:
+        return DEFAULT_SHUTDOWN_GRACE_S
+
+
+class ChildExited(ServiceError):
+    """A process of the stack exited when it should be running."""
+
+    def __init__(self, child: Child) -> None:
+        self.child = child
+        super().__init__(
+            f"{child.name} exited unexpectedly with status {child.returncode}; "
+            f"log {child.log_path}:\n{child.log_tail(2000)}"
+        )
+
+
+class LocalStack:
+    """The processes of a local crawl; ``start()``, then ``stop()`` (also on failure)."""
+
+    def __init__(self, settings: StackSettings) -> None:
+        self.settings = settings
+        self.broker = KafkaBroker(log_dir=settings.log_dir)
+        self.redis = RedisServer(log_dir=settings.log_dir)
+        self.monitor: ModuleProcess | None = None
+        self.workers: list[ModuleProcess] = []
+        self.env: dict[str, str] = {}
+
+    @property
+    def crawler_processes(self) -> list[ModuleProcess]:
+        return ([self.monitor] if self.monitor is not None else []) + self.workers
+
+    @property
+    def children(self) -> list[Child]:
+        return [self.broker, self.redis, *self.crawler_processes]
+
+    def start(self) -> None:
+        """Start everything, in order, and return once each process is up.
+
+        The broker and redis-server answer requests; the monitor and every worker have
+        logged that they started. Raises ``ServiceError`` (``ChildExited`` when a process
+        died meanwhile) after stopping whatever had started.
+        """
+        settings = self.settings
+        settings.log_dir.mkdir(parents=True, exist_ok=True)
+        settings.thumbnails_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.broker.start()
+            self.redis.start()
+            self.env = crawler_env(settings, self.broker.bootstrap, self.redis.url, os.environ)
+            self.monitor = ModuleProcess(
+                "monitor", "crawl_monitor", self.env, settings.log_dir / "monitor.log"
+            )
+            self.workers = [
+                ModuleProcess(
+                    f"worker-{i}", "worker", self.env, settings.log_dir / f"worker-{i}.log"
+                )
+                for i in range(1, settings.workers + 1)
+            ]
+            marks = {}
+            for process in self.crawler_processes:
+                marks[process.name] = _log_size(process.log_path)
+                process.start()
+            self._wait_started(self.monitor, "monitor_started", marks["monitor"])
+            for worker in self.workers:
+                self._wait_started(worker, "worker_started", marks[worker.name])
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_started(self, process: ModuleProcess, event: str, offset: int) -> None:
+        def started() -> bool:
+            if not process.running:
+                raise ChildExited(process)
+            return any(e.get("event") == event for e in read_events(process.log_path, offset))
+
+        try:
+            wait_until(
+                started,
+                self.settings.start_timeout_s,
+                interval_s=0.05,
+                what=f"{process.name} to start",
+            )
+        except TimeoutError as e:
+            raise ServiceError(f"{e}; log {process.log_path}:\n{process.log_tail(2000)}") from e
+
+    def exited(self) -> list[Child]:
+        """Processes of the stack that are no longer running (none, while all is well)."""
+        return [child for child in self.children if child.pid is not None and not child.running]
+
+    def stop(self) -> dict[str, int | None]:
+        """Stop everything in order; returns each process's exit status. Idempotent."""
+        statuses: dict[str, int | None] = {}
+        grace_s = shutdown_grace_s(self.env) + STOP_MARGIN_S
+        for worker in self.workers:
+            worker.terminate()
+        for worker in self.workers:
+            statuses[worker.name] = worker.wait(grace_s)
+        if self.monitor is not None:
+            self.monitor.terminate()
+            # The monitor's splitter may take its own grace (30 s) to finish a batch.
+            statuses[self.monitor.name] = self.monitor.wait(30.0 + STOP_MARGIN_S)
+        for service in (self.broker, self.redis):
+            service.terminate()
+        for service in (self.broker, self.redis):
+            statuses[service.name] = service.wait()
+        return statuses
+
+
+def _log_size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def read_events(path: Path, offset: int = 0) -> list[dict[str, Any]]:
+    """The JSON log events in ``path`` after byte ``offset`` (other lines are skipped)."""
+    try:
+        with path.open("rb") as f:
+            f.seek(offset)
+            data = f.read()
+    except FileNotFoundError:
+        return []
+    events = []
+    for line in data.splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(event, dict):
+            events.append(event)
+    return events

@@ -1,0 +1,221 @@
+"""The ``monitoring_update`` event: its pure contents and a reading of a seeded Redis."""
+
+from __future__ import annotations
+
+import pytest
+from structlog.testing import capture_logs
+
+from crawl_monitor.monitoring import Counters, MonitoringLog, build_update
+from crawl_monitor.policy.decision import RegulatorSnapshot
+from crawl_monitor.regulator import Regulator
+from crawl_monitor.store import RedisRegulatorStore
+from image_crawler import contract as c
+
+# The keys of the original README's example event.
+GENERAL_KEYS = {
+    "global_max_rps",
+    "error_rps",
+    "processing_rate",
+    "success_rps",
+    "circuit_breaker_tripped",
+    "num_resized",
+    "resize_errors",
+    "split_rate",
+}
+SPECIFIC_KEYS = {"successful", "last_50_statuses", "rate_limit", "error"}
+# Beyond the original: the pacing of each source.
+PACING_KEYS = {"effective_rate", "pacing", "pacing_why"}
+
+AT_RATE = "at its configured rate"
+CUT = "3 backoff signals in the last second: cut to 0.7 x"
+
+
+def snapshot(**overrides) -> RegulatorSnapshot:
+    fields = {
+        "rates": {"flickr": 178.5, "phylopic": 0.2, "met": 10.0, "idle": 1.0, "slow": 8.0},
+        "pacing": {
+            "flickr": c.PacingInfo(178.5, 178.5, "computed", c.PACE_CONFIGURED, AT_RATE),
+            "phylopic": c.PacingInfo(0.0, 0.2, "computed", c.PACE_HALTED, "temporarily"),
+            "met": c.PacingInfo(0.0, 10.0, "override_rate:", c.PACE_HALTED, "halted"),
+            "idle": c.PacingInfo(1.0, 1.0, "computed", c.PACE_CONFIGURED, AT_RATE),
+            "slow": c.PacingInfo(5.6, 8.0, "computed", c.PACE_BACKOFF, CUT),
+        },
+        "halted": frozenset({"met"}),
+        "temp_halted": frozenset({"phylopic"}),
+        "last_statuses": {"flickr": {"200": 50}, "phylopic": {"500": 7, "200": 3}},
+    }
+    fields.update(overrides)
+    return RegulatorSnapshot(**fields)
+
+
+def test_build_update():
+    before = Counters(num_resized=100, resize_errors=10, num_split=1000)
+    now = Counters(
+        num_resized=150,
+        resize_errors=20,
+        num_split=3000,
+        successful={"flickr": 140, "phylopic": 10},
+        errors={"phylopic": 20},
+    )
+    update = build_update(now, before, 5.0, snapshot())
+    assert update.general == {
+        "global_max_rps": 185.1,  # flickr, idle and slow as cut: the halted ones do not count
+        "error_rps": 2.0,
+        "processing_rate": 12.0,
+        "success_rps": 10.0,
+        "circuit_breaker_tripped": ["met", "phylopic"],
+        "num_resized": 150,
+        "resize_errors": 20,
+        "split_rate": 400.0,
+    }
+    assert update.specific == {
+        "flickr": {
+            "successful": 140,
+            "error": 0,
+            "last_50_statuses": {"200": 50},
+            "rate_limit": 178.5,
+            "effective_rate": 178.5,
+            "pacing": c.PACE_CONFIGURED,
+            "pacing_why": AT_RATE,
+        },
+        "met": {
+            "successful": 0,
+            "error": 0,
+            "last_50_statuses": {},
+            "rate_limit": 10.0,
+            "effective_rate": 0.0,
+            "pacing": c.PACE_HALTED,
+            "pacing_why": "halted",
+        },
+        "phylopic": {
+            "successful": 10,
+            "error": 20,
+            "last_50_statuses": {"200": 3, "500": 7},
+            "rate_limit": 0.2,
+            "effective_rate": 0.0,
+            "pacing": c.PACE_HALTED,
+            "pacing_why": "temporarily",
+        },
+        # Held below its rate: listed, though it has done nothing since the last event.
+        "slow": {
+            "successful": 0,
+            "error": 0,
+            "last_50_statuses": {},
+            "rate_limit": 8.0,
+            "effective_rate": 5.6,
+            "pacing": c.PACE_BACKOFF,
+            "pacing_why": CUT,
+        },
+    }  # "idle" has done nothing and is left out
+
+
+@pytest.mark.parametrize(
+    ("before", "elapsed_s", "success_rps"),
+    [
+        (None, 5.0, 0.0),  # no earlier reading: no rate yet
+        (Counters(num_resized=40), 0.0, 0.0),
+        (Counters(num_resized=40), 2.0, 5.0),
+        (Counters(num_resized=90), 4.0, 0.0),  # the counter went down (Redis flushed)
+    ],
+)
+def test_rates_are_growth_per_second(before, elapsed_s, success_rps):
+    update = build_update(Counters(num_resized=50), before, elapsed_s, None)
+    assert update.general["success_rps"] == success_rps
+    assert update.general["global_max_rps"] == 0
+    assert update.general["circuit_breaker_tripped"] == []
+    assert update.specific == {}
+
+
+class Monotonic:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_a_seeded_redis_is_reported(redis):
+    rates = {"flickr": 100.0, "animaldiversity": 0.5, "broken": 2.0, "quiet": 3.0}
+    await redis.set("override_rate:flickr", "150")
+    await redis.sadd(c.HALTED_SET, "broken")
+    await redis.rpush(c.last50_key("flickr"), *["200"] * 48, "404", "500")
+    await redis.rpush(c.last50_key("animaldiversity"), *["200"] * 18)
+    await redis.rpush(c.last50_key("broken"), *["500"] * 30)
+    await redis.mset(
+        {
+            c.NUM_RESIZED: 1000,
+            c.RESIZE_ERRORS: 31,
+            c.NUM_SPLIT: 5000,
+            c.num_resized_key("flickr"): 982,
+            c.resize_errors_key("flickr"): 1,
+            c.num_resized_key("animaldiversity"): 18,
+            c.resize_errors_key("broken"): 30,
+        }
+    )
+    regulator = Regulator(RedisRegulatorStore(redis), lambda: rates)
+    await regulator.tick()
+    await redis.incrby(c.backoff_signals_key("quiet"), 2)  # its server pushed back
+    await regulator.tick()
+    clock = Monotonic()
+    monitoring = MonitoringLog(redis, lambda: regulator.snapshot, 5.0, clock=clock)
+    await monitoring.baseline()
+    await redis.incrby(c.NUM_RESIZED, 50)
+    await redis.incrby(c.RESIZE_ERRORS, 5)
+    await redis.incrby(c.NUM_SPLIT, 2000)
+    clock.now += 5.0
+    with capture_logs() as logs:
+        update = await monitoring.report()
+
+    (event,) = [e for e in logs if e["event"] == "monitoring_update"]
+    assert event["general"] == update.general
+    assert event["specific"] == update.specific
+    assert set(event["general"]) == GENERAL_KEYS
+    assert all(set(v) == SPECIFIC_KEYS | PACING_KEYS for v in event["specific"].values())
+    assert event["general"] == {
+        "global_max_rps": 152.6,  # overridden flickr, animaldiversity and quiet as cut
+        "error_rps": 1.0,
+        "processing_rate": 11.0,
+        "success_rps": 10.0,
+        "circuit_breaker_tripped": ["broken"],
+        "num_resized": 1050,
+        "resize_errors": 36,
+        "split_rate": 400.0,
+    }
+    assert event["specific"] == {
+        "animaldiversity": {
+            "successful": 18,
+            "error": 0,
+            "last_50_statuses": {"200": 18},
+            "rate_limit": 0.5,
+            "effective_rate": 0.5,
+            "pacing": c.PACE_CONFIGURED,
+            "pacing_why": AT_RATE,
+        },
+        "broken": {
+            "successful": 0,
+            "error": 30,
+            "last_50_statuses": {"500": 30},
+            "rate_limit": 2.0,
+            "effective_rate": 0.0,
+            "pacing": c.PACE_HALTED,
+            "pacing_why": "halted: an operator must resume it",
+        },
+        "flickr": {
+            "successful": 982,
+            "error": 1,
+            "last_50_statuses": {"200": 48, "404": 1, "500": 1},
+            "rate_limit": 150.0,
+            "effective_rate": 150.0,
+            "pacing": c.PACE_CONFIGURED,
+            "pacing_why": AT_RATE,
+        },
+        "quiet": {
+            "successful": 0,
+            "error": 0,
+            "last_50_statuses": {},
+            "rate_limit": 3.0,
+            "effective_rate": 2.1,
+            "pacing": c.PACE_BACKOFF,
+            "pacing_why": "2 backoff signals in the last second: cut to 0.7 x",
+        },
+    }

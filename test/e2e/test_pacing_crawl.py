@@ -1,0 +1,402 @@
+"""Pacing as a webmaster sees it: the real monitor and real workers against a local
+origin, with every request's start time taken at the origin.
+
+- even pacing: two workers on sources at 50, 5 and 0.5 requests/s; in any window of
+  ``w`` seconds at most ``rate x w + 1`` requests, and at least 95% of the rate over 20 s;
+- Retry-After: a 429 holds every worker's requests to the source until it has passed
+  (capped at MAX_RETRY_AFTER_S; a malformed one is ignored), and its URL is tried again;
+- capacity: a server that takes 20 requests/s and answers 503 beyond, configured at
+  50/s: the rate settles below it and climbs back once the server can take more.
+
+Set ``PACING_REPORT_DIR`` to keep each test's figures as JSON (``python -m bench.pacing``
+runs these tests and renders them for the README).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import time
+from collections import deque
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+from PIL import Image
+from redis.asyncio import Redis
+
+from image_crawler import contract as c
+from test.crawl_monitor.test_process import sources_file
+from test.e2e.test_faults_worker import Outputs
+from test.harness.origin import Origin
+from test.harness.processes import CrawlerProcess
+from test.harness.services import create_topics, produce, wait_for
+from test.harness.windows import max_in_window, over_bound, paced_bound
+
+# The widths (s) of the windows the pacing bound is checked in.
+WIDTHS_S = (0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
+PARTITIONS = 4
+
+
+def tiny_jpeg() -> bytes:
+    out = io.BytesIO()
+    Image.new("RGB", (48, 32), (200, 120, 40)).save(out, "JPEG", quality=80)
+    return out.getvalue()
+
+
+def request_times(origin: Origin, source: str, since: float = float("-inf")) -> list[float]:
+    prefix = f"/{source}/"
+    return sorted(t for t, path in origin.request_log if path.startswith(prefix) and t >= since)
+
+
+def wall_time(event: Mapping[str, Any]) -> float:
+    return datetime.fromisoformat(event["time"]).timestamp()
+
+
+def save_report(name: str, report: Mapping[str, Any]) -> None:
+    directory = os.environ.get("PACING_REPORT_DIR")
+    if directory:
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        (Path(directory) / f"{name}.json").write_text(json.dumps(report, indent=1))
+
+
+# --- the crawl ------------------------------------------------------------------------------
+
+
+class Crawl:
+    """A monitor and workers on sources whose URLs all point at ``origin``."""
+
+    def __init__(self, kafka: Any, redis_url: str, tmp_path: Path) -> None:
+        self.kafka = kafka
+        self.redis_url = redis_url
+        self.tmp_path = tmp_path
+        self.monitor: CrawlerProcess | None = None
+        self.workers: list[CrawlerProcess] = []
+
+    async def queue(self, redis: Redis, source: str, rate_rps: float, urls: Sequence[str]) -> None:
+        """The source's URLs straight into its queue (as the splitter would), at a rate."""
+        topic = c.source_topic(source)
+        await create_topics(self.kafka.bootstrap, [topic], partitions=PARTITIONS)
+        tasks = [
+            c.SourceTask(url=url, uuid=f"{source}-{i}").to_json() for i, url in enumerate(urls)
+        ]
+        await produce(self.kafka.bootstrap, topic, tasks)
+        await redis.set(f"{c.OVERRIDE_RATE_PREFIX}{source}", repr(rate_rps))
+        await redis.sadd(c.INBOUND_SOURCES_SET, source)
+
+    async def queue_more(self, source: str, urls: Sequence[str], first_index: int) -> None:
+        """More URLs for a source already queued; uuids go on from ``first_index``."""
+        tasks = [
+            c.SourceTask(url=url, uuid=f"{source}-{first_index + i}").to_json()
+            for i, url in enumerate(urls)
+        ]
+        await produce(self.kafka.bootstrap, c.source_topic(source), tasks)
+
+    async def start(self, redis: Redis, sources: Sequence[str], workers: int, **extra: Any) -> None:
+        """The monitor, then ``workers`` workers; returns once each worker holds its share
+        of every source's partitions (no rebalance left to come)."""
+        env = {**self.kafka.env, "REDIS_URL": self.redis_url}
+        counts = dict.fromkeys(sources, 10**6)
+        monitor_env = {**env, "SOURCES_FILE": sources_file(self.tmp_path, **counts)}
+        self.monitor = CrawlerProcess("crawl_monitor", monitor_env, self.tmp_path / "monitor.log")
+        await wait_for(
+            lambda: redis.exists(*[c.pace_rate_key(s) for s in sources]),
+            30,
+            what="the monitor's first rates",
+        )
+        await self.add_workers(sources, workers, **extra)
+
+    async def add_workers(self, sources: Sequence[str], workers: int, **extra: Any) -> None:
+        """Start ``workers`` workers; returns once each holds its share of every source's
+        partitions."""
+        env = {**self.kafka.env, "REDIS_URL": self.redis_url}
+        worker_env = {
+            **env,
+            "THUMBNAIL_STORE": "local",
+            "THUMBNAIL_DIR": str(self.tmp_path / "thumbnails"),
+            "MAX_TASKS": "300",
+            "IMAGE_PROCESSES": "1",
+            "SOURCES_POLL_SECONDS": "0.2",
+            "COMMIT_INTERVAL_SECONDS": "0.5",
+            "TOKEN_RETRY_SECONDS": "0.1",
+            "SHUTDOWN_GRACE_SECONDS": "5",
+            "ALLOWED_PRIVATE_NETWORKS": "127.0.0.1/32",
+            **{k: str(v) for k, v in extra.items()},
+        }
+        started = [
+            CrawlerProcess(
+                "worker", worker_env, self.tmp_path / f"worker{len(self.workers) + i}.log"
+            )
+            for i in range(workers)
+        ]
+        self.workers.extend(started)
+        topics = [c.source_topic(s) for s in sources]
+        await wait_for(
+            lambda: all(_holds_share(w, topics, workers) for w in started),
+            90,
+            interval_s=0.2,
+            what="every worker holding its share of every source",
+        )
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        processes = [self.monitor, *self.workers] if self.monitor else self.workers
+        return [e for p in processes for e in p.events(name)]
+
+    def stop(self) -> None:
+        for process in [*self.workers, self.monitor]:
+            if process is not None:
+                process.stop()
+
+
+def _holds_share(worker: CrawlerProcess, topics: Sequence[str], workers: int) -> bool:
+    assigned = worker.events("partitions_assigned")
+    if not assigned:
+        return False
+    names = assigned[-1].get("topic_partitions", [])
+    return all(sum(n.startswith(f"{t}:") for n in names) == PARTITIONS // workers for t in topics)
+
+
+# --- even pacing ----------------------------------------------------------------------------
+
+PACED = {"fast": 50.0, "steady": 5.0, "slow": 0.5}
+MEASURED_S = 20.0
+
+
+async def test_two_workers_pace_each_source_one_request_per_interval(
+    kafka, redis, redis_url, origin, tmp_path
+):
+    body = tiny_jpeg()
+    crawl = Crawl(kafka, redis_url, tmp_path)
+    try:
+        for source, rate in PACED.items():
+            # Enough for a minute and a half at the rate: a backlog throughout.
+            count = max(20, int(rate * 90))
+            urls = [origin.add(f"/{source}/{i}.jpg", body, "image/jpeg") for i in range(count)]
+            await crawl.queue(redis, source, rate, urls)
+        await crawl.start(redis, list(PACED), workers=2)
+        measured_from, measured_wall = time.monotonic() + 1.0, time.time() + 1.0
+        await wait_for(
+            lambda: time.monotonic() >= measured_from + MEASURED_S,
+            MEASURED_S + 10,
+            interval_s=0.2,
+            what="the measured stretch",
+        )
+        revoked = [e for e in crawl.events("partitions_revoked") if wall_time(e) > measured_wall]
+        assert not revoked, "a rebalance while measuring"
+
+        report: dict[str, Any] = {"widths_s": list(WIDTHS_S), "measured_s": MEASURED_S}
+        for source, rate in PACED.items():
+            times = request_times(origin, source)
+            measured = [t for t in times if measured_from <= t < measured_from + MEASURED_S]
+            windows = {w: max_in_window(times, w) for w in WIDTHS_S}
+            utilisation = len(measured) / (rate * MEASURED_S)
+            report[source] = {
+                "rate_rps": rate,
+                "requests": len(times),
+                "max_in_window": {str(w): n for w, n in windows.items()},
+                "bound": {str(w): paced_bound(rate, w) for w in WIDTHS_S},
+                "utilisation": round(utilisation, 4),
+            }
+            print(
+                f"\n{source} at {rate:g}/s: {len(times)} requests in all; busiest windows "
+                f"{windows} (bound rate x w + 1); {len(measured)} in {MEASURED_S:g} s under "
+                f"a backlog: {utilisation:.1%} of the rate"
+            )
+            # From the first request on, the rebalance included: never a burst.
+            assert over_bound(times, rate, WIDTHS_S) == {}, source
+            assert utilisation >= 0.95, source
+        save_report("pacing", report)
+    finally:
+        crawl.stop()
+
+
+# --- Retry-After ----------------------------------------------------------------------------
+
+
+class RetryAfterWhenArmed:
+    """An image, except for the first request after ``arm``: a 429 with that Retry-After."""
+
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+        self._armed: str | None = None
+        self.answered_at: float | None = None  # monotonic time of the last 429
+        self.paths: list[str] = []
+
+    def arm(self, retry_after: str) -> None:
+        self.answered_at = None
+        self._armed = retry_after
+
+    async def __call__(self, request: web.Request) -> web.Response:
+        if self._armed is not None:
+            value, self._armed = self._armed, None
+            self.paths.append(request.path)
+            self.answered_at = time.monotonic()
+            return web.Response(status=429, text="slow down\n", headers={"Retry-After": value})
+        return web.Response(body=self.body, content_type="image/jpeg")
+
+
+POLITE, POLITE_RPS = "polite", 10.0
+# (Retry-After, how long requests must stop, why), with MAX_RETRY_AFTER_S=3.
+RETRY_AFTERS = (("2", 2.0, "obeyed"), ("3600", 3.0, "capped"), ("soon", 0.0, "malformed"))
+# A slot granted before the 429 (at most the pacing horizon ahead) may still start.
+GRANTED_AHEAD_S = 0.2
+
+
+async def test_a_retry_after_holds_every_worker_and_its_url_is_tried_again(
+    kafka, redis, redis_url, origin, tmp_path
+):
+    handler = RetryAfterWhenArmed(tiny_jpeg())
+    urls = [origin.add_handler(f"/{POLITE}/{i}.jpg", handler) for i in range(700)]
+    crawl = Crawl(kafka, redis_url, tmp_path)
+    try:
+        async with Outputs(kafka.bootstrap) as outputs:
+            await crawl.queue(redis, POLITE, POLITE_RPS, urls)
+            await crawl.start(redis, [POLITE], workers=2, MAX_RETRY_AFTER_S=3)
+            report = []
+            for value, hold_s, why in RETRY_AFTERS:
+                handler.arm(value)
+                answered = await wait_for(lambda: handler.answered_at, 10, what="the 429")
+                await wait_for(
+                    lambda a=answered, h=hold_s: time.monotonic() > a + h + 2.0,
+                    hold_s + 10,
+                    what="requests after the hold",
+                )
+                after = [t - answered for t in request_times(origin, POLITE, since=answered)]
+                held = [t for t in after if GRANTED_AHEAD_S < t < hold_s - 0.05]
+                resumed = next((t for t in after if t > GRANTED_AHEAD_S), None)
+                report.append(
+                    {"retry_after": value, "why": why, "hold_s": hold_s, "resumed_s": resumed}
+                )
+                print(
+                    f"\nRetry-After {value!r} ({why}): next request {resumed:.2f} s after "
+                    f"the 429, {len(after)} requests in the {hold_s + 2:g} s after it"
+                )
+                assert held == [], f"{len(held)} requests during the Retry-After"
+                assert resumed is not None and resumed < hold_s + 1.0  # and no longer
+            logged = {e["event"] for w in crawl.workers for e in w.events()}
+            assert {"retry_after", "retry_after_capped", "retry_after_malformed"} <= logged
+            # Every URL ends with its image: the 429s were tried again, none dead-lettered.
+            uuids = {f"{POLITE}-{i}" for i in range(len(urls))}
+            await wait_for(lambda: outputs.resolved >= uuids, 120, what="every URL crawled")
+            assert not outputs.count(c.CRAWL_ERRORS_TOPIC)
+            for path in handler.paths:
+                assert origin.requests(path) == 2, path
+        save_report("retry_after", {"rate_rps": POLITE_RPS, "cases": report})
+    finally:
+        crawl.stop()
+
+
+# --- finding the server's capacity ----------------------------------------------------------
+
+
+class Capacity:
+    """Serves at most ``capacity_rps`` images in any second and answers 503 beyond."""
+
+    def __init__(self, body: bytes, capacity_rps: float) -> None:
+        self.body = body
+        self.capacity_rps = capacity_rps
+        self._served: deque[float] = deque()
+        self.refused: list[float] = []  # monotonic times of the 503s
+
+    async def __call__(self, request: web.Request) -> web.Response:
+        now = time.monotonic()
+        while self._served and self._served[0] <= now - 1.0:
+            self._served.popleft()
+        if len(self._served) >= self.capacity_rps:
+            self.refused.append(now)
+            return web.Response(status=503, text="over capacity\n")
+        self._served.append(now)
+        return web.Response(body=self.body, content_type="image/jpeg")
+
+
+LIMITED, CONFIGURED_RPS = "limited", 50.0
+LOW_CAPACITY_RPS, HIGH_CAPACITY_RPS = 20.0, 50.0
+LOW_FOR_S, RECOVERY_WITHIN_S, SETTLE_WITHIN_S = 180.0, 90.0, 30.0
+RATE_WINDOW_S = 5.0  # the rate "seen at the origin": requests in a 5 s window, per second
+
+
+def per_second(times: Sequence[float], start: float, end: float) -> list[int]:
+    counts = [0] * max(0, int(end - start + 0.999))
+    for t in times:
+        if start <= t < end:
+            counts[int(t - start)] += 1
+    return counts
+
+
+@pytest.mark.timeout(720)  # three minutes at the low capacity, up to 90 s to climb back
+async def test_a_source_finds_what_its_server_can_take_and_climbs_back(
+    kafka, redis, redis_url, origin, tmp_path
+):
+    server = Capacity(tiny_jpeg(), LOW_CAPACITY_RPS)
+    count = 8000  # more than the whole run takes, so there is a backlog throughout
+    urls = [origin.add_handler(f"/{LIMITED}/{i}.jpg", server) for i in range(count)]
+    crawl = Crawl(kafka, redis_url, tmp_path)
+    try:
+        async with Outputs(kafka.bootstrap) as outputs:
+            await crawl.queue(redis, LIMITED, CONFIGURED_RPS, urls)
+            await crawl.start(redis, [LIMITED], workers=1)
+            await wait_for(lambda: request_times(origin, LIMITED), 30, what="the first request")
+            started = request_times(origin, LIMITED)[0]
+            raised_at = started + LOW_FOR_S
+            await wait_for(
+                lambda: time.monotonic() >= raised_at, LOW_FOR_S + 30, what="the low stretch"
+            )
+            pacing = c.PacingInfo.from_json(await redis.hget(c.RATES_HASH, LIMITED))
+            server.capacity_rps = HIGH_CAPACITY_RPS
+
+            def recovered() -> float | None:
+                recent = request_times(origin, LIMITED, since=time.monotonic() - RATE_WINDOW_S)
+                return time.monotonic() if len(recent) / RATE_WINDOW_S > 45 else None
+
+            back_at = await wait_for(
+                recovered, RECOVERY_WITHIN_S + 30, interval_s=0.5, what="the rate back over 45/s"
+            )
+            uuids = {f"{LIMITED}-{i}" for i in range(count)}
+            await wait_for(lambda: outputs.resolved >= uuids, 300, what="every URL crawled")
+            crawl_errors = outputs.count(c.CRAWL_ERRORS_TOPIC)
+        ended = time.monotonic()
+
+        times = request_times(origin, LIMITED)
+        low = [t for t in times if started <= t < raised_at]
+        refused_low = [t for t in server.refused if started <= t < raised_at]
+        settled = [t for t in low if t >= started + SETTLE_WITHIN_S]
+        settled_rps = max_in_window(settled, RATE_WINDOW_S) / RATE_WINDOW_S
+        trace = {
+            "requests": per_second(times, started, ended),
+            "refused": per_second(server.refused, started, ended),
+        }
+        report = {
+            "configured_rps": CONFIGURED_RPS,
+            "capacity_rps": [LOW_CAPACITY_RPS, HIGH_CAPACITY_RPS],
+            "raised_after_s": LOW_FOR_S,
+            "max_rate_after_30_s": settled_rps,
+            "refused_share_low": round(len(refused_low) / len(low), 4),
+            "back_over_45_after_s": round(back_at - raised_at, 1),
+            "pacing_at_the_raise": json.loads(pacing.to_json()),
+            "trace": trace,
+        }
+        save_report("capacity", report)
+        print(
+            f"\ncapacity {LOW_CAPACITY_RPS:g}/s, configured {CONFIGURED_RPS:g}/s: busiest "
+            f"{RATE_WINDOW_S:g} s after the first {SETTLE_WITHIN_S:g} s {settled_rps:.1f}/s; "
+            f"{len(refused_low)} of {len(low)} requests refused in the first "
+            f"{LOW_FOR_S:g} s ({len(refused_low) / len(low):.2%}); pacing then {pacing}; "
+            f"over 45/s {back_at - raised_at:.1f} s after the capacity went up to "
+            f"{HIGH_CAPACITY_RPS:g}/s"
+        )
+        print("requests per second:", trace["requests"])
+        print("503s per second:    ", trace["refused"])
+        assert settled_rps <= 22.0
+        assert len(refused_low) <= 0.05 * len(low)
+        assert back_at - raised_at <= RECOVERY_WITHIN_S
+        assert not crawl_errors  # none dead-lettered by the 503s
+        assert pacing.rate_rps < CONFIGURED_RPS and pacing.configured_rps == CONFIGURED_RPS
+        assert pacing.state in (c.PACE_BACKOFF, c.PACE_RECOVERING), pacing
+        # The 503s were the server's way of saying "slower", not a reason to halt.
+        assert not [e for e in crawl.events("crawl_halted") if e.get("source") == LIMITED]
+    finally:
+        crawl.stop()

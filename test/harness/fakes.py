@@ -1,0 +1,136 @@
+"""In-memory stand-ins for the worker's seams, for unit tests of pure logic."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import defaultdict
+from typing import Any
+
+from redis.commands.core import AsyncScript
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from worker.download.fetch import FetchResult
+from worker.sinks.base import DependencyError
+
+
+class FakePacer:
+    """Grants slots of the sources in ``granted``; others wait forever. Records pauses."""
+
+    def __init__(self, granted: set[str] | None = None) -> None:
+        self.granted = granted
+        self.taken: list[str] = []
+        self.waiting: list[asyncio.Future[None]] = []
+        self.pauses: list[tuple[str, float]] = []
+
+    async def pause(self, source: str, delay_s: float) -> None:
+        self.pauses.append((source, delay_s))
+
+    def acquire(self, source: str) -> asyncio.Future[None]:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if self.granted is None or source in self.granted:
+            self.taken.append(source)
+            future.set_result(None)
+        else:
+            self.waiting.append(future)
+        return future
+
+    def grant_all(self) -> None:
+        for future in self.waiting:
+            if not future.done():
+                future.set_result(None)
+
+
+class FakeFetcher:
+    """Answers each URL with its result, or with its list of results in turn (the last
+    one again once they run out); unknown URLs 404."""
+
+    def __init__(self, results: dict[str, FetchResult | list[FetchResult]]) -> None:
+        self.results = results
+        self.requests: list[str] = []
+
+    async def fetch(self, url: str, permit: object = None) -> FetchResult:
+        self.requests.append(url)
+        result = self.results.get(url, FetchResult("404"))
+        if isinstance(result, list):
+            tries = self.requests.count(url)
+            return result[min(tries, len(result)) - 1]
+        return result
+
+
+class FakeStore:
+    def __init__(self, failures: int = 0) -> None:
+        self.objects: dict[str, bytes] = {}
+        self.failures = failures
+
+    async def put(self, key: str, data: bytes) -> None:
+        if self.failures:
+            self.failures -= 1
+            raise DependencyError("s3", ConnectionError("S3 is away"))
+        self.objects[key] = data
+
+
+class FakeSink:
+    def __init__(self) -> None:
+        self.messages: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        self.keys: dict[str, list[bytes | None]] = defaultdict(list)
+
+    async def publish(self, topic: str, value: bytes, key: bytes | None = None) -> None:
+        self.messages[topic].append(json.loads(value))
+        self.keys[topic].append(key)
+
+
+class FakeStats:
+    def __init__(self) -> None:
+        self.outcomes: list[tuple[str, str]] = []
+        # The outcomes recorded as backoff signals.
+        self.signals: list[tuple[str, str]] = []
+        self.malformed = 0
+
+    async def record(self, source: str, status: str, *, backoff: bool = False) -> None:
+        self.outcomes.append((source, status))
+        if backoff:
+            self.signals.append((source, status))
+
+    async def record_malformed(self) -> None:
+        self.malformed += 1
+
+
+class FlakyRedis:
+    """A Redis client whose pipelines and script calls fail with ``ConnectionError``
+    while ``away``.
+
+    Wraps a real (or fake) async client; only ``pipeline()`` and ``evalsha()`` (the
+    pacer's and the statistics' scripts) are affected, as those use nothing else but
+    ``script_load()``.
+    """
+
+    def __init__(self, redis: Any) -> None:
+        self._redis = redis
+        self.connection_pool = redis.connection_pool  # for register_script's encoding
+        self.away = True
+        self.refused = 0
+
+    def pipeline(self, transaction: bool = True) -> Any:
+        pipe = self._redis.pipeline(transaction=transaction)
+        if self.away:
+
+            async def refuse() -> list[Any]:
+                self.refused += 1
+                raise RedisConnectionError("Redis is away")
+
+            pipe.execute = refuse
+        return pipe
+
+    async def evalsha(self, *args: Any) -> Any:
+        if self.away:
+            self.refused += 1
+            raise RedisConnectionError("Redis is away")
+        return await self._redis.evalsha(*args)
+
+    async def script_load(self, script: str) -> Any:
+        return await self._redis.script_load(script)
+
+    def register_script(self, script: str) -> AsyncScript:
+        # Its calls come back through evalsha() here, so they fail while away.
+        return AsyncScript(self, script)  # type: ignore[arg-type]

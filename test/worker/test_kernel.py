@@ -1,0 +1,369 @@
+import io
+import json
+import pickle
+import warnings
+from typing import Any
+
+import pytest
+from PIL import Image, ImageChops, ImageStat, JpegImagePlugin
+
+from test.harness.corpus import CorpusImage, broken_images, build, good_images
+from worker.images.exif import ExifLimits
+from worker.images.kernel import (
+    DEFAULT_LIMITS,
+    ImageFailure,
+    ImageLimits,
+    ProcessedImage,
+    process_image,
+    thumbnail_size,
+)
+from worker.images.quality import estimate_jpeg_quality
+
+_GOOD = good_images()
+_BROKEN = broken_images()
+
+
+def _encode(im: Image.Image, fmt: str, **params: Any) -> bytes:
+    out = io.BytesIO()
+    im.save(out, fmt, **params)
+    return out.getvalue()
+
+
+def _processed(body: bytes, limits: ImageLimits = DEFAULT_LIMITS) -> ProcessedImage:
+    result = process_image(body, limits)
+    assert isinstance(result, ProcessedImage), result
+    return result
+
+
+def _thumbnail(result: ProcessedImage) -> Image.Image:
+    im = Image.open(io.BytesIO(result.thumbnail))
+    im.load()
+    return im
+
+
+def _assert_subset(actual: Any, expected: Any, path: str = "exif") -> None:
+    if isinstance(expected, dict):
+        assert isinstance(actual, dict), f"{path} is {actual!r}"
+        for key, value in expected.items():
+            assert key in actual, f"{path}[{key}] missing from {sorted(actual)}"
+            _assert_subset(actual[key], value, f"{path}[{key}]")
+    else:
+        assert actual == expected, f"{path}: {actual!r} != {expected!r}"
+
+
+# --- geometry ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("size", "max_px", "expected"),
+    [
+        ((4000, 3000), 640, (640, 480)),
+        ((3000, 4000), 640, (480, 640)),
+        ((100, 50), 640, (100, 50)),
+        ((640, 640), 640, (640, 640)),
+        ((641, 479), 640, (640, 478)),
+        ((5000, 1), 640, (640, 1)),
+        ((1, 5000), 640, (1, 640)),
+        ((1281, 961), 640, (640, 480)),
+        ((1, 1), 640, (1, 1)),
+        ((1000, 999), 1, (1, 1)),
+        ((300, 200), 100, (100, 67)),
+    ],
+)
+def test_thumbnail_size(size: tuple[int, int], max_px: int, expected: tuple[int, int]) -> None:
+    assert thumbnail_size(*size, max_px) == expected
+
+
+@pytest.mark.parametrize(("width", "height", "max_px"), [(0, 10, 640), (10, -1, 640), (5, 5, 0)])
+def test_thumbnail_size_rejects_empty_sizes(width: int, height: int, max_px: int) -> None:
+    with pytest.raises(ValueError, match="sizes"):
+        thumbnail_size(width, height, max_px)
+
+
+# --- the corpus ----------------------------------------------------------------------
+
+
+def test_corpus_is_big_enough() -> None:
+    assert len(_GOOD) >= 40
+    assert {"UnidentifiedImageError", "ImageDecodeError", "DecompressionBombError"} == {
+        image.expected_status for image in _BROKEN
+    }
+    assert sum(len(image.body) for image in _GOOD + _BROKEN) < 40_000_000
+
+
+@pytest.mark.parametrize("image", _GOOD, ids=lambda image: image.name)
+def test_good_image(image: CorpusImage) -> None:
+    result = _processed(image.body)
+
+    assert (result.width, result.height) == (image.width, image.height)
+    assert result.format == image.format
+    assert result.compression_quality == image.quality
+    if image.exif is None:
+        assert result.exif is None
+    else:
+        assert result.exif is not None
+        _assert_subset(result.exif, image.exif)
+        encoded = json.dumps(result.exif, allow_nan=False, separators=(",", ":"))
+        assert len(encoded) <= ExifLimits().max_total_bytes
+        assert "0x927c" not in result.exif  # the MakerNotes here are all over the cap
+
+    thumbnail = _thumbnail(result)
+    assert thumbnail.format == "JPEG"
+    assert thumbnail.mode in ("RGB", "L")
+    assert thumbnail.size == thumbnail_size(result.width, result.height, 640)
+    assert max(thumbnail.size) <= 640
+    assert thumbnail.width <= result.width and thumbnail.height <= result.height
+    aspect = result.width / result.height
+    assert abs(thumbnail.width / thumbnail.height - aspect) <= 0.01 * aspect
+    assert "exif" not in thumbnail.info and "icc_profile" not in thumbnail.info
+
+
+def test_corpus_without_skimage() -> None:
+    synthetic = build(None)
+    originals = {image.name for image in _GOOD if image.name.startswith("original-")}
+    assert {image.name for image in synthetic} == {image.name for image in _GOOD + _BROKEN} - (
+        originals
+    )
+    for image in synthetic:
+        result = process_image(image.body)
+        if image.expected_status is None:
+            assert isinstance(result, ProcessedImage), image.name
+            assert (result.width, result.height, result.compression_quality) == (
+                image.width,
+                image.height,
+                image.quality,
+            ), image.name
+        else:
+            assert isinstance(result, ImageFailure), image.name
+            assert result.status == image.expected_status, image.name
+
+
+@pytest.mark.parametrize("image", _BROKEN, ids=lambda image: image.name)
+def test_broken_image(image: CorpusImage) -> None:
+    result = process_image(image.body)
+    assert isinstance(result, ImageFailure)
+    assert result.status == image.expected_status
+    assert 0 < len(result.detail) <= 200
+
+
+def test_pillow_global_state_untouched() -> None:
+    max_pixels, filters = Image.MAX_IMAGE_PIXELS, list(warnings.filters)
+    for image in _GOOD[:5] + _BROKEN:
+        process_image(image.body)
+    assert max_pixels == Image.MAX_IMAGE_PIXELS
+    assert list(warnings.filters) == filters
+
+
+# --- limits --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("size", "max_pixels", "status"),
+    [
+        ((150, 100), 10_000, "DecompressionBombError"),  # 1.5x over
+        ((101, 100), 10_000, "DecompressionBombError"),
+        ((100, 100), 10_000, None),  # exactly at the limit
+        ((40, 30), 10_000, None),
+    ],
+)
+@pytest.mark.parametrize("fmt", ["JPEG", "PNG", "GIF"])
+def test_max_pixels(size: tuple[int, int], max_pixels: int, status: str | None, fmt: str) -> None:
+    body = _encode(Image.new("RGB", size, (10, 20, 30)), fmt)
+    result = process_image(body, ImageLimits(max_pixels=max_pixels))
+    if status is None:
+        assert isinstance(result, ProcessedImage)
+    else:
+        assert isinstance(result, ImageFailure)
+        assert result.status == status
+        assert str(max_pixels) in result.detail
+
+
+def test_formats_are_restricted() -> None:
+    body = _encode(Image.new("RGB", (10, 10)), "JPEG")
+    result = process_image(body, ImageLimits(formats=("PNG",)))
+    assert isinstance(result, ImageFailure)
+    assert result.status == "UnidentifiedImageError"
+
+
+@pytest.mark.parametrize(
+    ("thumbnail_px", "expected"), [(100, (100, 75)), (1, (1, 1)), (2000, (800, 600))]
+)
+def test_thumbnail_px(thumbnail_px: int, expected: tuple[int, int]) -> None:
+    body = _encode(Image.new("RGB", (800, 600), (200, 100, 50)), "JPEG")
+    thumbnail = _thumbnail(_processed(body, ImageLimits(thumbnail_px=thumbnail_px)))
+    assert thumbnail.size == expected
+
+
+@pytest.mark.parametrize("quality", [30, 85, 95])
+def test_thumbnail_quality(quality: int) -> None:
+    body = _encode(Image.new("RGB", (800, 600), (200, 100, 50)), "PNG")
+    thumbnail = _thumbnail(_processed(body, ImageLimits(thumbnail_quality=quality)))
+    assert isinstance(thumbnail, JpegImagePlugin.JpegImageFile)
+    assert estimate_jpeg_quality(thumbnail.quantization) == quality
+
+
+def test_exif_limits_are_passed_through() -> None:
+    exif = Image.Exif()
+    exif[0x013B] = "Alden Page"
+    exif[0x010E] = "d" * 500
+    body = _encode(Image.new("RGB", (8, 8)), "JPEG", exif=exif)
+    result = _processed(body, ImageLimits(exif=ExifLimits(max_value_bytes=100)))
+    assert result.exif == {"0x13b": "Alden Page"}
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"thumbnail_px": 0}, {"max_pixels": 0}, {"formats": ()}, {"thumbnail_quality": 0}],
+)
+def test_limits_validate(kwargs: dict[str, Any]) -> None:
+    with pytest.raises(ValueError, match="must"):
+        ImageLimits(**kwargs)
+
+
+# --- modes ---------------------------------------------------------------------------
+
+
+def _flat(mode: str, value: Any, size: tuple[int, int] = (64, 48)) -> Image.Image:
+    return Image.new(mode, size, value)
+
+
+def _palette_with_transparency() -> Image.Image:
+    im = Image.new("P", (64, 48), 1)
+    im.putpalette([255, 0, 0, 0, 0, 0] + [0] * (254 * 3))
+    im.info["transparency"] = 1
+    return im
+
+
+def _sixteen_bit(value: int) -> Image.Image:
+    return Image.new("I", (64, 48), value).convert("I;16")
+
+
+@pytest.mark.parametrize(
+    ("name", "body", "mode", "expected"),
+    [
+        (
+            "RGB JPEG",
+            _encode(_flat("RGB", (200, 100, 50)), "JPEG", quality=95),
+            "RGB",
+            (200, 100, 50),
+        ),
+        ("L JPEG", _encode(_flat("L", 77), "JPEG", quality=95), "L", 77),
+        (
+            "CMYK JPEG",
+            _encode(_flat("RGB", (200, 100, 50)).convert("CMYK"), "JPEG", quality=95),
+            "RGB",
+            (200, 100, 50),
+        ),
+        ("RGBA transparent", _encode(_flat("RGBA", (0, 0, 0, 0)), "PNG"), "RGB", (255, 255, 255)),
+        ("RGBA half", _encode(_flat("RGBA", (0, 0, 255, 128)), "PNG"), "RGB", (127, 127, 255)),
+        ("RGBA opaque", _encode(_flat("RGBA", (10, 20, 30, 255)), "PNG"), "RGB", (10, 20, 30)),
+        ("LA transparent", _encode(_flat("LA", (0, 0)), "PNG"), "L", 255),
+        ("L tRNS", _encode(_flat("L", 9), "PNG", transparency=9), "L", 255),
+        (
+            "RGB tRNS",
+            _encode(_flat("RGB", (1, 2, 3)), "PNG", transparency=(1, 2, 3)),
+            "RGB",
+            (255, 255, 255),
+        ),
+        ("P tRNS", _encode(_palette_with_transparency(), "PNG"), "RGB", (255, 255, 255)),
+        ("P GIF tRNS", _encode(_palette_with_transparency(), "GIF"), "RGB", (255, 255, 255)),
+        ("P opaque", _encode(_flat("RGB", (0, 128, 255)).quantize(4), "PNG"), "RGB", (0, 128, 255)),
+        ("1 bit", _encode(_flat("1", 1), "PNG"), "L", 255),
+        ("I;16 PNG", _encode(_sixteen_bit(32896), "PNG"), "L", 128),
+        ("I;16 TIFF", _encode(_sixteen_bit(65535), "TIFF"), "L", 255),
+        ("I TIFF in 0..255", _encode(_flat("I", 90), "TIFF"), "L", 90),
+        ("F TIFF in 0..255", _encode(_flat("F", 90.0), "TIFF"), "L", 90),
+        (
+            "CMYK TIFF",
+            _encode(_flat("RGB", (200, 100, 50)).convert("CMYK"), "TIFF"),
+            "RGB",
+            (200, 100, 50),
+        ),
+        (
+            "YCbCr TIFF",
+            _encode(_flat("RGB", (200, 100, 50)).convert("YCbCr"), "TIFF"),
+            "RGB",
+            (200, 100, 50),
+        ),
+        (
+            "LAB TIFF",
+            _encode(_flat("RGB", (200, 100, 50)).convert("LAB"), "TIFF"),
+            "RGB",
+            (200, 100, 50),
+        ),
+        (
+            "RGBA WebP",
+            _encode(_flat("RGBA", (0, 0, 0, 0)), "WEBP", lossless=True),
+            "RGB",
+            (255, 255, 255),
+        ),
+        ("RGBA TIFF", _encode(_flat("RGBA", (0, 0, 0, 0)), "TIFF"), "RGB", (255, 255, 255)),
+        ("P BMP", _encode(_flat("RGB", (0, 128, 255)).quantize(4), "BMP"), "RGB", (0, 128, 255)),
+    ],
+)
+def test_modes(name: str, body: bytes, mode: str, expected: Any) -> None:
+    thumbnail = _thumbnail(_processed(body))
+    assert thumbnail.mode == mode, name
+    mean = ImageStat.Stat(thumbnail).mean
+    wanted = expected if isinstance(expected, tuple) else (expected,)
+    assert all(abs(got - want) <= 4 for got, want in zip(mean, wanted, strict=True)), (name, mean)
+
+
+@pytest.mark.parametrize("mode", ["I", "F"])
+def test_wide_range_images_are_stretched(mode: str) -> None:
+    im = Image.linear_gradient("L").convert(mode).point(lambda value: value * 1000 - 5000)
+    thumbnail = _thumbnail(_processed(_encode(im, "TIFF")))
+    assert thumbnail.mode == "L"
+    assert thumbnail.getextrema()[0] <= 2  # type: ignore[operator]
+    assert thumbnail.getextrema()[1] >= 253  # type: ignore[operator]
+
+
+def test_animation_gives_first_frame() -> None:
+    first = Image.linear_gradient("L").resize((120, 80)).convert("RGB")
+    second = first.rotate(180)
+    for fmt in ("GIF", "WEBP"):
+        body = _encode(first, fmt, save_all=True, append_images=[second], duration=100)
+        thumbnail = _thumbnail(_processed(body)).convert("RGB")
+        to_first = ImageStat.Stat(ImageChops.difference(thumbnail, first)).mean[0]
+        to_second = ImageStat.Stat(ImageChops.difference(thumbnail, second)).mean[0]
+        assert to_first < 10 < to_second, fmt
+
+
+# --- JPEG draft decoding -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("size", "drafted"),
+    [((2048, 1536), (640, 480)), ((1281, 961), (640, 480)), ((640, 480), None), ((50, 40), None)],
+)
+def test_big_jpegs_are_drafted(
+    monkeypatch: pytest.MonkeyPatch, size: tuple[int, int], drafted: tuple[int, int] | None
+) -> None:
+    calls: list[tuple[str | None, tuple[int, int] | None]] = []
+    draft = JpegImagePlugin.JpegImageFile.draft
+
+    def spy(
+        self: JpegImagePlugin.JpegImageFile, mode: str | None, size: tuple[int, int] | None
+    ) -> Any:
+        calls.append((mode, size))
+        return draft(self, mode, size)
+
+    monkeypatch.setattr(JpegImagePlugin.JpegImageFile, "draft", spy)
+    body = _encode(Image.new("RGB", size, (90, 90, 90)), "JPEG")
+    result = _processed(body)
+    assert calls == ([] if drafted is None else [("RGB", drafted)])
+    assert _thumbnail(result).size == thumbnail_size(*size, 640)
+
+
+# --- values --------------------------------------------------------------------------
+
+
+def test_results_pickle() -> None:
+    image = next(image for image in _GOOD if image.name == "exif-full-q90.jpg")
+    for value in (process_image(image.body), process_image(b"nope"), ImageLimits()):
+        assert pickle.loads(pickle.dumps(value)) == value
+
+
+def test_bugs_still_raise() -> None:
+    with pytest.raises(TypeError):
+        process_image("not bytes")  # type: ignore[arg-type]

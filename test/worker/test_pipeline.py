@@ -1,0 +1,264 @@
+import asyncio
+import json
+
+import pytest
+from structlog.testing import capture_logs
+
+from image_crawler import contract as c
+from test.harness.corpus import good_images
+from test.harness.fakes import FakeFetcher, FakePacer, FakeSink, FakeStats, FakeStore
+from test.harness.services import wait_for
+from worker.download.fetch import FetchResult
+from worker.images.pool import InlineProcessor
+from worker.pipeline import CRAWLED, DEAD_LETTERED, LINK_ROT, MALFORMED, Pipeline, RetryPolicy
+
+TOPIC = "urls.example"
+
+
+def task(uuid="u-1", url="http://origin.test/a.jpg", attempts=0):
+    return c.SourceTask(url=url, uuid=uuid, attempts=attempts).to_json()
+
+
+# Backoffs of a few milliseconds: the delays themselves are checked in test_retry_after.py.
+FAST_RETRIES = RetryPolicy(backoff_base_s=0.001, backoff_cap_s=0.004)
+
+
+def make(results=None, *, pacer=None, store=None, timeout_s=3600.0, retries=FAST_RETRIES):
+    parts = {
+        "pacer": pacer or FakePacer(),
+        "fetcher": FakeFetcher(results or {}),
+        "processor": InlineProcessor(),
+        "store": store or FakeStore(),
+        "sink": FakeSink(),
+        "stats": FakeStats(),
+    }
+    pipeline = Pipeline(
+        **parts, retries=retries, rate_limit_timeout_s=timeout_s, max_backoff_s=0.01
+    )
+    return pipeline, parts
+
+
+def jpeg_with_exif():
+    return next(i for i in good_images() if i.exif and i.content_type == "image/jpeg")
+
+
+async def test_a_crawled_image_is_stored_published_and_counted():
+    image = jpeg_with_exif()
+    pipeline, p = make({"http://origin.test/a.jpg": FetchResult("200", body=image.body)})
+    outcome = await pipeline.handle("example", task(), TOPIC)
+    assert outcome == pipeline_outcome("200", CRAWLED)
+    assert set(p["store"].objects) == {"u-1.jpg"}
+    resolution, exif = p["sink"].messages[c.METADATA_TOPIC]
+    assert resolution == {
+        "identifier": "u-1",
+        "width": image.width,
+        "height": image.height,
+        "filesize": len(image.body),
+        "compression_quality": image.quality,
+    }
+    assert exif["identifier"] == "u-1"
+    assert exif["exif"].items() >= image.exif.items()
+    assert p["sink"].keys[c.METADATA_TOPIC] == [b"u-1", b"u-1"]
+    assert p["stats"].outcomes == [("example", "200")]
+    assert p["pacer"].taken == ["example"]
+
+
+def pipeline_outcome(status, destination, attempts=1):
+    from worker.pipeline import Outcome
+
+    return Outcome(status, destination, attempts)
+
+
+async def test_an_image_without_exif_sends_no_exif_message():
+    image = next(i for i in good_images() if not i.exif)
+    pipeline, p = make({"http://origin.test/a.jpg": FetchResult("200", body=image.body)})
+    await pipeline.handle("example", task(), TOPIC)
+    assert [set(m) for m in p["sink"].messages[c.METADATA_TOPIC]] == [
+        {"identifier", "width", "height", "filesize", "compression_quality"}
+    ]
+
+
+async def test_404_goes_to_link_rot():
+    pipeline, p = make({})
+    outcome = await pipeline.handle("example", task(), TOPIC)
+    assert outcome.destination == LINK_ROT
+    (message,) = p["sink"].messages[c.LINK_ROT_TOPIC]
+    assert message["identifier"] == "u-1" and "T" in message["timestamp"]
+    assert p["stats"].outcomes == [("example", "404")]
+    assert not p["store"].objects
+
+
+@pytest.mark.parametrize("status", sorted(c.RETRYABLE_STATUSES))
+async def test_retryable_statuses_are_tried_up_to_max_attempts_then_dead_lettered(status):
+    url = "http://origin.test/a.jpg"
+    pipeline, p = make({url: FetchResult(status)})
+    with capture_logs() as logs:
+        outcome = await pipeline.handle("example", task(url=url), TOPIC)
+    assert outcome == pipeline_outcome(status, DEAD_LETTERED, attempts=c.MAX_ATTEMPTS)
+    (error,) = p["sink"].messages[c.CRAWL_ERRORS_TOPIC]
+    assert error["status"] == status and error["source"] == "example"
+    assert error["attempts"] == c.MAX_ATTEMPTS
+    assert p["fetcher"].requests == [url] * c.MAX_ATTEMPTS
+    # Every try waited for its own slot and was counted.
+    assert p["pacer"].taken == ["example"] * c.MAX_ATTEMPTS
+    assert p["stats"].outcomes == [("example", status)] * c.MAX_ATTEMPTS
+    retries = [e for e in logs if e["event"] == "retry_scheduled"]
+    assert [e["attempts"] for e in retries] == list(range(1, c.MAX_ATTEMPTS))
+    assert c.INBOUND_TOPIC not in p["sink"].messages  # retried here, not republished
+
+
+async def test_a_retry_that_succeeds_ends_with_the_image():
+    url = "http://origin.test/a.jpg"
+    image = jpeg_with_exif()
+    pipeline, p = make({url: [FetchResult("503"), FetchResult("200", body=image.body)]})
+    outcome = await pipeline.handle("example", task(url=url), TOPIC)
+    assert outcome == pipeline_outcome("200", CRAWLED, attempts=2)
+    assert "u-1.jpg" in p["store"].objects
+    assert p["stats"].outcomes == [("example", "503"), ("example", "200")]
+    assert p["stats"].signals == [("example", "503")]  # the 503 asked us to slow down
+    assert c.CRAWL_ERRORS_TOPIC not in p["sink"].messages
+
+
+async def test_the_attempts_of_an_inbound_message_count_towards_the_limit():
+    url = "http://origin.test/a.jpg"
+    pipeline, p = make({url: FetchResult("500")})
+    outcome = await pipeline.handle("example", task(url=url, attempts=3), TOPIC)
+    assert outcome.attempts == c.MAX_ATTEMPTS
+    assert len(p["fetcher"].requests) == c.MAX_ATTEMPTS - 3
+    assert p["sink"].messages[c.CRAWL_ERRORS_TOPIC][0]["attempts"] == c.MAX_ATTEMPTS
+
+
+async def test_max_attempts_is_a_setting():
+    url = "http://origin.test/a.jpg"
+    retries = RetryPolicy(max_attempts=1, backoff_base_s=0.001, backoff_cap_s=0.001)
+    pipeline, p = make({url: FetchResult("429")}, retries=retries)
+    outcome = await pipeline.handle("example", task(url=url), TOPIC)
+    assert outcome == pipeline_outcome("429", DEAD_LETTERED, attempts=1)
+    assert len(p["fetcher"].requests) == 1
+
+
+@pytest.mark.parametrize(
+    ("status", "header", "pause_s", "logged"),
+    [
+        ("429", "7", 7.0, {"retry_after"}),
+        ("503", "120", 120.0, {"retry_after"}),
+        ("429", "99999", c.MAX_RETRY_AFTER_S, {"retry_after_capped", "retry_after"}),
+        (
+            "503",
+            "Wed, 21 Oct 2099 07:28:00 GMT",
+            c.MAX_RETRY_AFTER_S,
+            {"retry_after_capped", "retry_after"},
+        ),
+        ("429", "soon", None, {"retry_after_malformed"}),
+        ("503", "-5", None, {"retry_after_malformed"}),
+        ("429", "Wed, 21 Oct 2015 07:28:00 GMT", None, set()),  # already past: no wait
+        ("500", "30", None, set()),  # only 429 and 503 speak for the whole source
+    ],
+)
+async def test_a_retry_after_pauses_the_whole_source(status, header, pause_s, logged):
+    url = "http://origin.test/a.jpg"
+    image = jpeg_with_exif()
+    answers = [FetchResult(status, retry_after=header), FetchResult("200", body=image.body)]
+    pipeline, p = make({url: answers})
+    with capture_logs() as logs:
+        outcome = await pipeline.handle("example", task(url=url), TOPIC)
+    assert outcome == pipeline_outcome("200", CRAWLED, attempts=2)  # tried again after it
+    assert p["pacer"].pauses == ([] if pause_s is None else [("example", pause_s)])
+    events = {e["event"] for e in logs}
+    assert events & {"retry_after", "retry_after_capped", "retry_after_malformed"} == logged
+
+
+async def test_a_response_much_slower_than_usual_is_a_backoff_signal():
+    url = "http://origin.test/a.jpg"
+    image = jpeg_with_exif()
+    usual = [FetchResult("200", body=image.body, response_s=0.05)] * 20
+    slow = FetchResult("200", body=image.body, response_s=5.0)
+    pipeline, p = make({url: [*usual, slow]})
+    for _ in range(21):
+        await pipeline.handle("example", task(url=url), TOPIC)
+    assert p["stats"].signals == [("example", "200")]  # the last one only
+
+
+@pytest.mark.parametrize("status", ["410", "Timeout", "TooLarge", "Blocked"])
+async def test_other_failures_go_straight_to_crawl_errors(status):
+    pipeline, p = make({"http://origin.test/a.jpg": FetchResult(status)})
+    outcome = await pipeline.handle("example", task(), TOPIC)
+    assert outcome.destination == DEAD_LETTERED
+    assert p["sink"].messages[c.CRAWL_ERRORS_TOPIC][0]["status"] == status
+    assert p["sink"].messages[c.CRAWL_ERRORS_TOPIC][0]["attempts"] == 1
+    assert len(p["fetcher"].requests) == 1
+    assert c.INBOUND_TOPIC not in p["sink"].messages
+    # A timeout is a backoff signal too, though it is not tried again.
+    assert p["stats"].signals == ([("example", status)] if status == "Timeout" else [])
+
+
+async def test_a_body_pillow_cannot_identify_is_counted_and_dead_lettered():
+    pipeline, p = make({"http://origin.test/a.jpg": FetchResult("200", body=b"<html>nope</html>")})
+    outcome = await pipeline.handle("example", task(), TOPIC)
+    assert outcome == pipeline_outcome("UnidentifiedImageError", DEAD_LETTERED)
+    assert p["stats"].outcomes == [("example", "UnidentifiedImageError")]
+    assert not p["store"].objects
+
+
+@pytest.mark.parametrize(
+    "raw", [b"not json", b"[]", b'{"url": "x"}', b'{"uuid": "", "url": "x"}', None]
+)
+async def test_malformed_messages_are_dead_lettered_and_counted_without_a_request(raw):
+    pipeline, p = make({})
+    outcome = await pipeline.handle("example", raw, TOPIC)
+    assert outcome.destination == MALFORMED
+    (error,) = p["sink"].messages[c.CRAWL_ERRORS_TOPIC]
+    assert set(error) == {"raw", "error", "topic", "time"} and error["topic"] == TOPIC
+    assert p["stats"].malformed == 1
+    assert p["fetcher"].requests == [] and p["pacer"].taken == []
+
+
+async def test_without_a_slot_no_request_is_made_and_the_wait_is_reported():
+    pacer = FakePacer(granted=set())
+    image = jpeg_with_exif()
+    pipeline, p = make(
+        {"http://origin.test/a.jpg": FetchResult("200", body=image.body)},
+        pacer=pacer,
+        timeout_s=0.05,
+    )
+    with capture_logs() as logs:
+        running = asyncio.create_task(pipeline.handle("example", task(), TOPIC))
+        await wait_for(
+            lambda: any(e["event"] == "rate_limit_timeout" for e in logs),
+            5,
+            what="rate_limit_timeout",
+        )
+        assert p["fetcher"].requests == []
+        assert not running.done()
+        pacer.grant_all()
+        outcome = await asyncio.wait_for(running, 5)
+    assert outcome.destination == CRAWLED
+    timeout = next(e for e in logs if e["event"] == "rate_limit_timeout")
+    assert timeout["source"] == "example" and timeout["identifier"] == "u-1"
+
+
+async def test_a_store_that_is_away_stalls_the_url_instead_of_losing_it():
+    image = jpeg_with_exif()
+    pipeline, p = make(
+        {"http://origin.test/a.jpg": FetchResult("200", body=image.body)},
+        store=FakeStore(failures=3),
+    )
+    with capture_logs() as logs:
+        outcome = await pipeline.handle("example", task(), TOPIC)
+    assert outcome.destination == CRAWLED
+    assert "u-1.jpg" in p["store"].objects
+    assert sum(e["event"] == "dependency_unavailable" for e in logs) == 3
+    assert json.loads(c.ResolutionMessage(**p["sink"].messages[c.METADATA_TOPIC][0]).to_json())
+
+
+@pytest.mark.parametrize("body_kind", ["image", "broken"])
+async def test_the_body_is_released_once_its_message_is_finished(body_kind):
+    body = jpeg_with_exif().body if body_kind == "image" else b"not an image"
+    released = []
+    fetched = FetchResult(
+        "200", body=body, release=lambda: released.append(len(p["store"].objects))
+    )
+    pipeline, p = make({"http://origin.test/a.jpg": fetched}, store=FakeStore(failures=2))
+    await pipeline.handle("example", task(), TOPIC)
+    # Once, and only after the thumbnail was stored (the store failed twice first).
+    assert released == ([1] if body_kind == "image" else [0])

@@ -1,0 +1,457 @@
+"""robots.txt against a real Redis and real HTTP origins on loopback: what is fetched, how
+often, what its answers mean, and what hostile files cost."""
+
+import asyncio
+import functools
+import json
+import time
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+from aiohttp import web
+from redis.asyncio import Redis
+from structlog.testing import capture_logs
+
+from image_crawler import contract as c
+from image_crawler.config import ConfigError
+from test.harness.fakes import FakePacer, FakeSink, FakeStats, FakeStore
+from test.harness.origin import DISCONNECT, Origin, Reply
+from test.harness.services import wait_for
+from worker.download.fetch import Fetcher, new_session
+from worker.download.netguard import AddressPolicy, parse_networks
+from worker.images.pool import InlineProcessor
+from worker.pipeline import DEAD_LETTERED, Outcome, Pipeline
+from worker.politeness.robots import Robots, RobotsEntry, RobotsGuard, origin_of
+from worker.settings import FetchSettings, RobotsSettings, WorkerSettings
+
+FETCH = FetchSettings(
+    connect_timeout_s=1, read_timeout_s=1, total_timeout_s=3, max_body_bytes=1_000_000
+)
+LOOPBACK = AddressPolicy(parse_networks("127.0.0.0/8"))
+# Short waits: the backoff's shape is test_retry_after.py's business.
+FAST = RobotsSettings(
+    token="image-crawler",
+    retry_base_s=0.2,
+    retry_cap_s=0.4,
+    poll_s=0.02,
+    slot_recheck_s=0.1,
+    fetch_timeout_s=3,
+)
+SOURCE = "example"
+ROBOTS = "User-agent: *\nDisallow: /private/\n\nUser-agent: Image-Crawler\nDisallow: /secret\n"
+
+
+@pytest.fixture
+async def session() -> AsyncIterator[object]:
+    http = new_session(FETCH, LOOPBACK)
+    yield http
+    await http.close()
+
+
+@pytest.fixture
+def second_host() -> Iterator[Origin]:
+    """Another host: same machine, another loopback address."""
+    server = Origin(host="127.0.0.2").start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def make_guard(redis, session, pacer=None, address=LOOPBACK, **changes) -> RobotsGuard:
+    settings = RobotsSettings(**{**_fields(FAST), **changes})
+    return RobotsGuard(redis, Fetcher(session, FETCH, address), pacer or FakePacer(), settings)
+
+
+def _fields(settings: RobotsSettings) -> dict[str, object]:
+    return {name: getattr(settings, name) for name in settings.__slots__}
+
+
+# --- what the file says ------------------------------------------------------------------
+async def test_our_group_decides_and_urls_are_not_requested_to_learn_it(redis, session, origin):
+    origin.set_robots(ROBOTS)
+    guard = make_guard(redis, session)
+    assert await guard.verdict(SOURCE, origin.url("/secret/a.jpg")) == c.ROBOTS_DISALLOWED
+    # The `*` group's rule is not ours: our product token has a group of its own.
+    assert await guard.verdict(SOURCE, origin.url("/private/a.jpg")) is None
+    assert await guard.verdict(SOURCE, origin.url("/robots.txt")) is None
+    assert origin.requests("/robots.txt") == 1
+    assert origin.total_requests == 1
+    (headers,) = origin.request_headers("/robots.txt")
+    assert headers["User-Agent"] == FETCH.user_agent
+
+
+async def test_the_entry_is_cached_in_redis_for_the_cache_period(redis, session, origin):
+    origin.set_robots(ROBOTS)
+    guard = make_guard(redis, session, cache_s=600)
+    await guard.verdict(SOURCE, origin.url("/a.jpg"))
+    where = origin_of(origin.url("/a.jpg"))
+    assert where is not None
+    key = c.robots_key(where[0])
+    assert key == f"robots:http://127.0.0.1:{origin.port}"
+    entry = RobotsEntry.from_json(await redis.get(key))
+    assert entry is not None and entry.status == "200" and entry.text == ROBOTS
+    assert 600 * 1000 <= await redis.pttl(key) <= 661 * 1000
+    assert not await redis.exists(c.robots_lock_key(where[0]))
+
+
+@pytest.mark.parametrize("status", [400, 401, 403, 404, 410, 451])
+async def test_a_4xx_allows_everything(redis, session, origin, status):
+    origin.add_status("/robots.txt", status)
+    guard = make_guard(redis, session)
+    assert await guard.verdict(SOURCE, origin.url("/secret/a.jpg")) is None
+    assert await guard.verdict(SOURCE, origin.url("/anything")) is None
+    assert origin.requests("/robots.txt") == 1
+
+
+# --- one fetch per host for the cluster -----------------------------------------------------
+async def test_concurrent_workers_and_a_restart_fetch_it_once(redis_url, session, origin):
+    # Slow to answer, so that every worker's first requests arrive while it is fetched.
+    origin.add_slow("/robots.txt", ROBOTS.encode(), 0.3, "text/plain")
+    clients = [Redis.from_url(redis_url, decode_responses=True) for _ in range(3)]
+    try:
+        workers = [make_guard(client, session) for client in clients[:2]]
+        urls = [origin.url(f"/secret/{i}.jpg") for i in range(20)]
+        answers = await asyncio.gather(*(w.verdict(SOURCE, u) for w in workers for u in urls))
+        assert set(answers) == {c.ROBOTS_DISALLOWED}
+        assert origin.requests("/robots.txt") == 1
+        assert sorted(w.fetches for w in workers) == [0, 1]
+        restarted = make_guard(clients[2], session)
+        assert await restarted.verdict(SOURCE, urls[0]) == c.ROBOTS_DISALLOWED
+        assert restarted.fetches == 0 and origin.requests("/robots.txt") == 1
+    finally:
+        for client in clients:
+            await client.aclose()
+
+
+async def test_a_robots_fetch_waits_for_the_sources_pacing_slot(redis, session, origin):
+    origin.set_robots(ROBOTS)
+    pacer = FakePacer(granted=set())
+    guard = make_guard(redis, session, pacer=pacer)
+    verdict = asyncio.create_task(guard.verdict(SOURCE, origin.url("/secret/a.jpg")))
+    await wait_for(lambda: pacer.waiting, 5, what="a slot to be asked for")
+    await asyncio.sleep(0.1)
+    assert origin.requests("/robots.txt") == 0 and not verdict.done()
+    pacer.grant_all()
+    assert await asyncio.wait_for(verdict, 5) == c.ROBOTS_DISALLOWED
+    assert origin.requests("/robots.txt") == 1
+
+
+async def test_a_source_without_a_rate_does_not_hold_back_another_on_the_same_host(
+    redis, session, origin
+):
+    origin.set_robots(ROBOTS)
+    pacer = FakePacer(granted={"paid"})
+    guard = make_guard(redis, session, pacer=pacer)
+    starved = asyncio.create_task(guard.verdict("starved", origin.url("/secret/a.jpg")))
+    await wait_for(lambda: pacer.waiting, 5, what="the starved source to ask for a slot")
+    paid = await asyncio.wait_for(guard.verdict("paid", origin.url("/secret/b.jpg")), 5)
+    assert paid == c.ROBOTS_DISALLOWED
+    # The file is known now, for every source: the starved one's URL is answered too.
+    assert await asyncio.wait_for(starved, 5) == c.ROBOTS_DISALLOWED
+    assert pacer.taken == ["paid"] and origin.requests("/robots.txt") == 1
+
+
+# --- unreachable ---------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "failure",
+    [500, 502, 503, 429, DISCONNECT, Reply(b"late", "text/plain", delay_s=10)],
+    ids=["500", "502", "503", "429", "disconnect", "timeout"],
+)
+async def test_an_unreachable_file_holds_its_urls_until_it_answers(redis, session, origin, failure):
+    origin.add_sequence("/robots.txt", [failure, Reply(ROBOTS.encode(), "text/plain")])
+    guard = make_guard(redis, session)
+    url = origin.url("/secret/a.jpg")
+    with capture_logs() as logs:
+        assert await guard.check(SOURCE, url) is Robots.UNAVAILABLE
+        started = time.monotonic()
+        assert await asyncio.wait_for(guard.verdict(SOURCE, url), 10) == c.ROBOTS_DISALLOWED
+    assert time.monotonic() - started >= 0.05  # it waited for the retry, about 0.1-0.2 s
+    assert origin.requests("/robots.txt") == 2
+    assert origin.requests("/secret/a.jpg") == 0
+    (unavailable,) = [e for e in logs if e["event"] == "robots_unavailable"]
+    assert unavailable["failures"] == 1 and unavailable["source"] == SOURCE
+
+
+async def test_urls_of_a_host_unreachable_too_long_end_as_robots_unavailable(
+    redis, session, origin
+):
+    origin.add_status("/robots.txt", 503)
+    guard = make_guard(redis, session, unavailable_max_s=0.8)
+    started = time.monotonic()
+    verdict = await asyncio.wait_for(guard.verdict(SOURCE, origin.url("/a.jpg")), 10)
+    assert verdict == c.ROBOTS_UNAVAILABLE
+    assert time.monotonic() - started >= 0.8
+    # Asked again with backoff meanwhile (0.1-0.2 s, then 0.2-0.4 s ...), not in a loop.
+    assert 2 <= origin.requests("/robots.txt") <= 6
+    assert origin.requests("/a.jpg") == 0
+
+
+async def test_a_429s_retry_after_is_obeyed_and_pauses_the_source(redis, session, origin):
+    origin.add_sequence(
+        "/robots.txt",
+        [
+            Reply(b"slow down", "text/plain", status=429, headers={"Retry-After": "1"}),
+            Reply(ROBOTS.encode(), "text/plain"),
+        ],
+    )
+    pacer = FakePacer()
+    guard = make_guard(redis, session, pacer=pacer)
+    started = time.monotonic()
+    assert await guard.verdict(SOURCE, origin.url("/secret/a.jpg")) == c.ROBOTS_DISALLOWED
+    assert time.monotonic() - started >= 1.0
+    assert pacer.pauses == [(SOURCE, 1.0)]
+    assert origin.requests("/robots.txt") == 2
+
+
+# --- redirects -----------------------------------------------------------------------------
+async def test_redirects_are_followed_and_the_rules_apply_to_the_first_host(
+    redis, session, origin, second_host
+):
+    second_host.add("/rules.txt", b"User-agent: *\nDisallow: /x\n", "text/plain")
+    origin.add("/robots.txt", b"", "text/plain", 301, {"Location": "/r1"})
+    for hop in range(1, 4):
+        origin.add(f"/r{hop}", b"", "text/plain", 302, {"Location": f"/r{hop + 1}"})
+    origin.add("/r4", b"", "text/plain", 307, {"Location": second_host.url("/rules.txt")})
+    guard = make_guard(redis, session)
+    assert await guard.verdict(SOURCE, origin.url("/x/a.jpg")) == c.ROBOTS_DISALLOWED
+    assert await guard.verdict(SOURCE, origin.url("/y/a.jpg")) is None
+    # The second host's own robots.txt was never asked: its rules were not what we read.
+    assert second_host.requests("/robots.txt") == 0
+
+
+async def test_a_redirect_loop_allows_everything(redis, session, origin):
+    origin.add("/robots.txt", b"", "text/plain", 301, {"Location": "/loop"})
+    origin.add("/loop", b"", "text/plain", 301, {"Location": "/robots.txt"})
+    guard = make_guard(redis, session)
+    assert await guard.verdict(SOURCE, origin.url("/secret/a.jpg")) is None
+    # The first request and five redirects, then RFC 9309 2.3.1.2: as if no file.
+    assert origin.total_requests == 6
+
+
+async def test_a_redirect_to_a_private_address_is_not_followed(redis, session, origin):
+    only_origin = AddressPolicy(parse_networks("127.0.0.1/32"))
+    origin.add("/robots.txt", b"", "text/plain", 302, {"Location": "http://127.0.0.9/robots.txt"})
+    guard = make_guard(redis, session, address=only_origin, unavailable_max_s=0.3)
+    assert await guard.check(SOURCE, origin.url("/a.jpg")) is Robots.UNAVAILABLE
+    assert await guard.verdict(SOURCE, origin.url("/a.jpg")) == c.ROBOTS_UNAVAILABLE
+
+
+async def test_a_host_the_fetcher_refuses_is_left_to_the_fetcher(redis, session, second_host):
+    # Its URLs end as Blocked without a request; they must not wait for a robots.txt that
+    # will never be asked for.
+    only_origin = AddressPolicy(parse_networks("127.0.0.1/32"))
+    guard = make_guard(redis, session, address=only_origin)
+    assert await guard.verdict(SOURCE, second_host.url("/a.jpg")) is None
+    assert second_host.total_requests == 0
+
+
+async def test_an_image_redirect_is_checked_against_its_hosts_robots(
+    redis, session, origin, second_host
+):
+    second_host.set_robots("User-agent: *\nDisallow: /hidden\n")
+    second_host.add("/hidden/a.jpg", b"x", "image/jpeg")
+    origin.add("/a.jpg", b"", "text/plain", 302, {"Location": second_host.url("/hidden/a.jpg")})
+    guard = make_guard(redis, session)
+    fetcher = Fetcher(session, FETCH, LOOPBACK)
+    permit = functools.partial(guard.hop_status, SOURCE)
+    result = await fetcher.fetch(origin.url("/a.jpg"), permit)
+    assert result.status == c.ROBOTS_DISALLOWED
+    assert second_host.requests("/robots.txt") == 1
+    assert second_host.requests("/hidden/a.jpg") == 0
+
+
+# --- Crawl-delay ---------------------------------------------------------------------------
+@pytest.mark.parametrize(("asked", "kept"), [("7", "7.0"), ("0.5", "0.5"), ("3600", "60.0")])
+async def test_a_crawl_delay_is_noted_for_the_monitor_capped(redis, session, origin, asked, kept):
+    origin.set_robots(f"User-agent: *\nCrawl-delay: {asked}\nDisallow: /x\n")
+    guard = make_guard(redis, session)
+    with capture_logs() as logs:
+        assert await guard.verdict(SOURCE, origin.url("/a.jpg")) is None
+    assert await redis.get(c.crawl_delay_key(SOURCE)) == kept
+    assert await redis.smembers(c.CRAWL_DELAYED_SET) == {SOURCE}
+    # The robots.txt request was a request: the next one waits a delay after it.
+    seconds, micros = await redis.time()
+    next_slot = float(await redis.get(c.pace_next_key(SOURCE)))
+    assert next_slot - (seconds + micros / 1e6) == pytest.approx(float(kept), abs=0.5)
+    capped = [e for e in logs if e["event"] == "crawl_delay_capped"]
+    assert len(capped) == (asked == "3600")
+
+
+async def test_the_largest_crawl_delay_of_a_sources_hosts_is_kept(
+    redis, session, origin, second_host
+):
+    origin.set_robots("User-agent: *\nCrawl-delay: 9\n")
+    second_host.set_robots("User-agent: *\nCrawl-delay: 2\n")
+    guard = make_guard(redis, session)
+    await guard.verdict(SOURCE, origin.url("/a.jpg"))
+    await guard.verdict(SOURCE, second_host.url("/a.jpg"))
+    assert await redis.get(c.crawl_delay_key(SOURCE)) == "9.0"
+
+
+# --- operators decide ----------------------------------------------------------------------
+async def test_an_exempt_source_skips_robots_txt(redis, session, origin):
+    origin.set_robots("User-agent: *\nDisallow: /\nCrawl-delay: 5\n")
+    await redis.sadd(c.ROBOTS_EXEMPT_SET, SOURCE)
+    guard = make_guard(redis, session)
+    assert await guard.verdict(SOURCE, origin.url("/a.jpg")) is None
+    assert await guard.verdict("other", origin.url("/a.jpg")) == c.ROBOTS_DISALLOWED
+    assert origin.requests("/robots.txt") == 1  # for "other" only
+    assert not await redis.exists(c.crawl_delay_key(SOURCE))
+
+
+async def test_the_exempt_set_is_read_again(redis, session, origin):
+    origin.set_robots("User-agent: *\nDisallow: /\n")
+    guard = make_guard(redis, session, exempt_refresh_s=0.05)
+    assert await guard.verdict(SOURCE, origin.url("/a.jpg")) == c.ROBOTS_DISALLOWED
+    await redis.sadd(c.ROBOTS_EXEMPT_SET, SOURCE)
+    await asyncio.sleep(0.1)
+    assert await guard.verdict(SOURCE, origin.url("/a.jpg")) is None
+
+
+async def test_policy_ignore_fetches_nothing(redis, session, origin):
+    origin.set_robots("User-agent: *\nDisallow: /\n")
+    guard = make_guard(redis, session, policy="ignore")
+    assert await guard.verdict(SOURCE, origin.url("/a.jpg")) is None
+    assert origin.total_requests == 0
+
+
+# --- hostile files -------------------------------------------------------------------------
+def _trickle(seconds: float):
+    async def handler(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/plain"})
+        await response.prepare(request)
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            await response.write(b"#")
+            await asyncio.sleep(0.5)
+        return response
+
+    return handler
+
+
+HEAD = b"User-agent: *\nDisallow: /blocked\n"
+
+
+@pytest.mark.parametrize(
+    ("body", "blocked"),
+    [
+        (HEAD + b"# filler line\n" * (50 * 1024 * 1024 // 14), True),  # 50 MB
+        (HEAD + b"Disallow: /" + b"a" * (1024 * 1024), True),  # one line of 1 MB
+        (bytes(range(256)) * 4096, False),  # binary garbage, NULs included
+        (b"<!DOCTYPE html><html><body><p>Disallow: /blocked</p></body></html>", False),
+        (b"User-agent: *\nDisallow: /caf\xe9\nDisallow: /blocked\n", True),  # Latin-1
+        (b"\xef\xbb\xbf" + HEAD, True),  # a byte-order mark
+    ],
+    ids=["50MB", "1MB-line", "binary", "html", "latin-1", "bom"],
+)
+async def test_hostile_files_cost_little_and_break_nothing(redis, session, origin, body, blocked):
+    origin.set_robots(body)
+    guard = make_guard(redis, session)
+    verdict = await guard.verdict(SOURCE, origin.url("/blocked/a.jpg"))
+    assert verdict == (c.ROBOTS_DISALLOWED if blocked else None)
+    assert await guard.verdict(SOURCE, origin.url("/open/a.jpg")) is None
+    entry = RobotsEntry.from_json(await redis.get(c.robots_key(f"http://127.0.0.1:{origin.port}")))
+    assert entry is not None and entry.text is not None
+    # One character per byte read at most (undecodable bytes become U+FFFD).
+    assert len(entry.text) <= c.ROBOTS_MAX_BYTES
+
+
+async def test_a_trickling_server_times_out_and_is_unreachable(redis, session, origin):
+    origin.add_handler("/robots.txt", _trickle(30))
+    guard = make_guard(redis, session, fetch_timeout_s=1.0, unavailable_max_s=60)
+    started = time.monotonic()
+    assert await guard.check(SOURCE, origin.url("/a.jpg")) is Robots.UNAVAILABLE
+    assert time.monotonic() - started < 5
+
+
+async def test_an_entry_that_is_not_ours_is_fetched_again(redis, session, origin):
+    origin.set_robots(ROBOTS)
+    await redis.set(c.robots_key(f"http://127.0.0.1:{origin.port}"), "not json")
+    guard = make_guard(redis, session)
+    assert await guard.verdict(SOURCE, origin.url("/secret/a.jpg")) == c.ROBOTS_DISALLOWED
+    assert origin.requests("/robots.txt") == 1
+
+
+# --- in the pipeline -----------------------------------------------------------------------
+async def test_a_disallowed_url_is_dead_lettered_counted_and_never_requested(
+    redis, session, origin
+):
+    origin.set_robots(ROBOTS)
+    origin.add("/secret/a.jpg", b"x", "image/jpeg")
+    sink, stats = FakeSink(), FakeStats()
+    pipeline = Pipeline(
+        pacer=FakePacer(),
+        fetcher=Fetcher(session, FETCH, LOOPBACK),
+        processor=InlineProcessor(),
+        store=FakeStore(),
+        sink=sink,
+        stats=stats,
+        robots=make_guard(redis, session),
+    )
+    url = origin.url("/secret/a.jpg")
+    message = c.SourceTask(url=url, uuid="u-1", attempts=0).to_json()
+    outcome = await pipeline.handle(SOURCE, message, "urls.example")
+    assert outcome == Outcome(c.ROBOTS_DISALLOWED, DEAD_LETTERED, 0)
+    (error,) = sink.messages[c.CRAWL_ERRORS_TOPIC]
+    assert (error["status"], error["url"], error["source"]) == (c.ROBOTS_DISALLOWED, url, SOURCE)
+    assert stats.outcomes == [(SOURCE, c.ROBOTS_DISALLOWED)]
+    assert origin.requests("/secret/a.jpg") == 0
+
+
+def test_entries_round_trip_and_bad_ones_are_none():
+    entry = RobotsEntry("503", None, 1.0, 2.0, unavailable_since=1.0, failures=3)
+    assert RobotsEntry.from_json(entry.to_json()) == entry
+    for raw in ["", "[]", "{}", json.dumps({"status": 1, "fetched_at": "x"}), "null"]:
+        assert RobotsEntry.from_json(raw) is None
+
+
+@pytest.mark.parametrize(
+    ("url", "origin"),
+    [
+        ("http://Example.COM/a.jpg", "http://example.com:80"),
+        ("https://example.com/a", "https://example.com:443"),
+        ("http://example.com:8080/a?b#c", "http://example.com:8080"),
+        ("http://[::1]:81/a", "http://::1:81"),
+        ("ftp://example.com/a", None),
+        ("not a url", None),
+        ("http:///nohost", None),
+    ],
+)
+def test_origin_of(url, origin):
+    where = origin_of(url)
+    assert (where and where[0]) == origin
+
+
+# --- settings ------------------------------------------------------------------------------
+def _settings(**env: str) -> RobotsSettings:
+    return WorkerSettings.from_env({"AWS_ACCESS_KEY_ID": "x", **env}).robots
+
+
+def test_the_settings_default_to_obeying_as_the_user_agents_product_token():
+    settings = _settings()
+    assert (settings.policy, settings.token) == ("obey", "image-crawler")
+    assert (settings.cache_s, settings.unavailable_max_s) == (86400.0, 86400.0)
+    assert settings.max_crawl_delay_s == 60.0
+    assert _settings(USER_AGENT="PhotoBot/2.0 (+mailto:ops@example.org)").token == "PhotoBot"
+    assert _settings(ROBOTS_USER_AGENT="Our_Bot", USER_AGENT="x/1").token == "Our_Bot"
+    assert _settings(ROBOTS_POLICY=" IGNORE ").policy == "ignore"
+    assert _settings(ROBOTS_POLICY="").policy == "obey"  # empty means the default
+    changed = _settings(ROBOTS_CACHE_S="600", ROBOTS_UNAVAILABLE_MAX_S="7", MAX_CRAWL_DELAY_S="5")
+    assert (changed.cache_s, changed.unavailable_max_s, changed.max_crawl_delay_s) == (600, 7, 5)
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"ROBOTS_POLICY": "sometimes"}, "ROBOTS_POLICY must be one of obey, ignore"),
+        ({"ROBOTS_USER_AGENT": "image-crawler/1.0"}, "ROBOTS_USER_AGENT must be a product token"),
+        ({"ROBOTS_USER_AGENT": "two words"}, "ROBOTS_USER_AGENT must be a product token"),
+        ({"ROBOTS_CACHE_S": "0"}, "ROBOTS_CACHE_S must be a number of seconds above 0"),
+        ({"MAX_CRAWL_DELAY_S": "-1"}, "MAX_CRAWL_DELAY_S"),
+        ({"ROBOTS_UNAVAILABLE_MAX_S": "soon"}, "ROBOTS_UNAVAILABLE_MAX_S"),
+    ],
+)
+def test_bad_settings_are_refused_with_their_name(env, message):
+    with pytest.raises(ConfigError, match=message):
+        _settings(**env)

@@ -1,0 +1,351 @@
+"""Downloading one URL: the only place the worker speaks HTTP to a source.
+
+A fetch ends in a ``FetchResult`` whose status is the HTTP code or an error name; network
+failures are outcomes, not exceptions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+import types
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+import aiohttp
+from yarl import URL
+
+from image_crawler.contract import Status
+from worker.download.budget import ByteBudget
+from worker.download.netguard import AddressPolicy, BlockedAddressError, GuardedResolver
+from worker.images.pool import Body, body_size
+from worker.settings import FetchSettings
+
+ALLOWED_SCHEMES = frozenset({"http", "https"})
+REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
+_CHUNK_BYTES = 256 * 1024
+_FIRST_ESTIMATE = 1024 * 1024  # what a fetch takes of the budget before it knows better
+_MIN_ESTIMATE = 64 * 1024
+# A Retry-After is a number or a date: anything longer is junk, kept short for the logs.
+RETRY_AFTER_MAX_CHARS = 200
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FetchResult:
+    status: str  # "200", "404", "Timeout", "ServerDisconnected", "TooLarge", "Blocked", ...
+    # As it arrived: pieces are not joined, the image pool copies them where it needs them.
+    body: Body | None = None
+    detail: str = ""
+    # Gives the body's bytes back to the fetcher's budget; call once the body is done with.
+    release: Callable[[], None] = dataclasses.field(default=lambda: None, repr=False)
+    # The raw Retry-After header of a final response other than 200 or a redirect (the
+    # first RETRY_AFTER_MAX_CHARS characters), None without one; see
+    # worker/politeness/retry_after.py.
+    retry_after: str | None = None
+    # Seconds from sending the final hop's request to its response headers: the server's
+    # answer time, without the wait for a connection. None when no response came.
+    response_s: float | None = None
+    # Redirects followed before this result (its hop's index).
+    redirects: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "200" and self.body is not None
+
+
+# Asked before each redirect hop: None lets the hop go ahead, a status ends the fetch with
+# that status (robots.txt: worker/politeness/robots.py).
+HopPermit = Callable[[URL], Awaitable[str | None]]
+
+
+class UrlFetcher(Protocol):
+    async def fetch(self, url: str, permit: HopPermit | None = None) -> FetchResult:
+        """Download ``url``; every failure is a status, never an exception."""
+        ...
+
+
+def new_session(settings: FetchSettings, policy: AddressPolicy) -> aiohttp.ClientSession:
+    """The one HTTP client of a worker process.
+
+    Names are resolved once, through ``policy``, and the connector connects to the checked
+    addresses only. Proxy variables are ignored on purpose: a proxy would resolve again.
+    """
+    timeout = aiohttp.ClientTimeout(
+        total=settings.total_timeout_s,
+        connect=settings.connect_timeout_s,
+        sock_read=settings.read_timeout_s,
+    )
+    connector = aiohttp.TCPConnector(
+        limit=settings.max_connections, ttl_dns_cache=300, resolver=GuardedResolver(policy)
+    )
+    # Marks when each request's headers are written: the response time the fetcher reports
+    # starts there, not before a wait for a free connection (our queue, not the server's).
+    timing = aiohttp.TraceConfig()
+    timing.on_request_headers_sent.append(_headers_sent)
+    session = aiohttp.ClientSession(
+        connector=connector,
+        timeout=timeout,
+        trust_env=False,
+        headers={"User-Agent": settings.user_agent},
+        # No cookies: each URL is fetched as if it were the first. A jar would send one
+        # source's cookies back on every later request and keep those of every host the
+        # crawl ever touched, for the life of the process.
+        cookie_jar=aiohttp.DummyCookieJar(),
+        max_line_size=settings.max_header_bytes,
+        max_field_size=settings.max_header_bytes,
+        # Reads of up to a chunk at a time (aiohttp's default of 64 KiB makes a 2 MB body
+        # four times as many wake-ups).
+        read_bufsize=_CHUNK_BYTES,
+        trace_configs=[timing],
+    )
+    # aiohttp (3.10 onwards, 3.14 included) silently repeats a GET whose connection was
+    # dropped or reset: a second request to the source that pacing never granted. 3.10 has
+    # no way to stop it; from 3.11 on this private flag does (aiohttp's own test client
+    # sets it the same way), hence aiohttp>=3.11. test_fetch pins one request per fetch.
+    session._retry_connection = False
+    return session
+
+
+class _Timing:
+    """When one request's headers were sent (``time.monotonic()``), None until then."""
+
+    __slots__ = ("sent_at",)
+
+    def __init__(self) -> None:
+        self.sent_at: float | None = None
+
+
+async def _headers_sent(
+    session: aiohttp.ClientSession,
+    context: types.SimpleNamespace,
+    params: aiohttp.TraceRequestHeadersSentParams,
+) -> None:
+    request_context = context.trace_request_ctx
+    if isinstance(request_context, dict):
+        timing = request_context.get("timing")
+        if isinstance(timing, _Timing):
+            timing.sent_at = time.monotonic()
+
+
+class Fetcher:
+    """GETs a URL with the session it is given, within the size and redirect limits.
+
+    Redirects are followed here, not by aiohttp, so that every hop's URL is checked
+    against ``policy`` before it is requested (a literal address never reaches the
+    resolver, which checks names). With a ``budget``, a body's bytes are taken from it
+    before they are read and held until the caller calls ``FetchResult.release``.
+
+    The wait for budget happens before the request is sent, never while a response is
+    open (its read timeout would run out while it waits): the fetcher takes a typical
+    body's size up front (a running mean of recent bodies) and a body that turns out
+    larger takes the difference as an overdraft (``ByteBudget.take``).
+    """
+
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        settings: FetchSettings,
+        policy: AddressPolicy,
+        budget: ByteBudget | None = None,
+    ) -> None:
+        self._session = session
+        self._settings = settings
+        self._policy = policy
+        self._budget = budget
+        self._typical_body = _FIRST_ESTIMATE
+
+    async def fetch(self, url: str, permit: HopPermit | None = None) -> FetchResult:
+        """Download ``url``, asking ``permit`` before each redirect hop."""
+        try:
+            current = URL(url)
+        except (ValueError, TypeError) as e:
+            return FetchResult(Status.INVALID_URL, detail=str(e))
+        refusal = self._refusal(current)
+        if refusal is not None:  # refused before it waits for any budget
+            return FetchResult(Status.BLOCKED, detail=refusal)
+        hold = _Hold(self._budget)
+        if self._budget is not None:
+            hold.held = await self._budget.acquire(self._typical_body)
+        read = _Read(self._settings.max_body_bytes, truncate=False)
+        try:
+            result = await self._follow(current, hold, read, permit, self._settings.max_redirects)
+        except BaseException:
+            hold.release()
+            raise
+        if result.ok:
+            assert result.body is not None
+            self._learn(body_size(result.body))
+        else:
+            hold.release()
+        return result
+
+    async def fetch_text(self, url: str, max_bytes: int, max_redirects: int) -> FetchResult:
+        """GET a small text resource (robots.txt): the first ``max_bytes`` of the body
+        are kept and the rest is not read (``detail`` then says "truncated"). Outside the
+        byte budget, which is for images: ``max_bytes`` bounds it."""
+        try:
+            current = URL(url)
+        except (ValueError, TypeError) as e:
+            return FetchResult(Status.INVALID_URL, detail=str(e))
+        read = _Read(max_bytes, truncate=True)
+        return await self._follow(current, _Hold(None), read, None, max_redirects)
+
+    async def _follow(
+        self,
+        url: URL,
+        hold: _Hold,
+        read: _Read,
+        permit: HopPermit | None,
+        max_redirects: int,
+    ) -> FetchResult:
+        current = url
+        for hop in range(max_redirects + 1):
+            result = await self._hop(current, hold, read, permit if hop else None)
+            if isinstance(result, FetchResult):
+                return dataclasses.replace(result, redirects=hop) if hop else result
+            current = result
+        return FetchResult(
+            Status.TOO_MANY_REDIRECTS, detail=f"more than {max_redirects}", redirects=max_redirects
+        )
+
+    async def _hop(
+        self, url: URL, hold: _Hold, read: _Read, permit: HopPermit | None
+    ) -> FetchResult | URL:
+        refusal = self._refusal(url)
+        if refusal is not None:
+            return FetchResult(Status.BLOCKED, detail=refusal)
+        if permit is not None:
+            status = await permit(url)
+            if status is not None:
+                return FetchResult(status, detail=str(url))
+        return await self._get_once(url, hold, read)
+
+    def _learn(self, size: int) -> None:
+        # A running mean over about the last 32 bodies, kept within sensible bounds.
+        mean = self._typical_body + (size - self._typical_body) // 32
+        self._typical_body = min(max(mean, _MIN_ESTIMATE), self._settings.max_body_bytes)
+
+    def _refusal(self, url: URL) -> str | None:
+        if url.scheme.lower() not in ALLOWED_SCHEMES:
+            return f"scheme {url.scheme!r} is not http or https"
+        if not url.host:
+            return "no host"
+        return self._policy.refusal(url.host)
+
+    async def _get_once(self, url: URL, hold: _Hold, read: _Read) -> FetchResult | URL:
+        """One request: a final result, or the URL a redirect points to."""
+        timing = _Timing()
+        # The fallback start, for a session built without new_session's trace.
+        started = time.monotonic()
+        try:
+            async with self._session.get(
+                url, allow_redirects=False, trace_request_ctx={"timing": timing}
+            ) as response:
+                sent_at = started if timing.sent_at is None else timing.sent_at
+                response_s = max(0.0, time.monotonic() - sent_at)
+                if response.status in REDIRECT_STATUSES:
+                    location = response.headers.get("Location")
+                    if not location:
+                        return FetchResult(
+                            str(response.status),
+                            detail="redirect without Location",
+                            response_s=response_s,
+                        )
+                    return response.url.join(URL(location))
+                if response.status != 200:
+                    retry_after = response.headers.get("Retry-After")
+                    if retry_after is not None:
+                        retry_after = retry_after[:RETRY_AFTER_MAX_CHARS]
+                    return FetchResult(
+                        str(response.status), retry_after=retry_after, response_s=response_s
+                    )
+                return await self._read_body(response, hold, read, response_s)
+        except aiohttp.ServerDisconnectedError as e:
+            return FetchResult(Status.SERVER_DISCONNECTED, detail=str(e))
+        except (TimeoutError, aiohttp.ServerTimeoutError) as e:
+            return FetchResult(Status.TIMEOUT, detail=repr(e))
+        except (aiohttp.InvalidURL, aiohttp.NonHttpUrlClientError, ValueError) as e:
+            return FetchResult(Status.INVALID_URL, detail=str(e))
+        except aiohttp.ClientConnectorError as e:
+            if isinstance(e.os_error, BlockedAddressError):
+                return FetchResult(Status.BLOCKED, detail=str(e.os_error))
+            return FetchResult(Status.CONNECTION_ERROR, detail=str(e))
+        except aiohttp.ClientPayloadError as e:
+            return FetchResult(Status.PAYLOAD_ERROR, detail=str(e))
+        except aiohttp.ClientResponseError as e:
+            return FetchResult(Status.BAD_RESPONSE, detail=str(e))
+        except aiohttp.ClientError as e:
+            return FetchResult(Status.CLIENT_ERROR, detail=repr(e))
+
+    async def _read_body(
+        self, response: aiohttp.ClientResponse, hold: _Hold, read: _Read, response_s: float
+    ) -> FetchResult:
+        cap = read.max_bytes
+        declared = response.content_length
+        if declared is not None and declared > cap and not read.truncate:
+            return FetchResult(
+                Status.TOO_LARGE, detail=f"Content-Length {declared}", response_s=response_s
+            )
+        if declared is not None:
+            hold.cover(declared)
+        chunks: list[bytes] = []
+        size = 0
+        detail = ""
+        async for chunk in response.content.iter_chunked(min(_CHUNK_BYTES, cap + 1)):
+            size += len(chunk)
+            if size > cap:
+                if not read.truncate:
+                    return FetchResult(
+                        Status.TOO_LARGE, detail=f"body over {cap} bytes", response_s=response_s
+                    )
+                # The rest is never read: the connection is closed, not drained.
+                chunks.append(chunk[: len(chunk) - (size - cap)])
+                size, detail = cap, f"truncated at {cap} bytes"
+                break
+            hold.cover(size)  # no Content-Length, or a wrong one
+            chunks.append(chunk)
+        body: Body = chunks[0] if len(chunks) == 1 else tuple(chunks)
+        return FetchResult(
+            "200", body=body, detail=detail, release=hold.keep(size), response_s=response_s
+        )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Read:
+    """How much of a body is read: over ``max_bytes`` it is TooLarge, or, with
+    ``truncate``, cut there."""
+
+    max_bytes: int
+    truncate: bool
+
+
+class _Hold:
+    """The bytes of the budget one fetch holds."""
+
+    def __init__(self, budget: ByteBudget | None) -> None:
+        self.budget = budget
+        self.held = 0
+
+    def cover(self, size: int) -> None:
+        """Hold at least ``size`` bytes, taking any difference at once."""
+        if self.budget is not None and size > self.held:
+            self.held += self.budget.take(size - self.held)
+
+    def keep(self, size: int) -> Callable[[], None]:
+        """Give back all but ``size`` bytes now; the returned call gives back the rest."""
+        if self.budget is not None and self.held > size:
+            self.budget.release(self.held - size)
+            self.held = size
+        return self.release
+
+    def release(self) -> None:
+        if self.budget is not None and self.held:
+            self.budget.release(self.held)
+        self.held = 0
+
+
+async def close_session(session: aiohttp.ClientSession) -> None:
+    await session.close()
+    # Lets the connector's transports close before the loop goes (aiohttp's advice).
+    await asyncio.sleep(0)

@@ -1,0 +1,269 @@
+"""The image kernel: one downloaded body in, dimensions, quality, EXIF and a thumbnail out.
+
+Pure and picklable so that it can run in a process pool: no asyncio, no I/O, no global
+Pillow state touched. Every expected problem with the body (not an image, corrupt,
+too big) is an `ImageFailure` value; exceptions are left for bugs.
+"""
+
+from __future__ import annotations
+
+import io
+import mmap
+import struct
+import warnings
+import zlib
+from dataclasses import dataclass, field
+from typing import IO, Any, cast
+
+from PIL import Image, JpegImagePlugin
+
+from image_crawler.contract import Status
+from worker.images.exif import ExifLimits, exif_to_json
+from worker.images.quality import estimate_jpeg_quality
+
+_EXIF_IFD = 0x8769
+_GPS_IFD = 0x8825
+_DETAIL_MAX_CHARS = 200
+# A reducing gap of 2 is, per Pillow's documentation, very close to fair resampling
+# while letting most of the reduction happen in the fast integer box reduce.
+_REDUCING_GAP = 2.0
+
+# What Pillow raises on bodies it recognised but cannot decode: truncated data, bad
+# chunks, impossible headers, broken compressed streams.
+_DECODE_ERRORS = (OSError, SyntaxError, ValueError, EOFError, struct.error, zlib.error)
+# What Pillow raises while parsing an EXIF block's header (the tags are parsed lazily,
+# and exif_to_json guards those itself).
+_EXIF_ERRORS = (SyntaxError, OSError, ValueError, TypeError, struct.error)
+
+
+@dataclass(frozen=True, slots=True)
+class ImageLimits:
+    """What `process_image` accepts and produces.
+
+    `thumbnail_px` is the longest side of the thumbnail in pixels, `max_pixels` the
+    largest width * height decoded (a bigger image is a DecompressionBombError),
+    `formats` the Pillow format names tried, `thumbnail_quality` the JPEG quality of the
+    thumbnail (1..100). Note that Pillow itself refuses images over twice its global
+    `Image.MAX_IMAGE_PIXELS` in `Image.open`, whatever `max_pixels` says.
+    """
+
+    thumbnail_px: int = 640
+    max_pixels: int = 89_478_485
+    formats: tuple[str, ...] = ("JPEG", "PNG", "GIF", "WEBP", "TIFF", "BMP")
+    thumbnail_quality: int = 85
+    exif: ExifLimits = field(default_factory=ExifLimits)
+
+    def __post_init__(self) -> None:
+        if self.thumbnail_px < 1:
+            raise ValueError(f"thumbnail_px must be >= 1, got {self.thumbnail_px}")
+        if self.max_pixels < 1:
+            raise ValueError(f"max_pixels must be >= 1, got {self.max_pixels}")
+        if not self.formats:
+            raise ValueError("formats must name at least one Pillow format")
+        if not 1 <= self.thumbnail_quality <= 100:
+            raise ValueError(f"thumbnail_quality must be 1..100, got {self.thumbnail_quality}")
+
+
+DEFAULT_LIMITS = ImageLimits()
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessedImage:
+    """A decoded image.
+
+    `width` and `height` are the stored pixel size of the original (no EXIF rotation),
+    `format` Pillow's format name ("JPEG", "PNG", "MPO"...), `compression_quality` the
+    estimated JPEG quality (1..100) or None for other formats, `exif` the EXIF as JSON
+    (see `exif_to_json`) or None when the image has none, `thumbnail` a baseline JPEG
+    (RGB or L) whose longest side is at most `ImageLimits.thumbnail_px`, same aspect,
+    never upscaled, as stored (not rotated by EXIF Orientation).
+    """
+
+    width: int
+    height: int
+    format: str
+    compression_quality: int | None
+    exif: dict[str, Any] | None
+    thumbnail: bytes = field(repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class ImageFailure:
+    """A body that did not give a thumbnail.
+
+    `status` is "UnidentifiedImageError" (not an image, or a format not allowed),
+    "ImageDecodeError" (recognised but truncated or corrupt) or "DecompressionBombError"
+    (width * height over `ImageLimits.max_pixels`); `detail` a short reason, at most
+    200 characters.
+    """
+
+    status: str
+    detail: str
+
+
+def thumbnail_size(width: int, height: int, max_px: int) -> tuple[int, int]:
+    """The (width, height) in pixels of a thumbnail whose longest side is at most `max_px`.
+
+    Keeps the aspect ratio (the short side is rounded to the nearest pixel, at least 1)
+    and never upscales: an image that already fits keeps its size.
+    """
+    if width < 1 or height < 1 or max_px < 1:
+        raise ValueError(f"sizes must be >= 1, got {width}x{height} and max {max_px}")
+    long_side, short_side = max(width, height), min(width, height)
+    if long_side <= max_px:
+        return width, height
+    scaled = max(1, (short_side * max_px + long_side // 2) // long_side)
+    return (max_px, scaled) if width >= height else (scaled, max_px)
+
+
+def process_image(
+    body: bytes | mmap.mmap, limits: ImageLimits = DEFAULT_LIMITS
+) -> ProcessedImage | ImageFailure:
+    """Decode `body` once and describe it, or say why it cannot be.
+
+    `body` is the downloaded bytes, or a read-only map of exactly them (how the worker's
+    pool processes see a body, without copying it); the results are the same.
+
+    CPU only, no I/O. Pillow's warnings about the data (decompression bombs, corrupt
+    EXIF) are silenced inside this call only, with `warnings.catch_warnings()`, which is
+    process-wide: run it in processes, not in several threads at once.
+    `limits.max_pixels` is enforced from the header, before anything is decoded.
+    """
+    with warnings.catch_warnings():
+        # Pillow's data-dependent warnings are UserWarnings, and its bomb warning only
+        # restates the limit that we enforce ourselves.
+        warnings.simplefilter("ignore", UserWarning)
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        try:
+            im = Image.open(_readable(body), formats=limits.formats)
+        except Image.UnidentifiedImageError:
+            return ImageFailure(
+                Status.UNIDENTIFIED_IMAGE,
+                f"not an image in an allowed format ({', '.join(limits.formats)})",
+            )
+        except Image.DecompressionBombError as err:
+            return _failure(Status.DECOMPRESSION_BOMB, err)
+        except _DECODE_ERRORS as err:
+            return _failure(Status.IMAGE_DECODE_ERROR, err)
+        with im:
+            try:
+                return _process(im, limits)
+            except Image.DecompressionBombError as err:
+                return _failure(Status.DECOMPRESSION_BOMB, err)
+            except _DECODE_ERRORS as err:
+                return _failure(Status.IMAGE_DECODE_ERROR, err)
+
+
+def _readable(body: bytes | mmap.mmap) -> IO[bytes]:
+    # Never a str: Image.open would take it for a path and open that file.
+    if isinstance(body, bytes):
+        return io.BytesIO(body)
+    if isinstance(body, mmap.mmap):
+        return cast(IO[bytes], body)  # read, seek and tell, as Pillow needs
+    raise TypeError(f"body must be bytes or mmap, not {type(body).__name__}")
+
+
+def _process(im: Image.Image, limits: ImageLimits) -> ProcessedImage | ImageFailure:
+    width, height = im.size
+    if width * height > limits.max_pixels:
+        return ImageFailure(
+            Status.DECOMPRESSION_BOMB,
+            f"{width}x{height} is {width * height} pixels, over the limit of {limits.max_pixels}",
+        )
+    jpeg = im if isinstance(im, JpegImagePlugin.JpegImageFile) else None  # MPO too
+    quality = estimate_jpeg_quality(jpeg.quantization) if jpeg is not None else None
+    if im.format == "PNG":
+        # PNG may keep eXIf after the image data; Pillow would decode the image to find it
+        # from inside getexif(), where a decode error would look like bad EXIF.
+        im.load()
+    exif = _read_exif(im, limits.exif)
+
+    target = thumbnail_size(width, height, limits.thumbnail_px)
+    box: tuple[float, float, float, float] | None = None
+    if jpeg is not None and target != (width, height):
+        # DCT scaling: libjpeg decodes straight to 1/2, 1/4 or 1/8 of the size, the
+        # smallest of those that is still at least the target.
+        drafted = jpeg.draft("RGB", target)
+        if drafted is not None:
+            box = drafted[1]
+    im.load()
+
+    frame = _resizable(im)
+    if frame.size != target:
+        frame = frame.resize(target, Image.Resampling.BICUBIC, box=box, reducing_gap=_REDUCING_GAP)
+    frame = _flatten(frame)
+    out = io.BytesIO()
+    frame.save(out, "JPEG", quality=limits.thumbnail_quality, optimize=False)
+    return ProcessedImage(
+        width=width,
+        height=height,
+        format=im.format or "",
+        compression_quality=quality,
+        exif=exif,
+        thumbnail=out.getvalue(),
+    )
+
+
+def _read_exif(im: Image.Image, limits: ExifLimits) -> dict[str, Any] | None:
+    try:
+        exif = im.getexif()
+    except _EXIF_ERRORS:
+        return None  # a broken EXIF block does not make a broken image
+    if not _has_exif_block(im, exif):
+        return None
+    return exif_to_json(exif, limits) or None
+
+
+def _has_exif_block(im: Image.Image, exif: Image.Exif) -> bool:
+    # getexif() also synthesises Orientation from XMP, and for TIFF returns the file's own
+    # structure tags; neither is EXIF the image carries.
+    if "exif" in im.info or "Raw profile type exif" in im.info:
+        return True
+    return im.format == "TIFF" and (_EXIF_IFD in exif or _GPS_IFD in exif)
+
+
+def _resizable(im: Image.Image) -> Image.Image:
+    """Convert to L, RGB, LA or RGBA: modes Pillow resizes well (it premultiplies alpha)."""
+    mode = im.mode
+    if mode in ("L", "RGB"):
+        if "transparency" in im.info:
+            return im.convert(mode + "A" if mode == "L" else "RGBA")
+        return im
+    if mode in ("LA", "RGBA"):
+        return im
+    if mode == "1":
+        return im.convert("L")
+    if mode == "La":
+        return im.convert("LA")
+    if mode in ("P", "PA"):
+        return im.convert("RGBA" if im.has_transparency_data else "RGB")
+    if mode.startswith("I;16"):
+        # 16-bit samples: map 0..65535 onto 0..255 instead of clipping at 255.
+        return im.convert("I").point(lambda value: value / 257).convert("L")
+    if mode in ("I", "F"):
+        return _stretch_to_l(im)
+    return im.convert("RGBA" if im.has_transparency_data else "RGB")
+
+
+def _stretch_to_l(im: Image.Image) -> Image.Image:
+    # Single-band I and F images: getextrema() gives (min, max) numbers.
+    low, high = cast(tuple[float, float], im.getextrema())
+    if low >= 0 and high <= 255:
+        return im.convert("L")
+    scale = 255 / (high - low) if high > low else 0.0
+    return im.point(lambda value: (value - low) * scale).convert("L")
+
+
+def _flatten(im: Image.Image) -> Image.Image:
+    """Composite alpha onto white; the result is L or RGB, what JPEG stores."""
+    if im.mode not in ("LA", "RGBA"):
+        return im
+    base_mode = im.mode[:-1]
+    base = Image.new(base_mode, im.size, "white")
+    base.paste(im, (0, 0), im)
+    return base
+
+
+def _failure(status: str, err: BaseException) -> ImageFailure:
+    detail = str(err) or type(err).__name__
+    return ImageFailure(status, detail[:_DETAIL_MAX_CHARS])

@@ -1,0 +1,507 @@
+"""robots.txt (RFC 9309): asked of each host before its first URL, once for the cluster.
+
+Every URL's host (scheme, host and port: its *origin*) is looked up before the URL takes
+its pacing slot. What the host's ``/robots.txt`` said is cached in Redis
+(``robots:{origin}``) for ``cache_s``, and in each worker's memory until then, so that
+two workers, or a restarted one, do not fetch it again. The first worker to need a host
+takes ``robots_lock:{origin}`` and fetches the file; the others (and the other requests
+of its own process, which share one in-process load) read the result once it is
+written.
+
+A robots.txt fetch is a request to the server: it takes a pacing slot of the source
+whose URL asked for it. It follows up to ``ROBOTS_MAX_REDIRECTS`` redirects (the rules
+are still those of the original host), the same address checks and timeouts as image
+fetches, and reads at most ``ROBOTS_MAX_BYTES`` (the RFC asks for at least 500 KiB): a
+longer file is cut at its last whole line. What its answer means (RFC 9309 2.3.1):
+
+- 2xx: the file's rules (decoded as UTF-8, anything undecodable replaced);
+- 4xx but 429, or more than ``ROBOTS_MAX_REDIRECTS`` redirects: no rules, everything
+  allowed;
+- 5xx, 429, a timeout or a network error: unreachable, everything disallowed for now. It
+  is asked again after an exponential backoff (``retry_base_s``, doubling to
+  ``retry_cap_s``; a 429's or 503's Retry-After if longer, which also pauses the source
+  for every worker). Its URLs wait, neither lost nor requested; once the host has been
+  unreachable for ``unavailable_max_s`` they end as ``RobotsUnavailable``.
+
+A disallowed URL ends as ``RobotsDisallowed``, never requested. A ``Crawl-delay`` (not in
+the RFC, widely used) caps the source's rate: the largest delay of a source's hosts goes
+to ``crawl_delay:{source}``, which the pacing script obeys at once (one request per delay
+at most, the robots.txt request counted) and the leading monitor turns into the source's
+rate within a loop. Sources in the set ``robots_exempt`` (an operator has the sites'
+permission) and every source under ``policy="ignore"`` skip all of this.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import enum
+import json
+import random
+import secrets
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from typing import Final, Protocol
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+from yarl import URL
+
+from image_crawler.contract import (
+    CRAWL_DELAYED_SET,
+    RETRY_AFTER_STATUSES,
+    ROBOTS_DISALLOWED,
+    ROBOTS_EXEMPT_SET,
+    ROBOTS_MAX_BYTES,
+    ROBOTS_MAX_REDIRECTS,
+    ROBOTS_UNAVAILABLE,
+    Status,
+    crawl_delay_key,
+    pace_next_key,
+    robots_key,
+    robots_lock_key,
+)
+from image_crawler.logs import get_logger
+from image_crawler.lua import lua_script
+from worker.download.fetch import FetchResult
+from worker.images.pool import Body
+from worker.politeness.pacing import Pacer
+from worker.politeness.retry_after import backoff_delay, parse_retry_after
+from worker.politeness.robots_rules import RobotsRules
+from worker.settings import RobotsSettings
+
+log = get_logger(__name__)
+
+# A redirect hop whose host's robots.txt cannot be fetched now: the fetch ends with this
+# status and the pipeline waits for that host as it waits for a URL's own (never an
+# outcome of a message).
+ROBOTS_PENDING: Final = "RobotsPending"
+
+_NOTE_DELAY_SCRIPT: Final = lua_script("worker.politeness", "robots_note_delay.lua")
+
+
+class Robots(enum.Enum):
+    """What robots.txt says of one URL now."""
+
+    ALLOWED = "allowed"
+    DISALLOWED = "disallowed"
+    UNAVAILABLE = "unavailable"
+
+
+class TextFetcher(Protocol):
+    async def fetch_text(self, url: str, max_bytes: int, max_redirects: int) -> FetchResult: ...
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RobotsEntry:
+    """What one host's robots.txt fetch found, as cached in ``robots:{origin}``.
+
+    ``text`` is the file (None: a 4xx, everything allowed, or unavailable). Fresh until
+    ``expires_at`` (Unix s): then it is fetched again. While the host is unreachable,
+    ``unavailable_since`` is the first failure of the outage and ``failures`` counts
+    them; ``expires_at`` is when to ask again.
+    """
+
+    status: str
+    text: str | None
+    fetched_at: float
+    expires_at: float
+    unavailable_since: float | None = None
+    failures: int = 0
+
+    @property
+    def available(self) -> bool:
+        return self.unavailable_since is None
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "status": self.status,
+                "text": self.text,
+                "fetched_at": self.fetched_at,
+                "expires_at": self.expires_at,
+                "unavailable_since": self.unavailable_since,
+                "failures": self.failures,
+            }
+        )
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> RobotsEntry | None:
+        """The entry, or None when ``raw`` is not one (written by hand, or by an older
+        version): it is then fetched again."""
+        try:
+            obj = json.loads(raw)
+            text = obj["text"]
+            since = obj.get("unavailable_since")
+            return cls(
+                status=str(obj["status"]),
+                text=text if isinstance(text, str) else None,
+                fetched_at=float(obj["fetched_at"]),
+                expires_at=float(obj["expires_at"]),
+                unavailable_since=None if since is None else float(since),
+                failures=int(obj.get("failures", 0)),
+            )
+        except (ValueError, TypeError, KeyError, AttributeError):
+            return None
+
+
+def origin_of(url: str) -> tuple[str, str] | None:
+    """``(origin, robots.txt URL)`` of an http(s) URL with a host, else None (the fetcher
+    refuses those URLs itself)."""
+    try:
+        parsed = URL(url)
+        scheme, host, port = parsed.scheme.lower(), parsed.host, parsed.port
+    except (ValueError, TypeError):
+        return None
+    if scheme not in ("http", "https") or not host or port is None:
+        return None
+    host = host.lower()
+    robots_url = str(URL.build(scheme=scheme, host=host, port=port, path="/robots.txt"))
+    return f"{scheme}://{host}:{port}", robots_url
+
+
+def decode_robots(body: Body | None, truncated: bool) -> str:
+    """A robots.txt body as text: UTF-8 with a byte-order mark dropped, anything
+    undecodable replaced; a body cut at the size cap loses its last, partial, line (a
+    cut ``Allow: /public`` would allow more than the file does)."""
+    raw = b"" if body is None else body if isinstance(body, bytes) else b"".join(body)
+    if truncated:
+        raw = raw[: raw.rfind(b"\n") + 1]
+    return raw.decode("utf-8", errors="replace").removeprefix("\ufeff")
+
+
+# A URL the fetcher will not request at all.
+_REFUSED: Final = frozenset({Status.BLOCKED, Status.INVALID_URL})
+# Files longer than this are parsed outside the event loop.
+_PARSE_INLINE_CHARS: Final = 32 * 1024
+
+
+@dataclasses.dataclass(slots=True)
+class _Known:
+    """A host's entry as this worker holds it, parsed."""
+
+    entry: RobotsEntry
+    rules: RobotsRules | None  # None while unavailable
+    # Sources whose Crawl-delay from this entry is already written.
+    delays_noted: set[str] = dataclasses.field(default_factory=set)
+
+
+class RobotsGuard:
+    """Answers, for each URL, what its host's robots.txt says (``check``), waiting while
+    it cannot be known (``verdict``)."""
+
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        fetcher: TextFetcher,
+        pacer: Pacer,
+        settings: RobotsSettings | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._redis = redis
+        self._fetcher = fetcher
+        self._pacer = pacer
+        self._settings = settings or RobotsSettings()
+        self._clock = clock
+        self._rng = rng or random.Random()
+        self._note_delay = redis.register_script(_NOTE_DELAY_SCRIPT)
+        self._known: OrderedDict[str, _Known] = OrderedDict()
+        self._loading: dict[str, asyncio.Task[_Known]] = {}
+        # Origin -> the sources whose URLs wait for its load.
+        self._asking: dict[str, set[str]] = {}
+        self._exempt: frozenset[str] = frozenset()
+        self._exempt_read_at = -float("inf")
+        self._exempt_lock = asyncio.Lock()
+        self.fetches = 0  # robots.txt requests this worker made
+
+    async def verdict(self, source: str, url: str) -> str | None:
+        """None when ``url`` may be requested; else the status it ends with
+        (``RobotsDisallowed``, or ``RobotsUnavailable`` once its host has been
+        unreachable for ``unavailable_max_s``). Waits while the host is unreachable."""
+        while True:
+            answer, known = await self._answer(source, url)
+            if answer is Robots.ALLOWED:
+                return None
+            if answer is Robots.DISALLOWED:
+                return ROBOTS_DISALLOWED
+            assert known is not None
+            entry, now = known.entry, self._clock()
+            since = now if entry.unavailable_since is None else entry.unavailable_since
+            give_up_at = since + self._settings.unavailable_max_s
+            if now >= give_up_at:
+                return ROBOTS_UNAVAILABLE
+            # Until it is asked again (by whichever worker), or the URL's time is up.
+            wait_s = min(entry.expires_at, give_up_at) - now
+            await asyncio.sleep(max(wait_s, self._settings.poll_s))
+
+    async def hop_status(self, source: str, hop: URL) -> str | None:
+        """For a redirect hop: None when it may be requested, ``RobotsDisallowed``, or
+        ``ROBOTS_PENDING`` when its host's robots.txt cannot be fetched now."""
+        answer, _ = await self._answer(source, str(hop))
+        if answer is Robots.ALLOWED:
+            return None
+        return ROBOTS_DISALLOWED if answer is Robots.DISALLOWED else ROBOTS_PENDING
+
+    async def check(self, source: str, url: str) -> Robots:
+        """What robots.txt says of ``url`` now (fetching it first if nobody has)."""
+        answer, _ = await self._answer(source, url)
+        return answer
+
+    async def _answer(self, source: str, url: str) -> tuple[Robots, _Known | None]:
+        if self._settings.policy == "ignore" or await self._is_exempt(source):
+            return Robots.ALLOWED, None
+        where = origin_of(url)
+        if where is None:
+            return Robots.ALLOWED, None  # not a URL the fetcher will request
+        origin, robots_url = where
+        known = await self._known_for(source, origin, robots_url)
+        if known.rules is None:
+            return Robots.UNAVAILABLE, known
+        if known.rules.crawl_delay_s and source not in known.delays_noted:
+            await self._note_crawl_delay(source, origin, known)
+        return (Robots.ALLOWED if known.rules.allows(url) else Robots.DISALLOWED), known
+
+    # --- the exempt set ------------------------------------------------------------------
+    async def _is_exempt(self, source: str) -> bool:
+        if self._clock() - self._exempt_read_at >= self._settings.exempt_refresh_s:
+            async with self._exempt_lock:
+                if self._clock() - self._exempt_read_at >= self._settings.exempt_refresh_s:
+                    await self._read_exempt()
+        return source in self._exempt
+
+    async def _read_exempt(self) -> None:
+        try:
+            members = await self._redis.smembers(ROBOTS_EXEMPT_SET)
+        except RedisError as e:
+            # The last set read stays in force; Redis is asked again at the next refresh.
+            log.warning("redis_unavailable", op="read_robots_exempt", error=repr(e))
+        else:
+            exempt = frozenset(m.decode() if isinstance(m, bytes) else m for m in members)
+            if exempt != self._exempt:
+                log.info("robots_exempt_changed", sources=sorted(exempt))
+            self._exempt = exempt
+        self._exempt_read_at = self._clock()
+
+    # --- this worker's copy ----------------------------------------------------------------
+    async def _known_for(self, source: str, origin: str, robots_url: str) -> _Known:
+        known = self._known.get(origin)
+        if known is not None and self._clock() < known.entry.expires_at:
+            self._known.move_to_end(origin)
+            return known
+        # Every source with a URL waiting for the host offers its pacing slots.
+        self._asking.setdefault(origin, set()).add(source)
+        task = self._loading.get(origin)
+        if task is None:
+            task = asyncio.create_task(self._load(origin, robots_url))
+            self._loading[origin] = task
+            task.add_done_callback(lambda _: self._forget_load(origin))
+        # Shielded: one waiter cancelled (its worker stopping) does not cancel the others'.
+        known = await asyncio.shield(task)
+        self._known[origin] = known
+        self._known.move_to_end(origin)
+        while len(self._known) > self._settings.local_hosts:
+            self._known.popitem(last=False)
+        return known
+
+    def _forget_load(self, origin: str) -> None:
+        self._loading.pop(origin, None)
+        self._asking.pop(origin, None)
+
+    async def _load(self, origin: str, robots_url: str) -> _Known:
+        backoff_s = self._settings.poll_s
+        while True:
+            try:
+                entry = await self._shared_entry(origin, robots_url)
+            except RedisError as e:
+                log.warning("redis_unavailable", op="robots", origin=origin, error=repr(e))
+                await asyncio.sleep(backoff_s)
+                backoff_s = min(backoff_s * 2, 5.0)
+                continue
+            if entry is not None:
+                if entry.text is not None and len(entry.text) > _PARSE_INLINE_CHARS:
+                    # A file of 512 KiB takes Protego ~200 ms: in a thread, the event loop
+                    # (every other request's pacing slot) keeps turning meanwhile.
+                    return await asyncio.to_thread(self._parsed, entry)
+                return self._parsed(entry)
+            await asyncio.sleep(self._settings.poll_s)
+
+    def _parsed(self, entry: RobotsEntry) -> _Known:
+        if not entry.available:
+            return _Known(entry, None)
+        if entry.text is None:
+            return _Known(entry, RobotsRules.allow_all(self._settings.token))
+        return _Known(entry, RobotsRules.parse(entry.text, self._settings.token))
+
+    # --- the cluster's copy ----------------------------------------------------------------
+    async def _shared_entry(self, origin: str, robots_url: str) -> RobotsEntry | None:
+        """The host's fresh entry: read from Redis, or fetched by this worker if nobody
+        is fetching it. None: another worker is; look again soon."""
+        key, lock = robots_key(origin), robots_lock_key(origin)
+        entry = await self._read(key)
+        if entry is not None and self._clock() < entry.expires_at:
+            return entry
+        if await self._redis.exists(lock):
+            return None
+        # A robots.txt request is a request to the server: it waits for a slot.
+        source = await self._slot(origin)
+        previous = entry
+        entry = await self._read(key)
+        if entry is not None and self._clock() < entry.expires_at:
+            return entry  # fetched by another worker while this one waited
+        lock_ms = int((self._settings.fetch_timeout_s + 10) * 1000)
+        if not await self._redis.set(lock, secrets.token_hex(8), nx=True, px=lock_ms):
+            return None
+        try:
+            entry = await self._fetch(source, origin, robots_url, previous or entry)
+            await self._redis.set(key, entry.to_json(), px=self._keep_ms(entry))
+        finally:
+            with contextlib.suppress(RedisError):
+                await self._redis.delete(lock)
+        return entry
+
+    async def _slot(self, origin: str) -> str:
+        """A pacing slot of any source with a URL waiting for ``origin`` (one without a
+        rate, halted or unknown, must not hold the others back); returns that source."""
+        while True:
+            sources = sorted(self._asking.get(origin, ()))
+            if not sources:  # closing
+                await asyncio.sleep(self._settings.slot_recheck_s)
+                continue
+            asks: dict[asyncio.Future[None], str] = {
+                asyncio.ensure_future(self._pacer.acquire(s)): s for s in sources
+            }
+            done, pending = await _first_of(asks, self._settings.slot_recheck_s)
+            for future in pending:
+                future.cancel()  # gives the slot to the source's next request
+            if done:
+                return asks[next(iter(done))]
+
+    async def _read(self, key: str) -> RobotsEntry | None:
+        raw = await self._redis.get(key)
+        return None if raw is None else RobotsEntry.from_json(raw)
+
+    def _keep_ms(self, entry: RobotsEntry) -> int:
+        """How long Redis keeps an entry: while fresh, and while unavailable as long as
+        the outage may still end its URLs (its start must be remembered)."""
+        until = entry.expires_at
+        if entry.unavailable_since is not None:
+            until = max(until, entry.unavailable_since + self._settings.unavailable_max_s)
+        return max(1000, int((until - self._clock()) * 1000) + 60_000)
+
+    async def _fetch(
+        self, source: str, origin: str, robots_url: str, previous: RobotsEntry | None
+    ) -> RobotsEntry:
+        self.fetches += 1
+        settings = self._settings
+        started = time.monotonic()
+        try:
+            async with asyncio.timeout(settings.fetch_timeout_s):
+                result = await self._fetcher.fetch_text(
+                    robots_url, ROBOTS_MAX_BYTES, ROBOTS_MAX_REDIRECTS
+                )
+        except TimeoutError:
+            result = FetchResult(Status.TIMEOUT, detail=f"over {settings.fetch_timeout_s:g} s")
+        now, status = self._clock(), result.status
+        took_s = round(time.monotonic() - started, 3)
+        if status.isdigit() and 200 <= int(status) < 300:
+            text = decode_robots(result.body, truncated=bool(result.detail))
+            log.info("robots_fetched", origin=origin, status=status, bytes=len(text), took_s=took_s)
+            if result.detail:
+                log.warning("robots_truncated", origin=origin, detail=result.detail)
+            return RobotsEntry(status, text, now, now + settings.cache_s)
+        if (
+            (status.isdigit() and 400 <= int(status) < 500 and status != Status.TOO_MANY_REQUESTS)
+            or status == Status.TOO_MANY_REDIRECTS  # RFC 9309 2.3.1.2: as if there were no file
+            # The host itself is one the fetcher refuses: its URLs end as Blocked, without
+            # a request, rather than wait for a file that will never be asked for.
+            or (status in _REFUSED and not result.redirects)
+        ):
+            log.info("robots_fetched", origin=origin, status=status, allows="everything")
+            return RobotsEntry(status, None, now, now + settings.cache_s)
+        return await self._unavailable(source, origin, result, previous, now)
+
+    async def _unavailable(
+        self,
+        source: str,
+        origin: str,
+        result: FetchResult,
+        previous: RobotsEntry | None,
+        now: float,
+    ) -> RobotsEntry:
+        ongoing = previous is not None and previous.unavailable_since is not None
+        since = previous.unavailable_since if ongoing and previous else now
+        failures = previous.failures + 1 if ongoing and previous else 1
+        settings = self._settings
+        wait_s = backoff_delay(
+            failures, base_s=settings.retry_base_s, cap_s=settings.retry_cap_s, rng=self._rng
+        )
+        if result.status in RETRY_AFTER_STATUSES and result.retry_after is not None:
+            asked = parse_retry_after(result.retry_after, now, settings.max_retry_after_s)
+            if asked.delay_s:
+                wait_s = max(wait_s, asked.delay_s)
+                # Every source waiting for the host: the server asked it of all of them.
+                for waiting in {source, *self._asking.get(origin, ())}:
+                    with contextlib.suppress(RedisError):
+                        await self._pacer.pause(waiting, asked.delay_s)
+        assert since is not None
+        log.warning(
+            "robots_unavailable",
+            origin=origin,
+            source=source,
+            status=result.status,
+            detail=result.detail[:200],
+            failures=failures,
+            retry_in_s=round(wait_s, 1),
+            unavailable_s=round(now - since, 1),
+        )
+        return RobotsEntry(result.status, None, now, now + wait_s, since, failures)
+
+    # --- Crawl-delay ---------------------------------------------------------------------
+    async def _note_crawl_delay(self, source: str, origin: str, known: _Known) -> None:
+        assert known.rules is not None and known.rules.crawl_delay_s is not None
+        asked_s = known.rules.crawl_delay_s
+        delay_s = min(asked_s, self._settings.max_crawl_delay_s)
+        if delay_s < asked_s:
+            log.warning(
+                "crawl_delay_capped",
+                source=source,
+                origin=origin,
+                crawl_delay_s=asked_s,
+                cap_s=delay_s,
+            )
+        # A minute beyond the file's expiry: the file is fetched again by then, and the
+        # delay noted again, so the cap never lapses in between.
+        keep_ms = max(1000, int((known.entry.expires_at - self._clock() + 60) * 1000))
+        try:
+            await self._note_delay(
+                keys=[crawl_delay_key(source), CRAWL_DELAYED_SET, pace_next_key(source)],
+                args=[repr(delay_s), keep_ms, source],
+            )
+        except RedisError as e:
+            log.warning("redis_unavailable", op="note_crawl_delay", source=source, error=repr(e))
+            return  # noted at a later URL
+        known.delays_noted.add(source)
+        log.info("crawl_delay", source=source, origin=origin, crawl_delay_s=delay_s)
+
+    def close(self) -> None:
+        self._asking.clear()
+        for task in self._loading.values():
+            task.cancel()
+        self._loading.clear()
+
+
+async def _first_of(
+    futures: Mapping[asyncio.Future[None], str], timeout_s: float
+) -> tuple[set[asyncio.Future[None]], set[asyncio.Future[None]]]:
+    """Waits for the first of ``futures`` (cancelled with the caller: ``asyncio.wait``
+    leaves them running)."""
+    try:
+        return await asyncio.wait(futures, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        for future in futures:
+            future.cancel()
+        raise
