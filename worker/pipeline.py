@@ -49,12 +49,13 @@ from image_crawler.contract import (
     utc_now_iso,
 )
 from image_crawler.logs import get_logger
+from image_crawler.retry import backoff_delay
 from worker.download.fetch import FetchResult, UrlFetcher
 from worker.images.kernel import ImageFailure
 from worker.images.pool import ImageProcessor, body_size
 from worker.politeness.latency import LatencyWatch
 from worker.politeness.pacing import Pacer
-from worker.politeness.retry_after import backoff_delay, parse_retry_after
+from worker.politeness.retry_after import parse_retry_after
 from worker.politeness.robots import ROBOTS_PENDING, RobotsGuard
 from worker.sinks.base import DependencyError, MetadataSink, ThumbnailStore
 from worker.stats import StatsRecorder

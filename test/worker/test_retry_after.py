@@ -1,9 +1,8 @@
-"""Retry-After parsing, the cap, and the exponential backoff with jitter (pure)."""
+"""Retry-After parsing and its cap (pure)."""
 
 from __future__ import annotations
 
 import math
-import random
 
 import pytest
 
@@ -11,7 +10,6 @@ from image_crawler import contract
 from image_crawler.config import ConfigError
 from worker.politeness.retry_after import (
     RetryAfter,
-    backoff_delay,
     cap_retry_after,
     parse_retry_after,
 )
@@ -81,51 +79,6 @@ def test_without_a_cap_any_delay_is_kept():
 )
 def test_the_cap(seconds, max_s, expected):
     assert cap_retry_after(seconds, max_s) == expected
-
-
-@pytest.mark.parametrize(
-    ("attempt", "base_s", "cap_s", "draw", "expected"),
-    [
-        # d = min(cap, base * 2**(attempt-1)); the wait is d/2 + draw * d/2.
-        (1, 1.0, 60.0, 0.0, 0.5),
-        (1, 1.0, 60.0, 0.5, 0.75),
-        (2, 1.0, 60.0, 0.0, 1.0),
-        (3, 1.0, 60.0, 0.5, 3.0),
-        (4, 1.0, 60.0, 0.0, 4.0),
-        (6, 1.0, 60.0, 0.0, 16.0),
-        (7, 1.0, 60.0, 0.0, 30.0),  # 64 s is over the cap
-        (7, 1.0, 60.0, 0.5, 45.0),
-        (100, 1.0, 60.0, 0.0, 30.0),
-        (10**9, 1.0, 60.0, 0.0, 30.0),  # no overflow
-        (3, 0.5, 60.0, 0.0, 1.0),
-        (3, 2.0, 5.0, 0.0, 2.5),
-    ],
-)
-def test_backoff_delays(attempt, base_s, cap_s, draw, expected):
-    assert backoff_delay(attempt, base_s=base_s, cap_s=cap_s, rng=lambda: draw) == expected
-
-
-@pytest.mark.parametrize("seed", range(5))
-def test_jittered_delays_stay_between_half_the_step_and_the_step(seed):
-    rng = random.Random(seed)
-    for attempt in range(1, 12):
-        step = min(60.0, 2.0 ** (attempt - 1))
-        delays = [backoff_delay(attempt, rng=rng) for _ in range(200)]
-        assert all(step / 2 <= d < step for d in delays), (attempt, min(delays), max(delays))
-        # Jitter spreads the retries of URLs that failed together.
-        assert max(delays) - min(delays) > step / 4
-
-
-def test_the_draw_may_come_from_the_shared_generator():
-    assert 0.5 <= backoff_delay(1) < 1.0
-
-
-def test_attempts_count_from_one():
-    with pytest.raises(ValueError, match="attempt"):
-        backoff_delay(0)
-
-
-# --- settings ----------------------------------------------------------------------------
 
 
 def test_attempts_and_the_retry_after_cap_default_to_the_contract():

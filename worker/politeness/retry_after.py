@@ -4,9 +4,8 @@ A 429 or 503 may say when to come back (RFC 9110, section 10.2.3): ``Retry-After
 either a number of seconds (``120``) or an HTTP date (``Fri, 31 Dec 1999 23:59:59 GMT``).
 ``parse_retry_after`` turns either into seconds from now, capped by ``max_s``; a value
 that is neither is malformed and treated as absent (the caller logs it). Without one, a
-retry waits ``backoff_delay``: exponential growth with "equal jitter", so that the URLs
-that failed together do not come back together. Pure functions: the clock and the
-randomness are arguments.
+retry waits ``image_crawler.retry.backoff_delay``. Pure functions: the clock is an
+argument.
 """
 
 from __future__ import annotations
@@ -15,9 +14,7 @@ import dataclasses
 import datetime
 import email.utils
 import math
-import random
 import re
-from collections.abc import Callable
 
 # delta-seconds = 1*DIGIT. Matched as text, never converted blindly: a header of 10,000
 # digits must not become a huge int (Python refuses str-to-int past 4,300 digits).
@@ -84,37 +81,3 @@ def _http_date(text: str) -> float | None:
         return when.timestamp()
     except (OverflowError, ValueError, OSError):
         return None
-
-
-RandomSource = random.Random | Callable[[], float]
-
-
-def backoff_delay(
-    attempt: int,
-    *,
-    base_s: float = 1.0,
-    cap_s: float = 60.0,
-    rng: RandomSource | None = None,
-) -> float:
-    """Seconds to wait before try ``attempt + 1``, after ``attempt`` tries (1 = the first).
-
-    ``d = min(cap_s, base_s * 2 ** (attempt - 1))``, then "equal jitter": ``d/2`` plus a
-    uniform draw from ``[0, d/2)``, so the wait never falls below half the exponential
-    step and never exceeds ``cap_s``. ``rng`` is a ``random.Random`` or a function
-    returning a float in ``[0, 1)`` (default: the module's shared generator).
-    """
-    if attempt < 1:
-        raise ValueError(f"attempt counts from 1, got {attempt}")
-    # 2 ** 1100 is past a float's range; any exponent beyond the cap's is the cap anyway.
-    exponent = min(attempt - 1, 1023)
-    step = min(cap_s, base_s * 2.0**exponent)
-    draw = _draw(rng)
-    return step / 2 + draw * step / 2
-
-
-def _draw(rng: RandomSource | None) -> float:
-    if rng is None:
-        return random.random()
-    if isinstance(rng, random.Random):
-        return rng.random()
-    return rng()

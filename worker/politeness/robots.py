@@ -65,10 +65,11 @@ from image_crawler.contract import (
 )
 from image_crawler.logs import get_logger
 from image_crawler.lua import lua_script
+from image_crawler.retry import backoff_delay
 from worker.download.fetch import FetchResult
 from worker.images.pool import Body
 from worker.politeness.pacing import Pacer
-from worker.politeness.retry_after import backoff_delay, parse_retry_after
+from worker.politeness.retry_after import parse_retry_after
 from worker.politeness.robots_rules import RobotsRules
 from worker.settings import RobotsSettings
 
