@@ -28,6 +28,7 @@ from bench.kernel import measure_kernel
 from bench.monitor_loop import measure_monitor
 from bench.report import render_markdown, render_text, verdicts
 from bench.services import ROOT, Origin
+from worker.settings import WorkerSettings
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
@@ -55,7 +56,12 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
         default="sink",
         help="where thumbnails go: bench.s3sink (default) or moto",
     )
-    parser.add_argument("--max-tasks", type=int, default=3000, help="MAX_TASKS of each worker")
+    parser.add_argument(
+        "--max-tasks",
+        type=int,
+        default=WorkerSettings().max_tasks,
+        help="MAX_TASKS of each worker (default: the worker's)",
+    )
     parser.add_argument(
         "--rate", type=float, default=100_000.0, help="override_rate of every source, requests/s"
     )

@@ -36,9 +36,10 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from bench.procstats import MemorySample, ProcessTree, Sampler, at_progress
 from bench.services import S3Sink, s3_service, thumbnails_stored
-from crawlctl.localstack.services import KafkaBroker, ModuleProcess, RedisServer, wait_for
+from crawlctl.localstack.processes import ModuleProcess
+from crawlctl.localstack.services import KafkaBroker, RedisServer
 from image_crawler import contract as c
-from test.harness.services import S3Server, create_bucket, create_topics
+from test.harness.services import S3Server, create_bucket, create_topics, wait_for
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -166,7 +167,7 @@ def _worker_env(
         "S3_BUCKET": bucket,
         "MAX_TASKS": str(config.max_tasks),
         "IMAGE_PROCESSES": str(config.image_processes),
-        "SOURCES_POLL_SECONDS": "1",
+        "SOURCES_POLL_S": "1",
         "ALLOWED_PRIVATE_NETWORKS": "127.0.0.1/32",
         "LOG_LEVEL": "INFO",
     }

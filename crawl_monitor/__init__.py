@@ -2,14 +2,15 @@
 per-source queues and regulates the crawl through per-source rates in Redis and breakers.
 
 - ``settings``: ``MonitorSettings.from_env()``
-- ``rates``: ``compute_crawl_rate``, overrides (pure)
-- ``adaptive``: the effective rate while a server pushes back (AIMD, pure)
-- ``breakers``: temporary and permanent halt decisions (pure)
+- ``policy.rates``: ``compute_crawl_rate``, overrides, Crawl-delays (pure)
+- ``policy.adaptive``: the effective rate while a server pushes back (AIMD, pure)
+- ``policy.breakers``: temporary and permanent halt decisions (pure)
+- ``policy.decision``: one loop's decision: rates, pacing, breakers, writes (pure)
 - ``sources``: the known sources, from ``SOURCES_FILE`` / ``SOURCES_URL``
-- ``store``: the regulator's Redis reads and writes (one round trip each)
-- ``decision``: one loop's decision: rates, pacing, breakers, writes (pure)
+- ``store``: the regulator's Redis reads and writes (one round trip each, ``lua/``)
 - ``regulator``: the 1 s loop: read, decide, write; the leader lease
 - ``monitoring``: the ``monitoring_update`` event
 - ``splitter``: ``inbound_images`` -> ``urls.{source}``
-- ``bench``: ``measure_loop``, the regulator's loop timed with many sources
+
+``bench/regulator.py`` (beside the package) times the regulator's loop with many sources.
 """

@@ -22,6 +22,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 import aiohttp
+import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 
@@ -31,113 +32,145 @@ from crawl_monitor.settings import MonitorSettings
 from crawl_monitor.sources import SourceCatalog
 from crawl_monitor.splitter import Splitter, TopicCreator
 from crawl_monitor.store import LeaderLease, RedisRegulatorStore, new_lease_token
-from image_crawler.contract import INBOUND_TOPIC, SPLITTER_GROUP
+from image_crawler.contract import INBOUND_TOPIC, MONITOR_STOP_GRACE_S, SPLITTER_GROUP
 from image_crawler.lifecycle import cancel_and_wait, serve, start_kafka_clients
 from image_crawler.logs import get_logger
 
 log = get_logger("crawl_monitor")
 
-# On stop, how long the splitter may take to finish its batch before it is cancelled.
-SHUTDOWN_GRACE_S = 30.0
-
 
 async def run(settings: MonitorSettings, stop: asyncio.Event) -> int:
     """Run the monitor until ``stop`` is set (0) or a loop crashes (1)."""
     async with contextlib.AsyncExitStack() as stack:
-        redis = settings.redis.client(
-            decode_responses=True,
-            socket_timeout=settings.redis_timeout_s,
-            socket_connect_timeout=settings.redis_timeout_s,
-        )
-        stack.push_async_callback(redis.aclose)
-        http = None
-        if settings.sources_url is not None:
-            http = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=settings.sources_timeout_s)
-            )
-            stack.push_async_callback(http.close)
-
-        kafka = settings.kafka.client_options()
-        # Stopping a client that never started is harmless, so all are registered now.
-        admin = AIOKafkaAdminClient(**kafka)
-        stack.push_async_callback(admin.close)
-        producer = AIOKafkaProducer(**kafka, acks="all", linger_ms=5)
-        stack.push_async_callback(producer.stop)  # flushes what is still buffered
-        consumer = AIOKafkaConsumer(
-            INBOUND_TOPIC,
-            **kafka,
-            group_id=SPLITTER_GROUP,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-        )
-        stack.push_async_callback(consumer.stop)  # after the splitter's last commit
-
-        catalog = SourceCatalog(
-            file=settings.sources_file,
-            url=settings.sources_url,
-            http=http,
-            refresh_s=settings.sources_refresh_s,
-        )
-        lease = LeaderLease(token=new_lease_token(), ttl_ms=settings.leader_lease_ms)
-        regulator = Regulator(
-            RedisRegulatorStore(redis),
-            lambda: catalog.rates,
-            RegulatorSettings(
-                period_s=settings.refill_period_s,
-                token_ttl_ms=settings.token_ttl_ms,
-                adaptive=settings.backoff,
-            ),
-            lease=lease,
-        )
-        monitoring = MonitoringLog(redis, lambda: regulator.snapshot, settings.log_frequency_s)
-        splitter = Splitter(
-            consumer,
-            producer,
-            redis,
-            TopicCreator(
-                admin,
-                partitions=settings.source_topic_partitions,
-                replication_factor=settings.source_topic_replication_factor,
-            ),
-            batch_size=settings.splitter_batch_size,
-        )
-
-        async def split() -> None:
-            started = await start_kafka_clients(
-                [
-                    ("admin", admin.start),
-                    ("producer", producer.start),
-                    ("consumer", consumer.start),
-                ],
-                stop,
-            )
-            if started:
-                log.info("splitter_started", topic=INBOUND_TOPIC, group=SPLITTER_GROUP)
-                await splitter.run(stop)
-            log.info("splitter_stopped", split=splitter.split, malformed=splitter.malformed)
-
-        log.info(
-            "monitor_started",
-            kafka=settings.kafka.bootstrap_servers,
-            sources_file=str(settings.sources_file) if settings.sources_file else None,
-            sources_url=settings.sources_url,
-            token_ttl_ms=settings.token_ttl_ms,
-            backoff=dataclasses.asdict(settings.backoff),
-            leader_token=lease.token,
-            leader_lease_ms=lease.ttl_ms,
-            log_frequency_s=settings.log_frequency_s,
-        )
+        clients = _open_clients(settings, stack)
+        loops = _build_loops(settings, clients)
+        _log_started(settings, loops.lease)
         status = await _supervise(
             {
-                "sources": catalog.run(stop),
-                "regulator": regulator.run(stop),
-                "monitoring": monitoring.run(stop),
-                "splitter": split(),
+                "sources": loops.catalog.run(stop),
+                "regulator": loops.regulator.run(stop),
+                "monitoring": loops.monitoring.run(stop),
+                "splitter": _split(clients, loops.splitter, stop),
             },
             stop,
         )
     log.info("monitor_stopped", status=status)
     return status
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Clients:
+    """The process's clients, each closed by the exit stack it was opened on."""
+
+    redis: aioredis.Redis
+    http: aiohttp.ClientSession | None
+    admin: AIOKafkaAdminClient
+    producer: AIOKafkaProducer
+    consumer: AIOKafkaConsumer
+
+
+def _open_clients(settings: MonitorSettings, stack: contextlib.AsyncExitStack) -> _Clients:
+    """Every client, its closing pushed on ``stack``; the Kafka ones are started later
+    (``_split``), and stopping one that never started is harmless."""
+    redis = settings.redis.client(
+        decode_responses=True,
+        socket_timeout=settings.redis_timeout_s,
+        socket_connect_timeout=settings.redis_timeout_s,
+    )
+    stack.push_async_callback(redis.aclose)
+    http = None
+    if settings.sources_url is not None:
+        http = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=settings.sources_timeout_s)
+        )
+        stack.push_async_callback(http.close)
+    kafka = settings.kafka.client_options()
+    admin = AIOKafkaAdminClient(**kafka)
+    stack.push_async_callback(admin.close)
+    producer = AIOKafkaProducer(**kafka, acks="all", linger_ms=5)
+    stack.push_async_callback(producer.stop)  # flushes what is still buffered
+    consumer = AIOKafkaConsumer(
+        INBOUND_TOPIC,
+        **kafka,
+        group_id=SPLITTER_GROUP,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+    )
+    stack.push_async_callback(consumer.stop)  # after the splitter's last commit
+    return _Clients(redis, http, admin, producer, consumer)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Loops:
+    catalog: SourceCatalog
+    lease: LeaderLease
+    regulator: Regulator
+    monitoring: MonitoringLog
+    splitter: Splitter
+
+
+def _build_loops(settings: MonitorSettings, clients: _Clients) -> _Loops:
+    """The four loops, on ``clients``."""
+    catalog = SourceCatalog(
+        file=settings.sources_file,
+        url=settings.sources_url,
+        http=clients.http,
+        refresh_s=settings.sources_refresh_s,
+    )
+    lease = LeaderLease(token=new_lease_token(), ttl_ms=settings.leader_lease_ms)
+    regulator = Regulator(
+        RedisRegulatorStore(clients.redis),
+        lambda: catalog.rates,
+        RegulatorSettings(
+            period_s=settings.refill_period_s,
+            pace_rate_ttl_ms=settings.pace_rate_ttl_ms,
+            adaptive=settings.backoff,
+        ),
+        lease=lease,
+    )
+    monitoring = MonitoringLog(clients.redis, lambda: regulator.snapshot, settings.log_frequency_s)
+    splitter = Splitter(
+        clients.consumer,
+        clients.producer,
+        clients.redis,
+        TopicCreator(
+            clients.admin,
+            partitions=settings.source_topic_partitions,
+            replication_factor=settings.source_topic_replication_factor,
+        ),
+        batch_size=settings.splitter_batch_size,
+    )
+    return _Loops(catalog, lease, regulator, monitoring, splitter)
+
+
+async def _split(clients: _Clients, splitter: Splitter, stop: asyncio.Event) -> None:
+    """Start the Kafka clients (retrying while Kafka is away), then split until ``stop``."""
+    started = await start_kafka_clients(
+        [
+            ("admin", clients.admin.start),
+            ("producer", clients.producer.start),
+            ("consumer", clients.consumer.start),
+        ],
+        stop,
+    )
+    if started:
+        log.info("splitter_started", topic=INBOUND_TOPIC, group=SPLITTER_GROUP)
+        await splitter.run(stop)
+    log.info("splitter_stopped", split=splitter.split, malformed=splitter.malformed)
+
+
+def _log_started(settings: MonitorSettings, lease: LeaderLease) -> None:
+    log.info(
+        "monitor_started",
+        kafka=settings.kafka.bootstrap_servers,
+        sources_file=str(settings.sources_file) if settings.sources_file else None,
+        sources_url=settings.sources_url,
+        pace_rate_ttl_ms=settings.pace_rate_ttl_ms,
+        backoff=dataclasses.asdict(settings.backoff),
+        leader_token=lease.token,
+        leader_lease_ms=lease.ttl_ms,
+        log_frequency_s=settings.log_frequency_s,
+    )
 
 
 async def _supervise(loops: dict[str, Coroutine[Any, Any, None]], stop: asyncio.Event) -> int:
@@ -161,7 +194,7 @@ async def _supervise(loops: dict[str, Coroutine[Any, Any, None]], stop: asyncio.
                 stop.set()
     await cancel_and_wait([stopping])
     if pending:
-        finished, late = await asyncio.wait(pending, timeout=SHUTDOWN_GRACE_S)
+        finished, late = await asyncio.wait(pending, timeout=MONITOR_STOP_GRACE_S)
         for task in finished:
             if (error := task.exception()) is not None:
                 log.error("loop_crashed", loop=tasks[task], exc_info=error)

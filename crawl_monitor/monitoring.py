@@ -1,4 +1,4 @@
-"""The monitoring log: a ``monitoring_update`` event every ``LOG_FREQUENCY_SECONDS``.
+"""The monitoring log: a ``monitoring_update`` event every ``LOG_FREQUENCY_S``.
 
 Its keys are those of the original README's example, and the pacing of each source::
 
@@ -45,6 +45,7 @@ from image_crawler.contract import (
     resize_errors_key,
 )
 from image_crawler.logs import get_logger
+from image_crawler.retry import sleep_unless_stopped
 
 log = get_logger(__name__)
 
@@ -201,9 +202,7 @@ class MonitoringLog:
         origin = time.monotonic()
         while True:
             wake_at = next_tick_at(origin, time.monotonic(), self._interval_s)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), wake_at - time.monotonic())
-            if stop.is_set():
+            if await sleep_unless_stopped(stop, wake_at - time.monotonic()):
                 return
             try:
                 await self.report()

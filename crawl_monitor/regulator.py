@@ -4,7 +4,7 @@ breakers.
 One loop (``tick``) reads the state of every known source in one round trip, decides in
 Python (``decision``: the rates, the adaptive rate and the breakers) and writes every
 rate and halt in one more. Each source's rate is SET into ``pace_rate:{source}`` with a
-short expiry (``token_ttl_ms``), so that when the monitor dies or cannot reach Redis no
+short expiry (``pace_rate_ttl_ms``), so that when the monitor dies or cannot reach Redis no
 source keeps a rate for long: crawling fails closed. Workers pace their requests by it
 (one every ``1/rate`` seconds, see ``image_crawler.contract``).
 
@@ -23,7 +23,6 @@ takes over on its next loop instead of after the lease's expiry).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import time
 from collections.abc import Callable, Mapping
@@ -32,13 +31,17 @@ from redis.exceptions import RedisError
 
 from crawl_monitor.policy.adaptive import AdaptiveSettings
 from crawl_monitor.policy.breakers import WINDOW_S
-from crawl_monitor.policy.decision import Memory, RegulatorSnapshot, decide, plan_read
+from crawl_monitor.policy.decision import Decision, Memory, RegulatorSnapshot, decide, plan_read
 from crawl_monitor.policy.rates import next_tick_at
+from crawl_monitor.settings import MonitorSettings
 from crawl_monitor.store import LeaderLease, RegulatorStore
 from image_crawler.logs import get_logger
+from image_crawler.retry import Backoff, sleep_unless_stopped
 
 log = get_logger(__name__)
 
+# The longest wait between two loops while Redis is away: rates come back at most this
+# long after Redis does.
 MAX_BACKOFF_S = 8.0
 
 
@@ -46,7 +49,7 @@ MAX_BACKOFF_S = 8.0
 class RegulatorSettings:
     period_s: float = 1.0
     # Expiry of each pace_rate SET: it must outlive one period.
-    token_ttl_ms: int = 1500
+    pace_rate_ttl_ms: int = MonitorSettings().pace_rate_ttl_ms
     window_s: float = WINDOW_S
     # Each loop reads the whole last-50 histogram of one in this many sources (in turn,
     # so each is at most this many loops old in the monitoring log); of the others Redis
@@ -113,24 +116,29 @@ class Regulator:
         decision = decide(
             observed, computed, self._memory, plan, now_s=now_s, adaptive=settings.adaptive
         )
-        written = await self._store.write(decision.writes, settings.token_ttl_ms, self._lease)
+        written = await self._store.write(decision.writes, settings.pace_rate_ttl_ms, self._lease)
         if not written.applied:
-            # Another monitor leads (this one stalled past the lease): nothing was written.
-            self._leading = False
-            self._holder_seen = written.holder
-            self.snapshot = None
-            log.warning(
-                "leadership_lost",
-                token=self._lease.token if self._lease else None,
-                holder=written.holder,
-            )
+            self._lose_lease(written.holder)
             return None
-        # Kept and reported only once written: a failed write is decided again.
+        return self._keep(decision)
+
+    def _keep(self, decision: Decision) -> RegulatorSnapshot:
+        """A written decision: its memory kept and its events logged (a failed write is
+        decided again)."""
         self._memory = decision.memory
         for event in decision.events:
             getattr(log, event.level)(event.event, **event.fields)
         self.snapshot = decision.snapshot
-        return self.snapshot
+        return decision.snapshot
+
+    def _lose_lease(self, holder: str | None) -> None:
+        """Another monitor leads (this one stalled past the lease): nothing was written."""
+        self._leading = False
+        self._holder_seen = holder
+        self.snapshot = None
+        log.warning(
+            "leadership_lost", token=self._lease.token if self._lease else None, holder=holder
+        )
 
     async def _stand_by(self, lease: LeaderLease) -> None:
         """Take the lease if it is free; setting rates starts on the next loop."""
@@ -163,31 +171,34 @@ class Regulator:
         then release the lease.
 
         While Redis is away no rate is renewed (they expire: fail closed); attempts back
-        off up to ``MAX_BACKOFF_S``. Any other error is logged with its traceback and the
-        loop goes on.
+        off (``image_crawler.retry.Backoff``, from one period up to ``MAX_BACKOFF_S``),
+        still on the grid, so never more often than once a period. Any other error is
+        logged with its traceback and the loop goes on.
         """
         period_s = self._settings.period_s
+        backoff = Backoff(base_s=period_s, cap_s=max(period_s, MAX_BACKOFF_S))
         origin = time.monotonic()
-        failures = 0
         while not stop.is_set():
             started = time.monotonic()
             try:
                 await self.tick()
             except RedisError as e:
-                failures += 1
-                log.warning("redis_unavailable", op="regulate", error=repr(e), failures=failures)
+                wait_s = backoff.next_s()
+                log.warning(
+                    "redis_unavailable", op="regulate", error=repr(e), failures=backoff.failures
+                )
             except Exception:
-                failures += 1
-                log.exception("regulator_error", failures=failures)
+                wait_s = backoff.next_s()
+                log.exception("regulator_error", failures=backoff.failures)
             else:
-                failures = 0
+                backoff.reset()
+                wait_s = 0.0
             took_s = time.monotonic() - started
             if took_s > period_s:
                 log.warning("regulator_slow", took_s=round(took_s, 3), period_s=period_s)
-            # Normally the next tick of the grid; after failures, a tick 1, 2, 4, 8 s away.
-            backoff_s = min(period_s * 2 ** (failures - 1), MAX_BACKOFF_S) if failures else 0.0
-            skip_s = max(0.0, backoff_s - period_s)
+            # The next tick of the grid, skipping those within ``wait_s - period_s`` from
+            # now (none after a success or a single failure).
+            skip_s = max(0.0, wait_s - period_s)
             wake_at = next_tick_at(origin, time.monotonic() + skip_s, period_s)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), max(0.0, wake_at - time.monotonic()))
+            await sleep_unless_stopped(stop, wake_at - time.monotonic())
         await self.release()

@@ -1,25 +1,6 @@
 """The monitor's settings: one frozen dataclass, built once from the environment.
 
-| variable | default | meaning |
-| --- | --- | --- |
-| ``KAFKA_HOSTS`` | ``kafka:9092`` | bootstrap servers |
-| ``REDIS_URL`` / ``REDIS_HOST`` / ``REDIS_PORT`` | ``redis:6379`` | see ``RedisSettings`` |
-| ``SOURCES_FILE`` | unset | JSON list of ``{"source_name", "image_count"}`` (must exist) |
-| ``SOURCES_URL`` | unset | http(s) endpoint with the same list (``media_count`` accepted) |
-| ``SOURCES_REFRESH_SECONDS`` | ``1800`` | how often the source list is re-read |
-| ``SOURCES_TIMEOUT_SECONDS`` | ``30`` | limit of one request to ``SOURCES_URL`` |
-| ``LOG_FREQUENCY_SECONDS`` | ``5`` | interval of ``monitoring_update`` events |
-| ``SOURCE_TOPIC_PARTITIONS`` | ``4`` | partitions of a new ``urls.{source}`` topic |
-| ``SOURCE_TOPIC_REPLICATION_FACTOR`` | ``1`` | its replication factor |
-| ``SPLITTER_BATCH_SIZE`` | ``500`` | most inbound messages split per batch |
-| ``TOKEN_TTL_MS`` | ``1500`` | expiry of each ``pace_rate:`` SET; no monitor, no rate after this |
-| ``BACKOFF_FLOOR_RPS`` | ``0.1`` | lowest rate a cut reaches (capped at the configured rate) |
-| ``BACKOFF_DECREASE_FACTOR`` | ``0.7`` | each cut multiplies the rate by this (between 0 and 1) |
-| ``BACKOFF_INCREASE_SHARE_PER_S`` | ``0.01`` | climb back by this share of the rate a second |
-| ``BACKOFF_COOLDOWN_SECONDS`` | ``1`` | at most one cut per this long |
-| ``LEADER_LEASE_MS`` | ``3000`` | expiry of the leader's lease (``monitor_leader``) |
-| ``REDIS_TIMEOUT_SECONDS`` | ``5`` | socket timeout of Redis commands |
-| ``LOG_LEVEL`` | ``INFO`` | |
+README.md's Configuration section lists the variables, their defaults and meanings.
 """
 
 from __future__ import annotations
@@ -32,12 +13,16 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from crawl_monitor.policy.adaptive import AdaptiveSettings
+from image_crawler import contract
 from image_crawler.config import (
     ConfigError,
+    DeprecatedSetting,
     KafkaSettings,
     RedisSettings,
+    deprecated_settings,
     env_float,
     env_int,
+    env_name,
     env_optional,
     env_str,
 )
@@ -54,43 +39,47 @@ class MonitorSettings:
     sources_url: str | None = None
     sources_refresh_s: float = 1800.0
     sources_timeout_s: float = 30.0
-    log_frequency_s: float = 5.0
+    log_frequency_s: float = contract.LOG_FREQUENCY_S
     source_topic_partitions: int = 4
     source_topic_replication_factor: int = 1
     splitter_batch_size: int = 500
     # A pace_rate SET expires after this; it must outlive one refill period.
-    token_ttl_ms: int = 1500
+    pace_rate_ttl_ms: int = 1500
     # The leader renews its lease every refill; it must outlive a refill and a slow loop.
     leader_lease_ms: int = 3000
     refill_period_s: float = REFILL_PERIOD_S
     backoff: AdaptiveSettings = dataclasses.field(default_factory=AdaptiveSettings)
     redis_timeout_s: float = 5.0
     log_level: str = "INFO"
+    # Old variable names the environment still sets (logged once at start).
+    deprecated: tuple[DeprecatedSetting, ...] = dataclasses.field(default=(), compare=False)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> MonitorSettings:
         """Read every setting; raises ``ConfigError`` naming the first bad variable."""
         env = os.environ if env is None else env
+        default = cls()
         sources_file = env_optional(env, "SOURCES_FILE")
         if sources_file is not None and not Path(sources_file).is_file():
             raise ConfigError(f"SOURCES_FILE is not a readable file: {sources_file!r}")
         sources_url = env_optional(env, "SOURCES_URL")
         if sources_url is not None and not sources_url.startswith(("http://", "https://")):
             raise ConfigError(f"SOURCES_URL must start with http:// or https://: {sources_url!r}")
-        token_ttl_ms = env_int(env, "TOKEN_TTL_MS", 1500, minimum=1)
-        if token_ttl_ms < REFILL_PERIOD_S * 1000:
+        pace_rate_ttl_ms = env_int(env, "PACE_RATE_TTL_MS", default.pace_rate_ttl_ms, minimum=1)
+        if pace_rate_ttl_ms < REFILL_PERIOD_S * 1000:
             raise ConfigError(
-                f"TOKEN_TTL_MS must be at least {int(REFILL_PERIOD_S * 1000)} (one refill "
-                f"period), or rates expire between loops; got {token_ttl_ms}"
+                f"{env_name(env, 'PACE_RATE_TTL_MS')} must be at least "
+                f"{int(REFILL_PERIOD_S * 1000)} (one refill period), or rates expire between "
+                f"loops; got {pace_rate_ttl_ms}"
             )
-        leader_lease_ms = env_int(env, "LEADER_LEASE_MS", 3000, minimum=1)
+        leader_lease_ms = env_int(env, "LEADER_LEASE_MS", default.leader_lease_ms, minimum=1)
         if leader_lease_ms < 2 * REFILL_PERIOD_S * 1000:
             raise ConfigError(
                 f"LEADER_LEASE_MS must be at least {int(2 * REFILL_PERIOD_S * 1000)} (two "
                 f"refill periods), or the leader loses its lease between two of its own "
                 f"loops; got {leader_lease_ms}"
             )
-        log_level = env_str(env, "LOG_LEVEL", "INFO").upper()
+        log_level = env_str(env, "LOG_LEVEL", default.log_level).upper()
         if log_level not in logging.getLevelNamesMapping():
             raise ConfigError(f"LOG_LEVEL is not a log level: {log_level!r}")
         return cls(
@@ -98,41 +87,56 @@ class MonitorSettings:
             redis=RedisSettings.from_env(env),
             sources_file=Path(sources_file) if sources_file is not None else None,
             sources_url=sources_url,
-            sources_refresh_s=env_float(env, "SOURCES_REFRESH_SECONDS", 1800.0, minimum=0.05),
-            sources_timeout_s=env_float(env, "SOURCES_TIMEOUT_SECONDS", 30.0, minimum=0.1),
-            log_frequency_s=env_float(env, "LOG_FREQUENCY_SECONDS", 5.0, minimum=0.05),
-            source_topic_partitions=env_int(env, "SOURCE_TOPIC_PARTITIONS", 4, minimum=1),
-            source_topic_replication_factor=env_int(
-                env, "SOURCE_TOPIC_REPLICATION_FACTOR", 1, minimum=1
+            sources_refresh_s=env_float(
+                env, "SOURCES_REFRESH_S", default.sources_refresh_s, minimum=0.05
             ),
-            splitter_batch_size=env_int(env, "SPLITTER_BATCH_SIZE", 500, minimum=1),
-            token_ttl_ms=token_ttl_ms,
+            sources_timeout_s=env_float(
+                env, "SOURCES_TIMEOUT_S", default.sources_timeout_s, minimum=0.1
+            ),
+            log_frequency_s=env_float(
+                env, "LOG_FREQUENCY_S", default.log_frequency_s, minimum=0.05
+            ),
+            source_topic_partitions=env_int(
+                env, "SOURCE_TOPIC_PARTITIONS", default.source_topic_partitions, minimum=1
+            ),
+            source_topic_replication_factor=env_int(
+                env,
+                "SOURCE_TOPIC_REPLICATION_FACTOR",
+                default.source_topic_replication_factor,
+                minimum=1,
+            ),
+            splitter_batch_size=env_int(
+                env, "SPLITTER_BATCH_SIZE", default.splitter_batch_size, minimum=1
+            ),
+            pace_rate_ttl_ms=pace_rate_ttl_ms,
             leader_lease_ms=leader_lease_ms,
             backoff=backoff_from_env(env),
-            redis_timeout_s=env_float(env, "REDIS_TIMEOUT_SECONDS", 5.0, minimum=0.1),
+            redis_timeout_s=env_float(env, "REDIS_TIMEOUT_S", default.redis_timeout_s, minimum=0.1),
             log_level=log_level,
+            deprecated=deprecated_settings(env),
         )
 
 
 def backoff_from_env(env: Mapping[str, str]) -> AdaptiveSettings:
     """The adaptive rate's settings; raises ``ConfigError`` naming the first bad variable."""
-    floor_rps = env_float(env, "BACKOFF_FLOOR_RPS", 0.1)
+    default = AdaptiveSettings()
+    floor_rps = env_float(env, "BACKOFF_FLOOR_RPS", default.floor_rps)
     if not 0.0 < floor_rps < math.inf:
         raise ConfigError(
             f"BACKOFF_FLOOR_RPS must be a rate above 0 (a cut never stops a source; halts "
             f"do), got {floor_rps}"
         )
-    factor = env_float(env, "BACKOFF_DECREASE_FACTOR", 0.7)
+    factor = env_float(env, "BACKOFF_DECREASE_FACTOR", default.decrease_factor)
     if not 0.0 < factor < 1.0:
         raise ConfigError(f"BACKOFF_DECREASE_FACTOR must be between 0 and 1, got {factor}")
-    share = env_float(env, "BACKOFF_INCREASE_SHARE_PER_S", 0.01)
+    share = env_float(env, "BACKOFF_INCREASE_SHARE_PER_S", default.increase_share_per_s)
     if not 0.0 < share <= 1.0:
         raise ConfigError(
             f"BACKOFF_INCREASE_SHARE_PER_S must be above 0 and at most 1, got {share}"
         )
-    cooldown_s = env_float(env, "BACKOFF_COOLDOWN_SECONDS", REFILL_PERIOD_S)
+    cooldown_s = env_float(env, "BACKOFF_COOLDOWN_S", default.cooldown_s)
     if cooldown_s == math.inf:
-        raise ConfigError("BACKOFF_COOLDOWN_SECONDS must be finite")
+        raise ConfigError(f"{env_name(env, 'BACKOFF_COOLDOWN_S')} must be finite")
     return AdaptiveSettings(
         floor_rps=floor_rps,
         decrease_factor=factor,

@@ -11,7 +11,6 @@ A source in neither input is unknown: it gets no rate, so nothing of it is crawl
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import json
 from collections.abc import Awaitable, Mapping
@@ -23,11 +22,13 @@ import aiohttp
 from crawl_monitor.policy.rates import compute_crawl_rate
 from image_crawler.contract import is_valid_source_name
 from image_crawler.logs import get_logger
+from image_crawler.retry import Backoff, sleep_unless_stopped
 
 log = get_logger(__name__)
 
-# After a failed read of an input that never loaded, retry after this (doubling) delay
-# instead of a full refresh period, so that a monitor started during an outage crawls soon.
+# After a failed read of an input that never loaded, retry after this delay (doubling, with
+# jitter, up to the refresh period) instead of a full refresh period, so that a monitor
+# started during an outage crawls soon.
 FIRST_LOAD_RETRY_S: Final = 5.0
 
 
@@ -235,17 +236,18 @@ class SourceCatalog:
                 "nothing will be crawled",
             )
             return
-        retry_s = self._first_load_retry_s
+        # Until every input has loaded, a retry comes sooner than a refresh.
+        retry = Backoff(
+            base_s=min(self._first_load_retry_s, self._refresh_s), cap_s=self._refresh_s
+        )
         while not stop.is_set():
             try:
                 await self.refresh()
             except Exception:
                 log.exception("sources_refresh_error")
             if self.complete:
+                retry.reset()
                 delay_s = self._refresh_s
-                retry_s = self._first_load_retry_s
             else:
-                delay_s = min(retry_s, self._refresh_s)
-                retry_s = min(retry_s * 2, self._refresh_s)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), delay_s)
+                delay_s = retry.next_s()
+            await sleep_unless_stopped(stop, delay_s)

@@ -22,7 +22,6 @@ only log ``topic_create_failed``: producing may still work.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
@@ -33,6 +32,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import InvalidTopicError, KafkaError
 from redis.exceptions import RedisError
 
+from crawl_monitor.settings import MonitorSettings
 from image_crawler.contract import (
     CRAWL_ERRORS_TOPIC,
     INBOUND_SOURCES_SET,
@@ -48,11 +48,14 @@ from image_crawler.contract import (
     source_topic,
 )
 from image_crawler.logs import get_logger
+from image_crawler.retry import Backoff, sleep_unless_stopped
 
 log = get_logger(__name__)
 
 # Kafka's error code for "topic already exists".
 TOPIC_ALREADY_EXISTS: Final = 36
+# Waits between tries while Kafka or Redis is away (image_crawler.retry.Backoff).
+MIN_BACKOFF_S: Final = 0.1
 MAX_BACKOFF_S: Final = 5.0
 
 
@@ -141,7 +144,7 @@ class Splitter:
         redis: aioredis.Redis,
         topics: TopicCreator,
         *,
-        batch_size: int = 500,
+        batch_size: int = MonitorSettings().splitter_batch_size,
         poll_timeout_s: float = 0.5,
     ) -> None:
         self._consumer = consumer
@@ -155,7 +158,7 @@ class Splitter:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Split until ``stop`` is set; the batch in hand is finished and committed first."""
-        backoff_s = 0.1
+        backoff = Backoff(base_s=MIN_BACKOFF_S, cap_s=MAX_BACKOFF_S)
         while not stop.is_set():
             batch: Mapping[TopicPartition, Sequence[Any]] = {}
             try:
@@ -164,17 +167,15 @@ class Splitter:
                 )
                 if batch:
                     await self.split_batch(batch, stop)
-                backoff_s = 0.1
+                backoff.reset()
             except KafkaError as e:
                 log.warning("kafka_unavailable", op="split", error=repr(e))
                 self._rewind(batch)
-                await _wait(stop, backoff_s)
-                backoff_s = min(backoff_s * 2, MAX_BACKOFF_S)
+                await sleep_unless_stopped(stop, backoff.next_s())
             except Exception:
                 log.exception("splitter_error")
                 self._rewind(batch)
-                await _wait(stop, backoff_s)
-                backoff_s = min(backoff_s * 2, MAX_BACKOFF_S)
+                await sleep_unless_stopped(stop, backoff.next_s())
 
     async def split_batch(
         self, batch: Mapping[TopicPartition, Sequence[Any]], stop: asyncio.Event
@@ -189,6 +190,29 @@ class Splitter:
             routed = [(tp, record, _unless_refused(r, refused)) for tp, record, r in routed]
             sources = sorted({r.source for _, _, r in routed if isinstance(r, Split)})
 
+        await self._produce(routed)
+
+        split = sum(1 for _, _, r in routed if isinstance(r, Split))
+        malformed = len(routed) - split
+        if not await self._count(sources, split, malformed, stop):
+            # Stopping while Redis is away: not committed, so split again next time.
+            return
+        self.split += split
+        self.malformed += malformed
+        offsets = {tp: records[-1].offset + 1 for tp, records in batch.items() if records}
+        try:
+            await self._consumer.commit(offsets)
+        except KafkaError as e:
+            # E.g. a rebalance took the partitions: their next owner splits them again.
+            log.warning("commit_failed", error=repr(e), partitions=len(offsets))
+            return
+        log.debug("batch_split", split=split, malformed=malformed, sources=len(sources))
+
+    async def _produce(
+        self, routed: Sequence[tuple[TopicPartition, Any, Split | Rejected]]
+    ) -> None:
+        """Send each message to its source's queue, or dead-letter it; return once Kafka
+        has acknowledged them all (raises the first failure: the batch is sent again)."""
         acks = []
         for tp, record, result in routed:
             if isinstance(result, Split):
@@ -213,27 +237,11 @@ class Splitter:
             if isinstance(outcome, BaseException):
                 raise outcome
 
-        split = sum(1 for _, _, r in routed if isinstance(r, Split))
-        malformed = len(routed) - split
-        if not await self._count(sources, split, malformed, stop):
-            # Stopping while Redis is away: not committed, so split again next time.
-            return
-        self.split += split
-        self.malformed += malformed
-        offsets = {tp: records[-1].offset + 1 for tp, records in batch.items() if records}
-        try:
-            await self._consumer.commit(offsets)
-        except KafkaError as e:
-            # E.g. a rebalance took the partitions: their next owner splits them again.
-            log.warning("commit_failed", error=repr(e), partitions=len(offsets))
-            return
-        log.debug("batch_split", split=split, malformed=malformed, sources=len(sources))
-
     async def _count(
         self, sources: Sequence[str], split: int, malformed: int, stop: asyncio.Event
     ) -> bool:
         """Record the batch in Redis (retrying while Redis is away); False if stopped first."""
-        backoff_s = 0.1
+        backoff = Backoff(base_s=MIN_BACKOFF_S, cap_s=MAX_BACKOFF_S)
         while True:
             try:
                 async with self._redis.pipeline(transaction=False) as pipe:
@@ -249,8 +257,7 @@ class Splitter:
                 log.warning("redis_unavailable", op="record_split", error=repr(e))
                 if stop.is_set():
                     return False
-                await _wait(stop, backoff_s)
-                backoff_s = min(backoff_s * 2, MAX_BACKOFF_S)
+                await sleep_unless_stopped(stop, backoff.next_s())
 
     def _rewind(self, batch: Mapping[TopicPartition, Sequence[Any]]) -> None:
         """Fetch an unfinished batch again (its partitions that are still ours)."""
@@ -266,8 +273,3 @@ def _unless_refused(result: Split | Rejected, refused: Mapping[str, str]) -> Spl
         if reason is not None:
             return Rejected(f"topic {source_topic(result.source)!r} refused by Kafka: {reason}")
     return result
-
-
-async def _wait(stop: asyncio.Event, timeout_s: float) -> None:
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stop.wait(), timeout_s)

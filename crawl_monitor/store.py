@@ -1,10 +1,12 @@
 """The regulator's Redis seam: one round trip to read a loop's state, one to write it.
 
-With thousands of sources, one command per source and key is too slow even pipelined
-(redis-py spends ~1 s encoding and parsing 50,000 commands). So each direction is a
-single Lua script call whose argument and answer are one JSON document each: Redis
-walks the sources, Python parses one string. The scripts only gather and apply; every
-decision is made in Python. Key prefixes come from ``image_crawler.contract``.
+With thousands of sources, one command per source and key is too slow even pipelined:
+encoding the commands and parsing their replies alone would take much of a loop. So each
+direction is a single Lua script call whose argument and answer are one JSON document
+each: Redis walks the sources, Python parses one string. The scripts only gather and
+apply; every decision is made in Python. ``PlainRegulatorStore`` states what each script
+does in plain commands, one per key, and a test holds the scripts to it. Key prefixes
+come from ``image_crawler.contract``.
 
 Reading is one pipeline of script calls, ``READ_CHUNK`` sources each, so that a long
 read never holds Redis for long, and one more for the robots.txt crawl delays (the
@@ -27,12 +29,14 @@ import json
 import os
 import secrets
 import socket
-from collections.abc import Collection, Mapping, Sequence
+from collections import Counter
+from collections.abc import Awaitable, Collection, Mapping, Sequence
 from typing import Any, Final, Protocol
 
 import redis.asyncio as aioredis
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, ResponseError
 
+from crawl_monitor.policy import breakers
 from image_crawler.contract import (
     BACKOFF_SIGNALS_PREFIX,
     CRAWL_DELAY_PREFIX,
@@ -51,6 +55,11 @@ from image_crawler.contract import (
     STATUS_60S_PREFIX,
     TEMP_HALTED_SET,
     PacingInfo,
+    backoff_signals_key,
+    crawl_delay_key,
+    last50_key,
+    pace_rate_key,
+    resize_errors_key,
 )
 from image_crawler.lua import lua_script
 
@@ -160,7 +169,7 @@ class RegulatorStore(Protocol):
     ) -> ObservedState: ...
 
     async def write(
-        self, writes: Writes, token_ttl_ms: int, lease: LeaderLease | None = None
+        self, writes: Writes, pace_rate_ttl_ms: int, lease: LeaderLease | None = None
     ) -> WriteResult: ...
 
     async def acquire(self, lease: LeaderLease) -> str | None: ...
@@ -247,6 +256,55 @@ _EXPECTED_JSON: Final = json.dumps(sorted(EXPECTED_STATUSES))
 READ_CHUNK: Final = 500
 
 
+def pace_value(rate_rps: float) -> str:
+    """A ``pace_rate:`` value: the rate's repr, or "0" (not "0.0": what operators type,
+    and what ``image-crawler halt`` writes)."""
+    return repr(rate_rps) if rate_rps > 0.0 else "0"
+
+
+def _read_args(
+    chunk: Sequence[str],
+    window_start_s: float,
+    full_last_statuses: Collection[str] | None,
+    failure_counters: Mapping[str, str] | None,
+) -> list[Any]:
+    """The read script's ARGV for ``chunk`` (see its header)."""
+    return [
+        json.dumps(list(chunk)),
+        repr(window_start_s),
+        STATUS_60S_PREFIX,
+        LAST_50_PREFIX,
+        OVERRIDE_RATE_PREFIX,
+        OVERRIDE_RATE_ALIAS_PREFIX,
+        LAST_N_STATUSES,
+        "*"
+        if full_last_statuses is None
+        else json.dumps([s for s in chunk if s in full_last_statuses]),
+        _EXPECTED_JSON,
+        f"{RESIZE_ERRORS}:",
+        "" if failure_counters is None else json.dumps([failure_counters.get(s) for s in chunk]),
+        BACKOFF_SIGNALS_PREFIX,
+    ]
+
+
+def _merged(
+    parts: Sequence[ObservedState],
+    crawl_delays: Mapping[str, str | None],
+    robots_exempt: frozenset[str],
+) -> ObservedState:
+    """The chunks' readings and the crawl delays as one reading."""
+    # The halted sets come from the last chunk read: the newest of the snapshots.
+    return ObservedState(
+        halted=parts[-1].halted,
+        temp_halted=parts[-1].temp_halted,
+        sources={s: state for part in parts for s, state in part.sources.items()},
+        failure_counters={s: n for part in parts for s, n in part.failure_counters.items()},
+        backoff_signals={s: n for part in parts for s, n in part.backoff_signals.items()},
+        crawl_delays=crawl_delays,
+        robots_exempt=robots_exempt,
+    )
+
+
 class RedisRegulatorStore:
     """The real ``RegulatorStore``; counts its round trips (``round_trips``)."""
 
@@ -272,7 +330,8 @@ class RedisRegulatorStore:
         failure_counters: Mapping[str, str] | None = None,
     ) -> ObservedState:
         """Halted sets, 60 s windows, last-50 lists, overrides, failure counters and
-        backoff signal counters of ``sources``.
+        backoff signal counters of ``sources``, and the crawl delays: what
+        ``PlainRegulatorStore.read`` answers (its docstring states the rule in full).
 
         The last-50 histogram of every source, or with ``full_last_statuses`` only of
         those sources and of the ones whose last 50 statuses all failed (what the
@@ -288,56 +347,30 @@ class RedisRegulatorStore:
         being held by one long script.
         """
         chunks = [sources[i : i + READ_CHUNK] for i in range(0, len(sources), READ_CHUNK)]
+        chunks = chunks or [[]]
         calls = [
-            [
-                json.dumps(list(chunk)),
-                repr(window_start_s),
-                STATUS_60S_PREFIX,
-                LAST_50_PREFIX,
-                OVERRIDE_RATE_PREFIX,
-                OVERRIDE_RATE_ALIAS_PREFIX,
-                LAST_N_STATUSES,
-                "*"
-                if full_last_statuses is None
-                else json.dumps([s for s in chunk if s in full_last_statuses]),
-                _EXPECTED_JSON,
-                f"{RESIZE_ERRORS}:",
-                ""
-                if failure_counters is None
-                else json.dumps([failure_counters.get(s) for s in chunk]),
-                BACKOFF_SIGNALS_PREFIX,
-            ]
-            for chunk in chunks or [[]]
+            _read_args(chunk, window_start_s, full_last_statuses, failure_counters)
+            for chunk in chunks
         ]
-        keys = [HALTED_SET, TEMP_HALTED_SET]
         try:
-            *answers, delays = await self._read_chunks(keys, calls)
+            *answers, delays = await self._read_chunks(calls)
         except NoScriptError:
             # A restarted or flushed Redis forgot the scripts: load them, read again.
             self.round_trips += 1
             await self._redis.script_load(_READ_SCRIPT)
             await self._redis.script_load(_DELAYS_SCRIPT)
-            *answers, delays = await self._read_chunks(keys, calls)
-        observed = [
-            decode_observed(raw, chunk) for raw, chunk in zip(answers, chunks or [[]], strict=True)
-        ]
-        crawl_delays, robots_exempt = decode_delays(delays)
-        # The halted sets come from the last chunk read: the newest of the snapshots.
-        return ObservedState(
-            halted=observed[-1].halted,
-            temp_halted=observed[-1].temp_halted,
-            sources={s: state for part in observed for s, state in part.sources.items()},
-            failure_counters={s: n for part in observed for s, n in part.failure_counters.items()},
-            backoff_signals={s: n for part in observed for s, n in part.backoff_signals.items()},
-            crawl_delays=crawl_delays,
-            robots_exempt=robots_exempt,
+            *answers, delays = await self._read_chunks(calls)
+        return _merged(
+            [decode_observed(raw, chunk) for raw, chunk in zip(answers, chunks, strict=True)],
+            *decode_delays(delays),
         )
 
-    async def _read_chunks(self, keys: list[str], calls: list[list[Any]]) -> list[Any]:
+    async def _read_chunks(self, calls: list[list[Any]]) -> list[Any]:
         """The read scripts' answers, then the crawl delays' (``_DELAYS_SCRIPT``)."""
         # EVALSHA by hand: redis-py's pipelined Script objects add a SCRIPT EXISTS
         # round trip to every execute.
         self.round_trips += 1
+        keys = [HALTED_SET, TEMP_HALTED_SET]
         async with self._redis.pipeline(transaction=False) as pipe:
             for args in calls:
                 pipe.evalsha(self._read.sha, len(keys), *keys, *args)
@@ -347,17 +380,16 @@ class RedisRegulatorStore:
             return list(await pipe.execute())
 
     async def write(
-        self, writes: Writes, token_ttl_ms: int, lease: LeaderLease | None = None
+        self, writes: Writes, pace_rate_ttl_ms: int, lease: LeaderLease | None = None
     ) -> WriteResult:
         """Apply ``writes``; every ``pace_rate:`` key is SET with an expiry of
-        ``token_ttl_ms``, to ``"0"`` for a source in ``halted`` whatever ``writes`` says.
+        ``pace_rate_ttl_ms``, to ``"0"`` for a source in ``halted`` whatever ``writes`` says.
 
         With a ``lease``, only while its token holds the lease, which is renewed for
         ``lease.ttl_ms`` in the same atomic call; otherwise nothing is written.
         """
         plan = {
-            # "0", not "0.0": what operators type, and what `image-crawler halt` writes.
-            "pace": {s: repr(r) if r > 0.0 else "0" for s, r in writes.pace_rates.items()},
+            "pace": {s: pace_value(r) for s, r in writes.pace_rates.items()},
             "rates": self._encode_pacing(writes.pacing, whole=writes.pacing_whole),
             "rates_whole": writes.pacing_whole,
             "rates_gone": sorted(writes.pacing_gone),
@@ -378,7 +410,7 @@ class RedisRegulatorStore:
             ],
             [
                 json.dumps(plan),
-                token_ttl_ms,
+                pace_rate_ttl_ms,
                 PACE_RATE_PREFIX,
                 STATUS_60S_PREFIX,
                 "" if lease is None else lease.token,
@@ -419,3 +451,161 @@ class RedisRegulatorStore:
         # EVALSHA; redis-py loads the script and retries once after NOSCRIPT.
         self.round_trips += 1
         return await script(keys=keys, args=args)
+
+
+class PlainRegulatorStore:
+    """What each script of ``RedisRegulatorStore`` does, in plain commands, one per key.
+
+    The rules the scripts are the fast path of, written to be read: a test holds each
+    script to the same answers and the same writes. Neither atomic nor fast (a round
+    trip per key), so not for a loop.
+    """
+
+    def __init__(self, redis: aioredis.Redis) -> None:
+        self._redis = redis
+
+    async def read(
+        self,
+        sources: Sequence[str],
+        window_start_s: float,
+        *,
+        full_last_statuses: Collection[str] | None = None,
+        failure_counters: Mapping[str, str] | None = None,
+    ) -> ObservedState:
+        """The read (``read.lua`` for the sources, ``delays.lua`` for the crawl delays).
+
+        Every source's override, its alias, failure counter and backoff signal counter (a
+        key missing or not a string counts as missing). Its 60 s window and its last-N
+        list are read when it is asked in full (``full_last_statuses``, None: all) or its
+        failure counter is not the one in ``failure_counters`` (None: read all): workers
+        bump the counter in the flush that adds a failure to both, so an unmoved counter
+        means nothing a breaker acts on has changed. Of what is read, the window's
+        histogram is kept only when it holds an error; the last-N histogram when asked in
+        full, or when its N statuses all failed (``breakers.every_request_failed``,
+        what the permanent breaker needs), and not even looked at when the window holds
+        statuses and no error (its newest statuses are in that window). A key of the
+        wrong type is reported in ``SourceState.errors``, not fatal. Sources with nothing
+        to report are left out of ``sources``.
+        """
+        states: dict[str, SourceState] = {}
+        counters: dict[str, str] = {}
+        signals: dict[str, str] = {}
+        for source in sources:
+            counter = await self._string(resize_errors_key(source))
+            counters[source] = counter or ""
+            signal = await self._string(backoff_signals_key(source))
+            if signal is not None:
+                signals[source] = signal
+            moved = failure_counters is None or failure_counters.get(source) != counters[source]
+            full = full_last_statuses is None or source in full_last_statuses
+            state = await self._source(source, window_start_s, full=full, read=full or moved)
+            if state is not None:
+                states[source] = state
+        delayed = sorted(_text(m) for m in await self._redis.smembers(CRAWL_DELAYED_SET))
+        return ObservedState(
+            halted=await self._members(HALTED_SET),
+            temp_halted=await self._members(TEMP_HALTED_SET),
+            sources=states,
+            failure_counters=counters,
+            backoff_signals=_integers(signals),
+            crawl_delays={m: await self._string(crawl_delay_key(m)) for m in delayed},
+            robots_exempt=await self._members(ROBOTS_EXEMPT_SET),
+        )
+
+    async def _source(
+        self, source: str, window_start_s: float, *, full: bool, read: bool
+    ) -> SourceState | None:
+        errors: list[str] = []
+        window: dict[str, int] = {}
+        last: dict[str, int] = {}
+        if read:
+            key = f"{STATUS_60S_PREFIX}{source}"
+            members = await _checked(
+                errors, key, self._redis.zrangebyscore(key, window_start_s, "+inf")
+            )
+            statuses = Counter(_text(m).partition(":")[0] for m in members)
+            if breakers.count_errors(statuses):
+                window = dict(statuses)
+            healthy = bool(statuses) and not window
+            if full or not healthy:
+                key = last50_key(source)
+                listed = await _checked(errors, key, self._redis.lrange(key, -LAST_N_STATUSES, -1))
+                counts = Counter(_text(status) for status in listed)
+                if counts and (full or breakers.every_request_failed(counts)):
+                    last = dict(counts)
+        override = await self._string(f"{OVERRIDE_RATE_PREFIX}{source}")
+        alias = await self._string(f"{OVERRIDE_RATE_ALIAS_PREFIX}{source}")
+        if not (window or last or errors) and override is None and alias is None:
+            return None
+        return SourceState(window, last, override, alias, tuple(errors))
+
+    async def _string(self, key: str) -> str | None:
+        """A string key's value; None when it is missing or not a string."""
+        try:
+            value = await self._redis.get(key)
+        except ResponseError:
+            return None
+        return None if value is None else _text(value)
+
+    async def _members(self, key: str) -> frozenset[str]:
+        return frozenset(_text(m) for m in await self._redis.smembers(key))
+
+    async def write(
+        self, writes: Writes, pace_rate_ttl_ms: int, lease: LeaderLease | None = None
+    ) -> WriteResult:
+        """The write (``write.lua``): with a ``lease``, nothing unless its token holds the
+        lease, which is renewed first. Then the halted sets, the windows cleared, the
+        crawl_delayed members whose key is still missing removed, crawl_rates (replaced
+        with ``pacing_whole``), and last every ``pace_rate:`` key with an expiry of
+        ``pace_rate_ttl_ms``, to "0" for a source in ``halted`` whatever ``writes`` says."""
+        redis = self._redis
+        if lease is not None and lease.token:
+            holder = await redis.get(lease.key)
+            if holder is None or _text(holder) != lease.token:
+                return WriteResult(applied=False, holder=_text(holder) or None)
+            await redis.pexpire(lease.key, lease.ttl_ms)
+        for source in writes.halt:
+            await redis.sadd(HALTED_SET, source)
+        for source in writes.temp_halt:
+            await redis.sadd(TEMP_HALTED_SET, source)
+        for source in writes.lift_temp_halt:
+            await redis.srem(TEMP_HALTED_SET, source)
+        for source in writes.clear_window:
+            await redis.delete(f"{STATUS_60S_PREFIX}{source}")
+        for source in writes.forget_crawl_delayed:
+            if not await redis.exists(crawl_delay_key(source)):
+                await redis.srem(CRAWL_DELAYED_SET, source)
+        if writes.pacing_whole:
+            await redis.delete(RATES_HASH)
+        for source, info in writes.pacing.items():
+            await redis.hset(RATES_HASH, source, info.to_json().decode())
+        for source in writes.pacing_gone:
+            await redis.hdel(RATES_HASH, source)
+        halted = await self._members(HALTED_SET)
+        for source, rate_rps in writes.pace_rates.items():
+            value = "0" if source in halted else pace_value(rate_rps)
+            await redis.set(pace_rate_key(source), value, px=pace_rate_ttl_ms)
+        return WriteResult(applied=True, paced=len(writes.pace_rates))
+
+    async def acquire(self, lease: LeaderLease) -> str | None:
+        """Take the lease (``lease_acquire.lua``) if nobody holds it; the holder
+        afterwards (None: nobody)."""
+        if await self._redis.set(lease.key, lease.token, nx=True, px=lease.ttl_ms):
+            return lease.token
+        return _text(await self._redis.get(lease.key)) or None
+
+    async def release(self, lease: LeaderLease) -> bool:
+        """Give the lease up (``lease_release.lua``) if ``lease`` holds it."""
+        if _text(await self._redis.get(lease.key)) != lease.token:
+            return False
+        return bool(await self._redis.delete(lease.key))
+
+
+async def _checked(errors: list[str], key: str, reading: Awaitable[Any]) -> list[Any]:
+    """What ``reading`` of ``key`` answers; nothing, and the error noted, when the key is
+    of the wrong type."""
+    try:
+        return list(await reading)
+    except ResponseError as e:
+        errors.append(f"{key}: {e}")
+        return []

@@ -1,4 +1,4 @@
-"""``python -m image_crawler``: the ``image-crawler`` command, where the script is not on PATH."""
+"""``python -m crawlctl``: the ``image-crawler`` command, where the script is not on PATH."""
 
 from crawlctl.cli import main
 

@@ -1,37 +1,109 @@
 """Reading settings from the environment, with errors that name the variable.
 
 Each process has a frozen settings dataclass built once in ``__main__``; the helpers here
-turn one environment variable into one typed value, or raise ``ConfigError``.
+turn one environment variable into one typed value, or raise ``ConfigError``. Units end a
+variable's name: ``_S`` seconds, ``_MS`` milliseconds, ``_BYTES`` bytes, ``_RPS``
+requests per second. A renamed variable is still read under its old name (``RENAMED``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
+from typing import Any, Final
 from urllib.parse import urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
 from aiokafka.helpers import create_ssl_context
+
+from image_crawler.logs import get_logger
+
+log = get_logger(__name__)
 
 
 class ConfigError(ValueError):
     """A setting is missing or malformed; the message names the variable."""
 
 
+# New name -> the old one it replaces, which is still read when the new one is unset.
+RENAMED: Final[Mapping[str, str]] = MappingProxyType(
+    {
+        "BACKOFF_COOLDOWN_S": "BACKOFF_COOLDOWN_SECONDS",
+        "COMMIT_INTERVAL_S": "COMMIT_INTERVAL_SECONDS",
+        "KAFKA_MAX_POLL_INTERVAL_S": "KAFKA_MAX_POLL_INTERVAL_SECONDS",
+        "LOG_FREQUENCY_S": "LOG_FREQUENCY_SECONDS",
+        # The expiry of pace_rate:{source}; nothing is a token since pacing replaced them.
+        "PACE_RATE_TTL_MS": "TOKEN_TTL_MS",
+        "RATE_LIMIT_TIMEOUT_S": "RATE_LIMIT_TIMEOUT_SECONDS",
+        "REDIS_TIMEOUT_S": "REDIS_TIMEOUT_SECONDS",
+        "SHUTDOWN_GRACE_S": "SHUTDOWN_GRACE_SECONDS",
+        "SOURCES_POLL_S": "SOURCES_POLL_SECONDS",
+        "SOURCES_REFRESH_S": "SOURCES_REFRESH_SECONDS",
+        "SOURCES_TIMEOUT_S": "SOURCES_TIMEOUT_SECONDS",
+        "TOKEN_RETRY_S": "TOKEN_RETRY_SECONDS",
+    }
+)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DeprecatedSetting:
+    """An old variable name the environment still sets (``name``), and its new one."""
+
+    name: str
+    use: str
+    # The new name is set too, to another value, and wins. Not an error: an operator
+    # moving to the new name may leave the old one behind in another layer (an image, a
+    # unit file, an .env), and refusing to start would turn a rename into an outage.
+    ignored: bool = False
+
+
+def deprecated_settings(env: Mapping[str, str]) -> tuple[DeprecatedSetting, ...]:
+    """The old names ``env`` sets, for one ``deprecated_setting`` warning each at start."""
+    found = []
+    for new, old in RENAMED.items():
+        old_value = env.get(old, "").strip()
+        if old_value:
+            new_value = env.get(new, "").strip()
+            found.append(DeprecatedSetting(old, new, ignored=new_value not in ("", old_value)))
+    return tuple(found)
+
+
+def log_deprecated(deprecated: Iterable[DeprecatedSetting]) -> None:
+    """Log ``deprecated_setting`` (``name``, ``use``, and ``ignored`` when set) for each."""
+    for setting in deprecated:
+        fields: dict[str, Any] = {"name": setting.name, "use": setting.use}
+        if setting.ignored:
+            fields["ignored"] = True
+        log.warning("deprecated_setting", **fields)
+
+
+def env_name(env: Mapping[str, str], name: str) -> str:
+    """The variable a setting is read from: ``name``, or its old name when only that is set."""
+    old = RENAMED.get(name)
+    if old is not None and not env.get(name, "").strip() and env.get(old, "").strip():
+        return old
+    return name
+
+
+def _read(env: Mapping[str, str], name: str) -> tuple[str, str]:
+    name = env_name(env, name)
+    return name, env.get(name, "").strip()
+
+
 def env_str(env: Mapping[str, str], name: str, default: str) -> str:
-    value = env.get(name, "").strip()
+    _, value = _read(env, name)
     return value or default
 
 
 def env_optional(env: Mapping[str, str], name: str) -> str | None:
-    value = env.get(name, "").strip()
+    _, value = _read(env, name)
     return value or None
 
 
 def env_int(env: Mapping[str, str], name: str, default: int, *, minimum: int = 0) -> int:
-    raw = env.get(name, "").strip()
+    name, raw = _read(env, name)
     if not raw:
         return default
     try:
@@ -44,7 +116,7 @@ def env_int(env: Mapping[str, str], name: str, default: int, *, minimum: int = 0
 
 
 def env_float(env: Mapping[str, str], name: str, default: float, *, minimum: float = 0.0) -> float:
-    raw = env.get(name, "").strip()
+    name, raw = _read(env, name)
     if not raw:
         return default
     try:
@@ -75,20 +147,21 @@ class KafkaSettings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> KafkaSettings:
-        protocol = env_str(env, "KAFKA_SECURITY_PROTOCOL", "PLAINTEXT").upper()
+        default = cls()
+        protocol = env_str(env, "KAFKA_SECURITY_PROTOCOL", default.security_protocol).upper()
         if protocol not in KAFKA_SECURITY_PROTOCOLS:
             raise ConfigError(
                 f"KAFKA_SECURITY_PROTOCOL must be one of {', '.join(KAFKA_SECURITY_PROTOCOLS)},"
                 f" got {protocol!r}"
             )
-        mechanism = env_str(env, "KAFKA_SASL_MECHANISM", "PLAIN").upper()
+        mechanism = env_str(env, "KAFKA_SASL_MECHANISM", default.sasl_mechanism).upper()
         if mechanism not in KAFKA_SASL_MECHANISMS:
             raise ConfigError(
                 f"KAFKA_SASL_MECHANISM must be one of {', '.join(KAFKA_SASL_MECHANISMS)},"
                 f" got {mechanism!r}"
             )
         settings = cls(
-            bootstrap_servers=env_str(env, "KAFKA_HOSTS", "kafka:9092"),
+            bootstrap_servers=env_str(env, "KAFKA_HOSTS", default.bootstrap_servers),
             security_protocol=protocol,
             sasl_mechanism=mechanism,
             sasl_username=env_optional(env, "KAFKA_SASL_USERNAME"),
@@ -128,13 +201,21 @@ class KafkaSettings:
         return options
 
 
+REDIS_HOST: Final = "redis"
+REDIS_PORT: Final = 6379
+
+
+def _redis_url(host: str, port: int) -> str:
+    return f"redis://{host}:{port}/0"
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class RedisSettings:
     """Where Redis is. The URL may carry a password (``redis://:pw@host``) and TLS
     (``rediss://``); ``REDIS_PASSWORD`` keeps the password out of the URL instead, and
     ``REDIS_TLS_CA_FILE`` names the CA of a ``rediss://`` server."""
 
-    url: str = dataclasses.field(default="redis://redis:6379/0", repr=False)
+    url: str = dataclasses.field(default=_redis_url(REDIS_HOST, REDIS_PORT), repr=False)
     password: str | None = dataclasses.field(default=None, repr=False)
     tls_ca_file: str | None = None
 
@@ -160,9 +241,9 @@ class RedisSettings:
     def from_env(cls, env: Mapping[str, str]) -> RedisSettings:
         url = env_optional(env, "REDIS_URL")
         if url is None:
-            host = env_str(env, "REDIS_HOST", "redis")
-            port = env_int(env, "REDIS_PORT", 6379, minimum=1)
-            url = f"redis://{host}:{port}/0"
+            host = env_str(env, "REDIS_HOST", REDIS_HOST)
+            port = env_int(env, "REDIS_PORT", REDIS_PORT, minimum=1)
+            url = _redis_url(host, port)
         if not url.startswith(("redis://", "rediss://", "unix://")):
             redacted = cls(url=url).redacted_url
             raise ConfigError(
@@ -188,7 +269,7 @@ class S3Settings:
         if ca_bundle is not None and not os.path.isfile(ca_bundle):
             raise ConfigError(f"AWS_CA_BUNDLE: no such file {ca_bundle!r}")
         return cls(
-            bucket=env_str(env, "S3_BUCKET", "cc-image-analysis"),
+            bucket=env_str(env, "S3_BUCKET", cls().bucket),
             endpoint_url=env_optional(env, "S3_ENDPOINT_URL"),
             region=env_optional(env, "AWS_DEFAULT_REGION"),
             ca_bundle=ca_bundle,

@@ -1,21 +1,9 @@
 """The crawler's outside contract, defined once: topics, Redis keys, statuses, messages.
 
-Both processes import their names from here; see ``CONTRACT.md`` for the prose version.
-
-Where the pacing work changed that contract (the README's "Politeness" says more):
-``currtokens:{source}`` is no longer read or written, the pacing keys
-``pace_rate:{source}``, ``pace_next:{source}`` and ``backoff_signals:{source}`` replace
-it; ``crawl_rates`` holds ``PacingInfo`` JSON instead of a bare rate; retryable
-statuses are tried again by the worker (``MAX_ATTEMPTS`` tries, 5 by default) instead of
-once through ``inbound_images``, whose ``attempts`` field still counts.
-
-Where the robots.txt work changed it: two new ``crawl_errors`` statuses,
-``RobotsDisallowed`` and ``RobotsUnavailable`` (URLs never requested, expected outcomes);
-new keys ``robots:{origin}``, ``robots_lock:{origin}``, the set ``robots_exempt``,
-``crawl_delay:{source}`` and the set ``crawl_delayed``; ``PacingInfo.origin`` may be
-``"crawl_delay"``.
-Every message type has ``to_json``/``from_json`` so its shape lives in one place, and
-decoding failures raise ``MalformedMessage`` with a reason fit for a log line.
+Both processes import their names from here; the README says the same in prose ("Output
+topics", and the key table under "Politeness"). Every message type has
+``to_json``/``from_json`` so its shape lives in one place, and decoding failures raise
+``MalformedMessage`` with a reason fit for a log line.
 """
 
 from __future__ import annotations
@@ -68,7 +56,7 @@ TOKENS_PREFIX: Final = "currtokens:"
 # grants the source now: its configured rate (computed or overridden, and at most one
 # request per robots.txt Crawl-delay, see CRAWL_DELAY_PREFIX), cut while the
 # source's server pushes back; "0" while the source is halted. SET every loop with a short
-# expiry (TOKEN_TTL_MS): no monitor, no rate, no request.
+# expiry (PACE_RATE_TTL_MS): no monitor, no rate, no request.
 PACE_RATE_PREFIX: Final = "pace_rate:"
 # The earliest Unix time (seconds, "%.6f") at which the next request to the source may
 # start: the theoretical arrival time of the generic cell rate algorithm, advanced by
@@ -114,9 +102,10 @@ ROBOTS_LOCK_PREFIX: Final = "robots_lock:"
 # A set of sources whose robots.txt is not obeyed: an operator has the sites' permission
 # (`image-crawler robots-exempt SOURCE`, or `redis-cli sadd robots_exempt SOURCE`).
 ROBOTS_EXEMPT_SET: Final = "robots_exempt"
-# The largest Crawl-delay (seconds, at most MAX_CRAWL_DELAY_S) of the hosts of a source
-# that workers have read robots.txt files of; it expires with the files (ROBOTS_CACHE_S).
-# The leading monitor caps the source's rate at 1 / delay. The sources that have one are
+# The largest Crawl-delay (seconds, at most the worker's MAX_CRAWL_DELAY_S) of the hosts
+# of a source that workers have read robots.txt files of; it expires with the files
+# (ROBOTS_CACHE_S). The leading monitor caps the source's rate at 1 / delay, trusting the
+# value as written. The sources that have one are
 # listed in the set CRAWL_DELAYED_SET, which the monitor reads every loop (and cleans).
 CRAWL_DELAY_PREFIX: Final = "crawl_delay:"
 CRAWL_DELAYED_SET: Final = "crawl_delayed"
@@ -189,7 +178,8 @@ class Status(enum.StrEnum):
     The members are every status the crawler names; other HTTP codes travel as their
     digits ("418"). A member equals its string, so statuses read back from Redis or Kafka
     compare equal to them. ``Status.expected``, ``.retried`` and ``.backoff`` say what a
-    status means (the sets below).
+    status means: whether the sets below (``EXPECTED_STATUSES``, ``RETRYABLE_STATUSES``,
+    ``BACKOFF_STATUSES``) hold it.
     """
 
     OK = "200"
@@ -249,8 +239,6 @@ class Status(enum.StrEnum):
         return status in BACKOFF_STATUSES
 
 
-ROBOTS_DISALLOWED: Final = Status.ROBOTS_DISALLOWED
-ROBOTS_UNAVAILABLE: Final = Status.ROBOTS_UNAVAILABLE
 # These never trip a breaker.
 EXPECTED_STATUSES: Final[frozenset[str]] = frozenset(
     {
@@ -295,6 +283,11 @@ RETRY_AFTER_STATUSES: Final[frozenset[str]] = frozenset(
 MAX_ATTEMPTS: Final = 5
 # The longest Retry-After obeyed (MAX_RETRY_AFTER_S); longer ones are capped and logged.
 MAX_RETRY_AFTER_S: Final = 3600.0
+# Seconds between the monitor's monitoring_update events (LOG_FREQUENCY_S).
+LOG_FREQUENCY_S: Final = 5.0
+# On SIGTERM, how long the monitor's splitter may take to finish its batch before it is
+# cancelled: whoever stops a monitor waits at least this long.
+MONITOR_STOP_GRACE_S: Final = 30.0
 
 # robots.txt: how long a host's file is cached for the whole cluster (ROBOTS_CACHE_S, the
 # RFC's ceiling of 24 hours); how long its URLs wait while it cannot be fetched
@@ -540,8 +533,8 @@ class PacingInfo:
     why: str
 
     def to_json(self) -> bytes:
-        # By hand rather than dataclasses.asdict (several times slower): a new leading
-        # monitor writes one for every known source in its first loop.
+        # By hand rather than dataclasses.asdict, which copies every field recursively: a
+        # new leading monitor writes one for every known source in its first loop.
         return _encode(
             {
                 "rate_rps": self.rate_rps,

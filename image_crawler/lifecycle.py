@@ -8,7 +8,6 @@ process's ``run`` watches, so both stop the same way.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -16,17 +15,23 @@ from typing import Protocol, TypeVar
 
 from aiokafka.errors import KafkaError
 
-from image_crawler.config import ConfigError
+from image_crawler.config import ConfigError, DeprecatedSetting, log_deprecated
 from image_crawler.logs import configure_logging, get_logger
+from image_crawler.retry import Backoff, sleep_unless_stopped
 
 log = get_logger(__name__)
 
+# Waits between tries to start a Kafka client (``image_crawler.retry.Backoff``).
+KAFKA_MIN_BACKOFF_S = 0.5
 KAFKA_MAX_BACKOFF_S = 10.0
 
 
 class _Settings(Protocol):
     @property
     def log_level(self) -> str: ...
+
+    @property
+    def deprecated(self) -> tuple[DeprecatedSetting, ...]: ...
 
 
 S = TypeVar("S", bound=_Settings)
@@ -43,6 +48,7 @@ async def _serve(
         print(f"{name}: configuration error: {e}", file=sys.stderr)
         return 2
     configure_logging(settings.log_level)
+    log_deprecated(settings.deprecated)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -68,7 +74,7 @@ async def start_kafka_clients(
     calling this, so a half-started set is closed either way.
     """
     for name, start in starts:
-        backoff_s = 0.5
+        backoff = Backoff(base_s=KAFKA_MIN_BACKOFF_S, cap_s=KAFKA_MAX_BACKOFF_S)
         while True:
             if stop.is_set():
                 return False
@@ -77,9 +83,7 @@ async def start_kafka_clients(
                 break
             except KafkaError as e:
                 log.warning("kafka_unavailable", op=f"start_{name}", error=repr(e))
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), backoff_s)
-                backoff_s = min(backoff_s * 2, KAFKA_MAX_BACKOFF_S)
+                await sleep_unless_stopped(stop, backoff.next_s())
     return True
 
 
@@ -89,8 +93,8 @@ async def start_kafka_clients(
 # cancelled in the same loop iteration in which the awaited operation completes
 # (CPython gh-86296, fixed in 3.12 by rewriting ``wait_for`` on ``asyncio.timeout``).
 # redis-py wraps every socket write in ``wait_for``, so a loop that talks to Redis can
-# swallow the one ``cancel()`` meant to stop it and run on forever; the test suite hit this
-# about once in six runs. ``cancel_and_wait`` cancels again until the tasks are done.
+# swallow the one ``cancel()`` meant to stop it and run on forever, as the test suite saw.
+# ``cancel_and_wait`` cancels again until the tasks are done.
 
 # Long enough for a cancelled task's own clean-up (a commit, a flush) to run undisturbed;
 # a lost cancellation is retried after it.

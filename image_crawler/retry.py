@@ -77,4 +77,7 @@ async def sleep_unless_stopped(stop: asyncio.Event, seconds: float) -> bool:
     if seconds > 0:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), seconds)
+    else:
+        # Still a turn of the loop: a caller looping on a zero wait must not starve it.
+        await asyncio.sleep(0)
     return stop.is_set()

@@ -1,8 +1,8 @@
-"""Rebuild ``image_crawler/samples/``, the sample images that ``image-crawler demo`` serves.
+"""Rebuild ``crawlctl/samples/``, the sample images that ``image-crawler demo`` serves.
 
 Run from the repository root with scikit-image installed (the ``test`` extra):
 ``python scripts/make_demo_samples.py``. The photographs come from scikit-image's data
-folder (read as files; licences in ``image_crawler/samples/README.md``); each is cropped
+folder (read as files; licences in ``crawlctl/samples/README.md``); each is cropped
 and/or scaled to a long side of 400-800 px and re-encoded as JPEG (quality 75-90, some
 with EXIF naming the photographer and licence), plus two PNGs. ``broken.jpg`` is not an
 image at all: the demo shows it failing.
@@ -16,7 +16,7 @@ from pathlib import Path
 from PIL import Image
 
 ROOT = Path(__file__).resolve().parent.parent
-OUT = ROOT / "image_crawler" / "samples"
+OUT = ROOT / "crawlctl" / "samples"
 
 # skimage file -> (credit, licence) as scikit-image's data documentation gives them.
 CREDITS = {

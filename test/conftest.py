@@ -1,13 +1,13 @@
-"""Fixtures that start real services on free loopback ports (see ``services.py``).
+"""Fixtures that start real services on free loopback ports (see ``test/harness/services.py``).
 
 Scopes: one redis-server and one S3 server per session (tests get a clean database and a
 fresh bucket), and a private one of each for fault tests that pause, kill or restart
 them (``fresh_redis_server``, ``fresh_s3_server``); a fresh Kafka broker per test
 (``kafka``) because tansu's consumer groups carry state between tests, plus a shared
 one (``kafka_session``) for tests that only produce and read without groups; a fresh
-HTTP origin per test. Tests that use any of these are marked ``integration``
-automatically. When a test fails, the tail of each service's log is attached to its
-report.
+HTTP origin per test (and ``second_host``, another on 127.0.0.2). Tests that use any of
+these are marked ``integration`` automatically. When a test fails, the tail of each
+service's log is attached to its report.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ SERVICE_FIXTURES = frozenset(
         "fresh_s3_server",
         "s3_bucket",
         "origin",
+        "second_host",
     }
 )
 
@@ -196,6 +197,16 @@ def s3_bucket(s3_server: S3Server) -> str:
 def origin() -> Iterator[Origin]:
     """A fresh HTTP origin with no routes (every path 404 until added)."""
     server = Origin().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def second_host() -> Iterator[Origin]:
+    """Another host: same machine, another loopback address."""
+    server = Origin(host="127.0.0.2").start()
     try:
         yield server
     finally:

@@ -27,6 +27,7 @@ import pytest
 import yaml
 
 from crawl_monitor.settings import MonitorSettings
+from image_crawler.config import RENAMED
 from worker.settings import WorkerSettings
 
 pytestmark = [
@@ -430,8 +431,8 @@ def test_app_environments_are_valid_settings(compose_default: dict[str, Any]) ->
     assert monitor.kafka.bootstrap_servers == "kafka:9092"
     assert monitor.sources_url or monitor.sources_file
     worker = WorkerSettings.from_env(environment(compose_default, "worker"))
-    assert worker.sinks.s3.endpoint_url == "http://minio:9000"
-    assert worker.sinks.s3.bucket == DEFAULT_BUCKET
+    assert worker.s3.endpoint_url == "http://minio:9000"
+    assert worker.s3.bucket == DEFAULT_BUCKET
     assert worker.thumbnails.store == "s3"
 
 
@@ -452,6 +453,8 @@ def test_app_environment_is_documented(compose_default: dict[str, Any], app: str
     assert "KAFKA_HOSTS" in documented  # the parser found the table
     undocumented = set(environment(compose_default, app)) - documented
     assert not undocumented, f"not in README.md's Configuration table: {sorted(undocumented)}"
+    deprecated = set(environment(compose_default, app)) & set(RENAMED.values())
+    assert not deprecated, f"deprecated names: {sorted(deprecated)}"
 
 
 # --- the Dockerfiles --------------------------------------------------------------------

@@ -2,17 +2,19 @@
 
 Every client is built here, once, entered through one ``AsyncExitStack`` and passed to the
 parts that use it. SIGTERM or SIGINT stops taking work, lets in-flight work finish for
-``SHUTDOWN_GRACE_SECONDS`` (handing back the rest), commits, flushes and exits 0.
+``SHUTDOWN_GRACE_S`` (handing back the rest), commits, flushes and exits 0.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator, Coroutine
-from typing import Any
+from typing import Any, Final
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from redis.asyncio import Redis
 
 from image_crawler.contract import (
     CRAWL_ERRORS_TOPIC,
@@ -23,6 +25,7 @@ from image_crawler.contract import (
 )
 from image_crawler.lifecycle import cancel_and_wait, serve, start_kafka_clients
 from image_crawler.logs import get_logger
+from image_crawler.retry import sleep_unless_stopped
 from worker.download.budget import ByteBudget
 from worker.download.fetch import Fetcher, close_session, new_session
 from worker.images.pool import PoolProcessor
@@ -39,6 +42,20 @@ from worker.stats import RedisStats
 
 log = get_logger("worker")
 
+# The producer's linger: a busy worker sends one request per partition this often rather
+# than many small ones; a task waits that long at most, once, for its messages.
+PRODUCER_LINGER_MS: Final = 20
+# A fetch names every unpaused partition, and aiokafka encodes and decodes each in Python:
+# with many sources, most with nothing queued, frequent long polls of hundreds of empty
+# partitions would cost the main process more than its images. A partition resumed
+# during a long poll waits for it to end, up to this long (Kafka ends a long poll as soon
+# as one of the partitions it names has data).
+CONSUMER_FETCH_MAX_WAIT_MS: Final = 2000
+# The consumer's fetcher also wakes this often with nothing to do, and walks every
+# assigned partition, though every event it acts on (records consumed, a resume, a seek,
+# a fetch's end, a rebalance) wakes it anyway: rarely is enough for the rest.
+CONSUMER_IDLE_WAKE_MS: Final = 1000
+
 
 @contextlib.asynccontextmanager
 async def _background(*coroutines: Coroutine[Any, Any, None]) -> AsyncIterator[None]:
@@ -51,128 +68,157 @@ async def _background(*coroutines: Coroutine[Any, Any, None]) -> AsyncIterator[N
 
 
 async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
-    """Run one worker until ``stop`` is set."""
+    """Run one worker until ``stop`` is set.
+
+    Shutting down runs in the reverse of building: the scheduler drains and commits, the
+    background loops stop, then each client closes, the Kafka producer and Redis last.
+    """
     async with contextlib.AsyncExitStack() as stack:
         redis = settings.redis.client(decode_responses=True)
         stack.push_async_callback(redis.aclose)
-
-        # A 20 ms linger: a busy worker sends one request per partition every 20 ms rather
-        # than many small ones; a task waits that long at most, once, for its messages.
-        producer = AIOKafkaProducer(**settings.kafka.client_options(), acks="all", linger_ms=20)
-        stack.push_async_callback(producer.stop)  # flushes what is still buffered
-
-        consumer = AIOKafkaConsumer(
-            **settings.kafka.client_options(),
-            group_id=WORKER_GROUP,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            max_partition_fetch_bytes=256 * 1024,
-            # A fetch names every unpaused partition, and aiokafka encodes and decodes each
-            # in Python: with 1,000 sources, most with nothing queued, a long poll of
-            # ~640 empty partitions every 0.5 s (the default) cost ~0.4 ms of the main
-            # process per image (bench/). A partition resumed during a long poll waits for
-            # it to end, up to this long (Kafka ends a long poll as soon as one of the
-            # partitions it names has data).
-            fetch_max_wait_ms=2000,
-            # The fetcher also wakes this often with nothing to do, and walks every
-            # assigned partition (~2 ms with 1,000): 5 times a second by default, though
-            # every event it acts on (records consumed, a resume, a seek, a fetch's end,
-            # a rebalance) wakes it anyway. Once a second is enough for the rest.
-            consumer_timeout_ms=1000,
-            max_poll_interval_ms=int(settings.kafka_max_poll_interval_s * 1000),
-        )
-        stack.push_async_callback(consumer.stop)
+        producer, consumer = _kafka_clients(settings, stack)
         started = await start_kafka_clients(
             [("producer", producer.start), ("consumer", consumer.start)], stop
         )
         if not started:
             return
-
-        store: ThumbnailStore
-        if settings.thumbnails.store == "local":
-            store = LocalThumbnailStore(settings.thumbnails.directory)
-            destination = str(settings.thumbnails.directory.resolve())
-        else:
-            s3 = await SignedS3Store.open(settings.s3)
-            stack.push_async_callback(s3.close)
-            store = s3
-            destination = f"s3://{settings.s3.bucket}"
-        policy = settings.fetch.address_policy
-        http = new_session(settings.fetch, policy)
-        stack.push_async_callback(close_session, http)
-        processor = PoolProcessor(settings.image_processes)
-        stack.callback(processor.close)
-
-        pacer = RedisPacer(redis, PacingSettings(no_rate_retry_s=settings.token_retry_s))
-        stack.callback(pacer.close)
-        stats = RedisStats(redis)
-        fetcher = Fetcher(
-            http, settings.fetch, policy, ByteBudget(settings.fetch.max_bytes_in_flight)
-        )
-        robots = RobotsGuard(redis, fetcher, pacer, settings.robots)
-        stack.callback(robots.close)
-        pipeline = Pipeline(
-            pacer=pacer,
-            fetcher=fetcher,
-            processor=processor,
-            store=store,
-            sink=KafkaSink(producer),
-            stats=stats,
-            retries=RetryPolicy(
-                max_attempts=settings.max_attempts, max_retry_after_s=settings.max_retry_after_s
-            ),
-            rate_limit_timeout_s=settings.rate_limit_timeout_s,
-            robots=robots,
-        )
-
-        async def dead_letter(
-            source: str, raw: bytes | None, topic: str, error: BaseException
-        ) -> None:
-            try:
-                task = SourceTask.from_json(raw or b"")
-            except MalformedMessage:
-                await pipeline.reject(raw, f"InternalError: {error!r}", topic)
-            else:
-                await pipeline.dead_letter(source, task, Status.INTERNAL_ERROR)
-
-        scheduler = Scheduler(
-            consumer,
-            redis,
-            pipeline.handle,
-            dead_letter,
-            SchedulerSettings(
-                max_tasks=settings.max_tasks,
-                sources_poll_s=settings.sources_poll_s,
-                commit_interval_s=settings.commit_interval_s,
-                shutdown_grace_s=settings.shutdown_grace_s,
-            ),
-        )
-        log.info(
-            "worker_started",
-            kafka=settings.kafka.bootstrap_servers,
-            max_tasks=settings.max_tasks,
-            max_poll_interval_s=settings.kafka_max_poll_interval_s,
-            fetch_total_timeout_s=settings.fetch.total_timeout_s,
-            allowed_private_networks=[str(n) for n in settings.fetch.allowed_private_networks],
-            image_processes=settings.image_processes or "cpu_count",
-            thumbnail_store=settings.thumbnails.store,
-            thumbnails=destination,
-            dead_letter_topic=CRAWL_ERRORS_TOPIC,
-            user_agent=settings.fetch.user_agent,
-            max_attempts=settings.max_attempts,
-            robots_policy=settings.robots.policy,
-            robots_user_agent=settings.robots.token,
-        )
-        async with _background(pacer.run(), stats.run(), _report(scheduler, stop)):
+        store, destination = await _thumbnail_store(settings, stack)
+        parts = _build_pipeline(settings, stack, redis, producer, store)
+        scheduler = _build_scheduler(settings, consumer, redis, parts.pipeline)
+        _log_started(settings, destination)
+        async with _background(parts.pacer.run(), parts.stats.run(), _report(scheduler, stop)):
             await scheduler.run(stop)
     log.info("worker_stopped", finished=scheduler.finished)
+
+
+def _kafka_clients(
+    settings: WorkerSettings, stack: contextlib.AsyncExitStack
+) -> tuple[AIOKafkaProducer, AIOKafkaConsumer]:
+    """The producer and the consumer, not started; each stopped when ``stack`` closes."""
+    producer = AIOKafkaProducer(
+        **settings.kafka.client_options(), acks="all", linger_ms=PRODUCER_LINGER_MS
+    )
+    stack.push_async_callback(producer.stop)  # flushes what is still buffered
+    consumer = AIOKafkaConsumer(
+        **settings.kafka.client_options(),
+        group_id=WORKER_GROUP,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        max_partition_fetch_bytes=256 * 1024,
+        fetch_max_wait_ms=CONSUMER_FETCH_MAX_WAIT_MS,
+        consumer_timeout_ms=CONSUMER_IDLE_WAKE_MS,
+        max_poll_interval_ms=int(settings.kafka_max_poll_interval_s * 1000),
+    )
+    stack.push_async_callback(consumer.stop)
+    return producer, consumer
+
+
+async def _thumbnail_store(
+    settings: WorkerSettings, stack: contextlib.AsyncExitStack
+) -> tuple[ThumbnailStore, str]:
+    """The thumbnail store of the settings, and where it writes (for the log)."""
+    if settings.thumbnails.store == "local":
+        directory = settings.thumbnails.directory
+        return LocalThumbnailStore(directory), str(directory.resolve())
+    s3 = await SignedS3Store.open(settings.s3)
+    stack.push_async_callback(s3.close)
+    return s3, f"s3://{settings.s3.bucket}"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Parts:
+    """The pipeline, and the loops beside it that must run for it to make progress."""
+
+    pipeline: Pipeline
+    pacer: RedisPacer
+    stats: RedisStats
+
+
+def _build_pipeline(
+    settings: WorkerSettings,
+    stack: contextlib.AsyncExitStack,
+    redis: Redis,
+    producer: AIOKafkaProducer,
+    store: ThumbnailStore,
+) -> _Parts:
+    """A URL's way from its slot to its results; each part closed when ``stack`` closes."""
+    policy = settings.fetch.address_policy
+    http = new_session(settings.fetch, policy)
+    stack.push_async_callback(close_session, http)
+    processor = PoolProcessor(settings.image_processes)
+    stack.callback(processor.close)
+    pacer = RedisPacer(redis, PacingSettings(no_rate_retry_s=settings.token_retry_s))
+    stack.callback(pacer.close)
+    stats = RedisStats(redis)
+    fetcher = Fetcher(http, settings.fetch, policy, ByteBudget(settings.fetch.max_bytes_in_flight))
+    robots = RobotsGuard(redis, fetcher, pacer, settings.robots)
+    stack.callback(robots.close)
+    pipeline = Pipeline(
+        pacer=pacer,
+        fetcher=fetcher,
+        processor=processor,
+        store=store,
+        sink=KafkaSink(producer),
+        stats=stats,
+        retries=RetryPolicy(
+            max_attempts=settings.max_attempts, max_retry_after_s=settings.max_retry_after_s
+        ),
+        rate_limit_timeout_s=settings.rate_limit_timeout_s,
+        robots=robots,
+    )
+    return _Parts(pipeline, pacer, stats)
+
+
+def _build_scheduler(
+    settings: WorkerSettings, consumer: AIOKafkaConsumer, redis: Redis, pipeline: Pipeline
+) -> Scheduler:
+    """The scheduler feeding ``pipeline``; a message whose handling raised is dead-lettered."""
+
+    async def dead_letter(source: str, raw: bytes | None, topic: str, error: BaseException) -> None:
+        try:
+            task = SourceTask.from_json(raw or b"")
+        except MalformedMessage:
+            await pipeline.reject(raw, f"InternalError: {error!r}", topic)
+        else:
+            await pipeline.dead_letter(source, task, Status.INTERNAL_ERROR)
+
+    return Scheduler(
+        consumer,
+        redis,
+        pipeline.handle,
+        dead_letter,
+        SchedulerSettings(
+            max_tasks=settings.max_tasks,
+            sources_poll_s=settings.sources_poll_s,
+            commit_interval_s=settings.commit_interval_s,
+            shutdown_grace_s=settings.shutdown_grace_s,
+        ),
+    )
+
+
+def _log_started(settings: WorkerSettings, destination: str) -> None:
+    log.info(
+        "worker_started",
+        kafka=settings.kafka.bootstrap_servers,
+        max_tasks=settings.max_tasks,
+        max_poll_interval_s=settings.kafka_max_poll_interval_s,
+        fetch_total_timeout_s=settings.fetch.total_timeout_s,
+        allowed_private_networks=[str(n) for n in settings.fetch.allowed_private_networks],
+        image_processes=settings.image_processes or "cpu_count",
+        thumbnail_store=settings.thumbnails.store,
+        thumbnails=destination,
+        dead_letter_topic=CRAWL_ERRORS_TOPIC,
+        user_agent=settings.fetch.user_agent,
+        max_attempts=settings.max_attempts,
+        robots_policy=settings.robots.policy,
+        robots_user_agent=settings.robots.token,
+    )
 
 
 async def _report(scheduler: Scheduler, stop: asyncio.Event, interval_s: float = 30.0) -> None:
     last = 0
     while not stop.is_set():
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), interval_s)
+        await sleep_unless_stopped(stop, interval_s)
         log.info(
             "worker_progress",
             finished=scheduler.finished,

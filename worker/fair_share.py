@@ -10,7 +10,7 @@ def fair_share(max_tasks: int, num_sources: int) -> int:
 
     A source never gets more than a quarter of the worker, so the first sources seen do not
     take every slot; and never fewer than one, so a worker with more sources than slots
-    still makes progress on each (the original rounded that case down to zero).
+    still makes progress on each (rounded down, that share would be zero).
     """
     if num_sources <= 0:
         return 0

@@ -26,8 +26,7 @@ import functools
 import random
 import time
 from collections.abc import Awaitable, Callable
-
-from redis.exceptions import RedisError
+from typing import Final
 
 from image_crawler.contract import (
     BACKOFF_STATUSES,
@@ -36,7 +35,6 @@ from image_crawler.contract import (
     MAX_ATTEMPTS,
     MAX_RETRY_AFTER_S,
     METADATA_TOPIC,
-    RETRY_AFTER_STATUSES,
     RETRYABLE_STATUSES,
     CrawlError,
     ExifMessage,
@@ -49,14 +47,15 @@ from image_crawler.contract import (
     utc_now_iso,
 )
 from image_crawler.logs import get_logger
-from image_crawler.retry import backoff_delay
+from image_crawler.retry import Backoff, backoff_delay
 from worker.download.fetch import FetchResult, UrlFetcher
 from worker.images.kernel import ImageFailure
 from worker.images.pool import ImageProcessor, body_size
 from worker.politeness.latency import LatencyWatch
 from worker.politeness.pacing import Pacer
-from worker.politeness.retry_after import parse_retry_after
+from worker.politeness.retry_after import obey_retry_after
 from worker.politeness.robots import ROBOTS_PENDING, RobotsGuard
+from worker.settings import WorkerSettings
 from worker.sinks.base import DependencyError, MetadataSink, ThumbnailStore
 from worker.stats import StatsRecorder
 
@@ -68,12 +67,19 @@ LINK_ROT = "link_rot"
 DEAD_LETTERED = "dead_lettered"
 MALFORMED = "malformed"
 
+# A store or broker that fails (rather than hangs: see worker.sinks.base) is tried again
+# at once, nearly: most failures are a dropped connection, and the URL waits meanwhile.
+DEPENDENCY_RETRY_BASE_S: Final = 0.1
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class Outcome:
+class Ending:
+    """How one message ended: its last ``status``, where it went (``destination``: one of
+    CRAWLED, LINK_ROT, DEAD_LETTERED, MALFORMED), and its tries of the URL in all, the
+    inbound message's earlier attempts included."""
+
     status: str
     destination: str
-    # Tries of this URL in all, the inbound message's earlier attempts included.
     attempts: int = 1
 
 
@@ -100,7 +106,7 @@ class Pipeline:
         retries: RetryPolicy = RetryPolicy(),
         response_times: LatencyWatch | None = None,
         robots: RobotsGuard | None = None,
-        rate_limit_timeout_s: float = 6 * 3600.0,
+        rate_limit_timeout_s: float = WorkerSettings().rate_limit_timeout_s,
         max_backoff_s: float = 10.0,
         rng: random.Random | None = None,
     ) -> None:
@@ -117,13 +123,13 @@ class Pipeline:
         self._max_backoff_s = max_backoff_s
         self._rng = rng or random.Random()
 
-    async def handle(self, source: str, raw: bytes | None, topic: str) -> Outcome:
+    async def handle(self, source: str, raw: bytes | None, topic: str) -> Ending:
         """Process one message of ``urls.{source}``; returns once it is finished."""
         try:
             task = SourceTask.from_json(raw or b"")
         except MalformedMessage as e:
             await self.reject(raw, str(e), topic)
-            return Outcome(Status.MALFORMED, MALFORMED)
+            return Ending(Status.MALFORMED, MALFORMED)
         if self._robots is not None:
             refused = await self._robots.verdict(source, task.url)
             if refused is not None:
@@ -139,7 +145,7 @@ class Pipeline:
                 break
             await self._back_off(source, task, status, attempts)
         destination = await self._route(source, task, status, attempts)
-        return Outcome(status, destination, attempts)
+        return Ending(status, destination, attempts)
 
     async def reject(self, raw: bytes | None, error: str, topic: str) -> None:
         """Dead-letter a message that cannot be parsed, and count it."""
@@ -163,12 +169,12 @@ class Pipeline:
         )
         await self._publish(CRAWL_ERRORS_TOPIC, error.to_json(), task.uuid)
 
-    async def _refuse(self, source: str, task: SourceTask, status: str) -> Outcome:
+    async def _refuse(self, source: str, task: SourceTask, status: str) -> Ending:
         """End a URL robots.txt keeps us from requesting: counted, and dead-lettered."""
         log.debug("robots_refused", source=source, identifier=task.uuid, status=status)
         await self._reliably("record_stats", lambda: self._stats.record(source, status))
         await self.dead_letter(source, task, status, task.attempts)
-        return Outcome(status, DEAD_LETTERED, task.attempts)
+        return Ending(status, DEAD_LETTERED, task.attempts)
 
     async def _attempt(self, source: str, task: SourceTask) -> str:
         """One try: a slot, the download, the image; its status recorded.
@@ -209,29 +215,19 @@ class Pipeline:
     async def _heed(self, source: str, fetched: FetchResult) -> bool:
         """Act on what a response says of its server's load: obey a Retry-After. True
         when the response is a backoff signal."""
-        if fetched.status in RETRY_AFTER_STATUSES and fetched.retry_after is not None:
-            await self._obey_retry_after(source, fetched.status, fetched.retry_after)
+        if fetched.retry_after is not None:  # most responses have none: no call
+            await obey_retry_after(
+                self._pacer,
+                source,
+                fetched.status,
+                fetched.retry_after,
+                now_unix_s=time.time(),
+                max_s=self._retries.max_retry_after_s,
+            )
         slow = fetched.response_s is not None and self._response_times.observe(
             source, fetched.response_s
         )
         return slow or fetched.status in BACKOFF_STATUSES
-
-    async def _obey_retry_after(self, source: str, status: str, value: str) -> None:
-        cap_s = self._retries.max_retry_after_s
-        wait = parse_retry_after(value, time.time(), cap_s)
-        if wait.malformed:
-            log.warning("retry_after_malformed", source=source, status=status, value=value[:100])
-        if wait.capped:
-            log.warning("retry_after_capped", source=source, status=status, value=value[:100])
-        if not wait.delay_s:  # absent, malformed, or a date already past
-            return
-        log.info("retry_after", source=source, status=status, wait_s=wait.delay_s, cap_s=cap_s)
-        try:
-            await self._pacer.pause(source, wait.delay_s)
-        except RedisError as e:
-            # This worker holds the source back anyway; the others learn of the server's
-            # wish from their own requests' answers.
-            log.warning("redis_unavailable", op="pause_source", source=source, error=repr(e))
 
     async def _back_off(self, source: str, task: SourceTask, status: str, attempts: int) -> None:
         retries = self._retries
@@ -312,7 +308,8 @@ class Pipeline:
 
     async def _reliably(self, op: str, action: Callable[[], Awaitable[None]]) -> None:
         """Run ``action`` until it succeeds: a dependency that is away stalls, never loses."""
-        backoff_s = 0.1
+        cap_s = self._max_backoff_s
+        retry = Backoff(base_s=min(DEPENDENCY_RETRY_BASE_S, cap_s), cap_s=cap_s, rng=self._rng)
         while True:
             try:
                 await action()
@@ -320,12 +317,12 @@ class Pipeline:
             except DependencyError as e:
                 if not e.retriable:
                     raise
+                wait_s = retry.next_s()
                 log.warning(
                     "dependency_unavailable",
                     service=e.service,
                     op=op,
                     error=str(e),
-                    retry_in_s=backoff_s,
+                    retry_in_s=round(wait_s, 3),
                 )
-            await asyncio.sleep(backoff_s)
-            backoff_s = min(backoff_s * 2, self._max_backoff_s)
+            await asyncio.sleep(wait_s)

@@ -11,7 +11,6 @@ to its first unfinished message.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
@@ -25,8 +24,10 @@ from redis.exceptions import RedisError
 from image_crawler.contract import INBOUND_SOURCES_SET, source_of_topic, source_topic
 from image_crawler.lifecycle import cancel_and_wait
 from image_crawler.logs import get_logger
+from image_crawler.retry import sleep_unless_stopped
 from worker.fair_share import fair_share, resume_threshold
 from worker.offsets import OffsetTracker
+from worker.settings import WorkerSettings
 
 log = get_logger(__name__)
 
@@ -40,13 +41,18 @@ FailureHandler = Callable[[str, bytes | None, str, BaseException], Awaitable[Non
 _FULL_READ_EVERY: Final = 12
 
 
+# The worker's settings hold each default once; a scheduler built without them (tests)
+# gets the same.
+_DEFAULT: Final = WorkerSettings()
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class SchedulerSettings:
-    max_tasks: int = 3000
-    sources_poll_s: float = 5.0
-    commit_interval_s: float = 1.0
+    max_tasks: int = _DEFAULT.max_tasks
+    sources_poll_s: float = _DEFAULT.sources_poll_s
+    commit_interval_s: float = _DEFAULT.commit_interval_s
     poll_timeout_s: float = 0.1
-    shutdown_grace_s: float = 30.0
+    shutdown_grace_s: float = _DEFAULT.shutdown_grace_s
     # Partitions due to be resumed are resumed together at most this often.
     resume_every_s: float = 0.5
 
@@ -109,7 +115,7 @@ class Scheduler:
         try:
             while not stop.is_set():
                 if not self._sources:
-                    await _wait_event(stop, self._settings.sources_poll_s / 2)
+                    await sleep_unless_stopped(stop, self._settings.sources_poll_s / 2)
                     continue
                 await self._schedule_once()
         finally:
@@ -153,20 +159,21 @@ class Scheduler:
         finished about half of it (``resume_at``), not at the first free slot.
 
         Each resume wakes the consumer's fetcher, which then walks every assigned
-        partition (in Python) a few times before the source is full again; with 1,000
-        sources of share 3, resuming at the first free slot cost ~2-4 ms of the worker's
-        CPU per image (bench/). Resuming at half the share fetches up to half a share at once.
+        partition (in Python) a few times before the source is full again: with many
+        sources of a small share, resuming at the first free slot cost more of the
+        worker's CPU than the images did. Resuming at half the share fetches up to half a
+        share at once.
 
         Only sources whose unfinished count changed are looked at (all of them after a
         rebalance or a change of share): asking the consumer for its paused partitions,
-        and walking every partition, cost ~9 ms a loop with 1,000 sources (cProfile). The
-        free slots are counted the same way.
+        and walking every partition, in every loop is what the scheduler would otherwise
+        spend its time on with many sources. The free slots are counted the same way.
 
         Resumes are gathered and made at most every ``resume_every_s``: each one wakes
         aiokafka's fetcher, which walks every assigned partition and waits on every paused
-        one's future (~3 ms a wake-up with 1,000 partitions), and with 1,000 sources a
-        resume was due in most loops. A fetch waits for the long poll in flight anyway
-        (up to 2 s, see worker.__main__), so a resume made up to 0.5 s later costs little.
+        one's future, and with many sources a resume is due in most loops. A fetch waits
+        for the long poll in flight anyway (``fetch_max_wait_ms``, see worker.__main__),
+        so a resume made a fraction of it later costs little.
         """
         if self._sync_assignment() or share != self._paused_for_share:
             self._paused_for_share = share
@@ -274,8 +281,8 @@ class Scheduler:
     async def _watch_sources(self, stop: asyncio.Event) -> None:
         """Follow ``inbound_sources``. The set is read in full only when its size changed,
         and every ``_FULL_READ_EVERY`` polls (a source removed and another added between
-        two polls keep the size): with 1,000 sources, redis-py parsing every member on
-        every poll cost ~2.6 ms a read (bench/ polls every second)."""
+        two polls keep the size): with many sources, redis-py parsing every member on
+        every poll would cost the worker more than the poll is worth."""
         size_read, polls = -1, 0
         while not stop.is_set():
             polls += 1
@@ -288,7 +295,7 @@ class Scheduler:
             except RedisError as e:
                 log.warning("redis_unavailable", op="read_sources", error=repr(e))
                 size_read = -1
-            await _wait_event(stop, self._settings.sources_poll_s)
+            await sleep_unless_stopped(stop, self._settings.sources_poll_s)
 
     def _add_sources(self, members: Iterable[str | bytes]) -> None:
         seen = frozenset(m.decode() if isinstance(m, bytes) else m for m in members)
@@ -406,8 +413,3 @@ def _names(partitions: Iterable[TopicPartition]) -> dict[str, list[str]]:
     """``{"topic_partitions": ["urls.a:0", ...]}``, sorted and capped, for a log event."""
     names = sorted(f"{tp.topic}:{tp.partition}" for tp in partitions)
     return {"topic_partitions": names[:LOGGED_PARTITIONS]}
-
-
-async def _wait_event(event: asyncio.Event, timeout_s: float) -> None:
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(event.wait(), timeout_s)

@@ -14,11 +14,14 @@ from typing import Literal
 from image_crawler import contract
 from image_crawler.config import (
     ConfigError,
+    DeprecatedSetting,
     KafkaSettings,
     RedisSettings,
     S3Settings,
+    deprecated_settings,
     env_float,
     env_int,
+    env_name,
     env_str,
 )
 from worker.download.netguard import AddressPolicy, IPNetwork, parse_networks
@@ -108,14 +111,15 @@ class ThumbnailSettings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> ThumbnailSettings:
-        store = env_str(env, "THUMBNAIL_STORE", "s3").lower()
+        default = cls()
+        store = env_str(env, "THUMBNAIL_STORE", default.store).lower()
         if store not in THUMBNAIL_STORES:
             raise ConfigError(
                 f"THUMBNAIL_STORE must be one of {', '.join(THUMBNAIL_STORES)}, got {store!r}"
             )
         return cls(
             store=store,
-            directory=Path(env_str(env, "THUMBNAIL_DIR", "./thumbnails")),
+            directory=Path(env_str(env, "THUMBNAIL_DIR", str(default.directory))),
         )
 
 
@@ -151,22 +155,33 @@ class WorkerSettings:
     # download never comes near it; aiokafka's default (300 s) is kept.
     kafka_max_poll_interval_s: float = 300.0
     log_level: str = "INFO"
+    # Old variable names the environment still sets (logged once at start).
+    deprecated: tuple[DeprecatedSetting, ...] = dataclasses.field(default=(), compare=False)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> WorkerSettings:
         env = os.environ if env is None else env
+        default = cls()
         fetch = FetchSettings(
-            connect_timeout_s=env_float(env, "FETCH_CONNECT_TIMEOUT_S", 10.0, minimum=0.1),
-            read_timeout_s=env_float(env, "FETCH_READ_TIMEOUT_S", 30.0, minimum=0.1),
-            total_timeout_s=env_float(env, "FETCH_TOTAL_TIMEOUT_S", 120.0, minimum=0.1),
-            max_body_bytes=env_int(env, "MAX_BODY_BYTES", 64 * 1024 * 1024, minimum=1024),
+            connect_timeout_s=env_float(
+                env, "FETCH_CONNECT_TIMEOUT_S", default.fetch.connect_timeout_s, minimum=0.1
+            ),
+            read_timeout_s=env_float(
+                env, "FETCH_READ_TIMEOUT_S", default.fetch.read_timeout_s, minimum=0.1
+            ),
+            total_timeout_s=env_float(
+                env, "FETCH_TOTAL_TIMEOUT_S", default.fetch.total_timeout_s, minimum=0.1
+            ),
+            max_body_bytes=env_int(
+                env, "MAX_BODY_BYTES", default.fetch.max_body_bytes, minimum=1024
+            ),
             max_bytes_in_flight=env_int(
-                env, "MAX_BYTES_IN_FLIGHT", 256 * 1024 * 1024, minimum=1024 * 1024
+                env, "MAX_BYTES_IN_FLIGHT", default.fetch.max_bytes_in_flight, minimum=1024 * 1024
             ),
             allowed_private_networks=_networks(env, "ALLOWED_PRIVATE_NETWORKS"),
             user_agent=_user_agent(env, "USER_AGENT"),
         )
-        max_retry_after_s = _positive_seconds(env, "MAX_RETRY_AFTER_S", contract.MAX_RETRY_AFTER_S)
+        max_retry_after_s = _positive_seconds(env, "MAX_RETRY_AFTER_S", default.max_retry_after_s)
         settings = cls(
             robots=_robots(env, fetch, max_retry_after_s),
             kafka=KafkaSettings.from_env(env),
@@ -174,29 +189,33 @@ class WorkerSettings:
             s3=S3Settings.from_env(env),
             thumbnails=ThumbnailSettings.from_env(env),
             fetch=fetch,
-            max_tasks=env_int(env, "MAX_TASKS", 3000, minimum=1),
-            image_processes=env_int(env, "IMAGE_PROCESSES", 0),
-            sources_poll_s=env_float(env, "SOURCES_POLL_SECONDS", 5.0, minimum=0.05),
-            commit_interval_s=env_float(env, "COMMIT_INTERVAL_SECONDS", 1.0, minimum=0.01),
-            token_retry_s=env_float(env, "TOKEN_RETRY_SECONDS", 1.0, minimum=0.01),
+            max_tasks=env_int(env, "MAX_TASKS", default.max_tasks, minimum=1),
+            image_processes=env_int(env, "IMAGE_PROCESSES", default.image_processes),
+            sources_poll_s=env_float(env, "SOURCES_POLL_S", default.sources_poll_s, minimum=0.05),
+            commit_interval_s=env_float(
+                env, "COMMIT_INTERVAL_S", default.commit_interval_s, minimum=0.01
+            ),
+            token_retry_s=env_float(env, "TOKEN_RETRY_S", default.token_retry_s, minimum=0.01),
             rate_limit_timeout_s=env_float(
-                env, "RATE_LIMIT_TIMEOUT_SECONDS", 6 * 3600.0, minimum=0.01
+                env, "RATE_LIMIT_TIMEOUT_S", default.rate_limit_timeout_s, minimum=0.01
             ),
-            max_attempts=env_int(env, "MAX_ATTEMPTS", contract.MAX_ATTEMPTS, minimum=1),
+            max_attempts=env_int(env, "MAX_ATTEMPTS", default.max_attempts, minimum=1),
             max_retry_after_s=max_retry_after_s,
-            shutdown_grace_s=env_float(env, "SHUTDOWN_GRACE_SECONDS", 30.0),
+            shutdown_grace_s=env_float(env, "SHUTDOWN_GRACE_S", default.shutdown_grace_s),
             kafka_max_poll_interval_s=env_float(
-                env, "KAFKA_MAX_POLL_INTERVAL_SECONDS", 300.0, minimum=1.0
+                env, "KAFKA_MAX_POLL_INTERVAL_S", default.kafka_max_poll_interval_s, minimum=1.0
             ),
-            log_level=env_str(env, "LOG_LEVEL", "INFO"),
+            log_level=env_str(env, "LOG_LEVEL", default.log_level),
+            deprecated=deprecated_settings(env),
         )
         if settings.shutdown_grace_s >= settings.kafka_max_poll_interval_s:
             # A draining worker stops polling; past the poll interval Kafka drops it from
             # the group and the commit of what it drained fails (all of it runs again).
             raise ConfigError(
-                f"SHUTDOWN_GRACE_SECONDS ({settings.shutdown_grace_s:g}) must be shorter than "
-                f"KAFKA_MAX_POLL_INTERVAL_SECONDS ({settings.kafka_max_poll_interval_s:g}): "
-                "a worker does not poll while it drains"
+                f"{env_name(env, 'SHUTDOWN_GRACE_S')} ({settings.shutdown_grace_s:g}) must be "
+                f"shorter than {env_name(env, 'KAFKA_MAX_POLL_INTERVAL_S')} "
+                f"({settings.kafka_max_poll_interval_s:g}): a worker does not poll while it "
+                "drains"
             )
         return settings
 
@@ -204,7 +223,8 @@ class WorkerSettings:
 def _robots(
     env: Mapping[str, str], fetch: FetchSettings, max_retry_after_s: float
 ) -> RobotsSettings:
-    policy = env_str(env, "ROBOTS_POLICY", "obey").strip().lower() or "obey"
+    default = RobotsSettings()
+    policy = env_str(env, "ROBOTS_POLICY", default.policy).lower()
     if policy not in ROBOTS_POLICIES:
         raise ConfigError(
             f"ROBOTS_POLICY must be one of {', '.join(ROBOTS_POLICIES)}, got {policy!r}"
@@ -218,12 +238,12 @@ def _robots(
     return RobotsSettings(
         policy="ignore" if policy == "ignore" else "obey",
         token=token,
-        cache_s=_positive_seconds(env, "ROBOTS_CACHE_S", contract.ROBOTS_CACHE_S),
+        cache_s=_positive_seconds(env, "ROBOTS_CACHE_S", default.cache_s),
         unavailable_max_s=_positive_seconds(
-            env, "ROBOTS_UNAVAILABLE_MAX_S", contract.ROBOTS_UNAVAILABLE_MAX_S
+            env, "ROBOTS_UNAVAILABLE_MAX_S", default.unavailable_max_s
         ),
-        max_crawl_delay_s=_positive_seconds(env, "MAX_CRAWL_DELAY_S", contract.MAX_CRAWL_DELAY_S),
-        retry_base_s=_positive_seconds(env, "ROBOTS_RETRY_S", 60.0),
+        max_crawl_delay_s=_positive_seconds(env, "MAX_CRAWL_DELAY_S", default.max_crawl_delay_s),
+        retry_base_s=_positive_seconds(env, "ROBOTS_RETRY_S", default.retry_base_s),
         max_retry_after_s=max_retry_after_s,
         fetch_timeout_s=fetch.total_timeout_s,
     )
@@ -261,5 +281,5 @@ def _user_agent(env: Mapping[str, str], name: str) -> str:
 def _positive_seconds(env: Mapping[str, str], name: str, default: float) -> float:
     value = env_float(env, name, default)
     if not (value > 0 and math.isfinite(value)):
-        raise ConfigError(f"{name} must be a number of seconds above 0, got {value}")
+        raise ConfigError(f"{env_name(env, name)} must be a number of seconds above 0, got {value}")
     return value

@@ -7,19 +7,15 @@ the failure counter, which the monitor relies on: see crawl_monitor.store). ``re
 returns once its outcome is stored, so a caller may commit the message behind it.
 
 Writes cost CPU per Redis command (redis-py packs each command and reads each reply in
-Python): written one outcome at a time, ~8 commands each, they took ~13% of the worker
-main process's CPU in a profile. So outcomes queue and are flushed at most every
-``min_interval_s`` (0.2 s: at 50 images/s that is ten outcomes a flush; at once when
-nothing was flushed for longer), and a flush writes per key, not per outcome: one ZADD
-and one trim per window, one RPUSH and LTRIM per last-50 list, one INCRBY per counter.
-Redis ends up in the same state either way. The breakers read the windows once a second,
-so 0.2 s later is soon enough; a message is committed up to 0.2 s later too.
-
-With many sources a flush still held ~9 commands per outcome (each outcome its own
-source's keys): 139 us of the worker's CPU per outcome with 70 sources a flush, against
-20 us with one. So a flush is one call of a Lua script (``_FLUSH_SCRIPT``) that runs
-those commands inside Redis, with the batch as one JSON argument: 33 us per outcome with
-70 sources, 15 us with one. The script also makes each flush atomic.
+Python), so outcomes queue and are flushed together, at most every ``min_interval_s`` (at
+once when nothing was flushed for longer), and a flush is one call of a Lua script
+(``lua/stats_flush.lua``) that writes per key, not per outcome: one trim and one ZADD per
+window, one RPUSH and LTRIM per last-N list, one INCRBY per counter, the batch going as
+one JSON argument. Redis ends up as if each outcome had been written on its own, one
+command at a time: ``flush_commands`` states that rule, and test/worker/test_lua_twins.py
+holds the script to it. The script also makes each flush atomic. The breakers read the
+windows about once a second, so a flush that comes up to ``min_interval_s`` later is
+soon enough; a message is committed up to that much later too.
 
 Counting is at least once. A write that timed out (Redis stopped answering) may still be
 run by Redis when it comes back, before or after the retry: the counters and the last-50
@@ -36,8 +32,8 @@ import json
 import math
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable
-from typing import Any, Final, Protocol
+from collections.abc import Callable, Sequence
+from typing import Any, Final, NamedTuple, Protocol
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
@@ -57,15 +53,71 @@ from image_crawler.contract import (
 )
 from image_crawler.logs import get_logger
 from image_crawler.lua import lua_script
+from image_crawler.retry import Backoff
+from worker.sinks.base import Outage
 
 log = get_logger(__name__)
 
 
 _FLUSH_SCRIPT: Final = lua_script("worker", "stats_flush.lua")
 
-# (source or None for a malformed message, status, backoff signal, Unix time, resolved
-# once stored)
-_Outcome = tuple[str | None, str, bool, float, asyncio.Future[None]]
+# While Redis is away outcomes wait (their messages are not committed): asked again soon,
+# as it is mostly a brief blip (a failover, a restart), and no more often than this once
+# it lasts.
+REDIS_RETRY_BASE_S: Final = 0.1
+REDIS_RETRY_CAP_S: Final = 5.0
+
+
+class QueuedOutcome(NamedTuple):
+    """An outcome waiting to be written: its ``source`` (None for a malformed message),
+    ``status``, whether it was a ``backoff`` signal, the Unix time it was recorded ``at``,
+    and the future resolved once it is stored."""
+
+    source: str | None
+    status: str
+    backoff: bool
+    at: float
+    stored: asyncio.Future[None]
+
+
+def counted_keys(source: str | None, status: str, backoff: bool) -> tuple[str, ...]:
+    """The counters one outcome adds 1 to."""
+    if source is None:
+        return (NUM_MALFORMED,)
+    if status == Status.OK:
+        keys: tuple[str, ...] = (NUM_RESIZED, num_resized_key(source))
+    else:
+        keys = (RESIZE_ERRORS, resize_errors_key(source), resize_errors_key(source, status))
+    return (*keys, backoff_signals_key(source)) if backoff else keys
+
+
+def flush_commands(
+    batch: Sequence[QueuedOutcome], last_n: int = LAST_N_STATUSES
+) -> list[tuple[str, ...]]:
+    """The writes of a flush, as the Redis commands that record each outcome of ``batch``
+    in turn, one at a time: the rule ``lua/stats_flush.lua`` is the fast path of.
+
+    An outcome adds its member ``"{status}:{time}"``, scored by its time, to each of its
+    source's windows and its status to the source's last-N list (trimmed to the newest
+    ``last_n``), and adds 1 to each of its counters (``counted_keys``). A window drops
+    what fell out of it once a flush, just before the flush's first outcome of that
+    window is added, by that outcome's time: a batch queued while Redis was away may span
+    more than a window, and none of its own outcomes is dropped.
+    """
+    commands: list[tuple[str, ...]] = []
+    trimmed: set[str] = set()
+    for source, status, backoff, at, _ in batch:
+        if source is not None:
+            for prefix, window_s in STATUS_WINDOWS:
+                key = f"{prefix}{source}"
+                if key not in trimmed:
+                    trimmed.add(key)
+                    commands.append(("ZREMRANGEBYSCORE", key, "-inf", repr(at - window_s)))
+                commands.append(("ZADD", key, repr(at), window_member(status, at)))
+            last = last50_key(source)
+            commands += [("RPUSH", last, status), ("LTRIM", last, str(-last_n), "-1")]
+        commands += [("INCR", key) for key in counted_keys(source, status, backoff)]
+    return commands
 
 
 class StatsRecorder(Protocol):
@@ -91,9 +143,11 @@ class RedisStats:
         self._flush_script = redis.register_script(_FLUSH_SCRIPT)
         self._clock = clock
         self._min_interval_s = min_interval_s
-        self._pending: list[_Outcome] = []
+        self._pending: list[QueuedOutcome] = []
         self._wake = asyncio.Event()
         self._last_time = 0.0
+        self._retry = Backoff(base_s=REDIS_RETRY_BASE_S, cap_s=REDIS_RETRY_CAP_S)
+        self._outage = Outage("redis_unavailable", "redis_recovered", op="record_stats")
 
     async def record(self, source: str, status: str, *, backoff: bool = False) -> None:
         await self._enqueue(source, status, backoff)
@@ -105,13 +159,12 @@ class RedisStats:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         # Stamped now, not when written: a batch written twice (a timed-out write that
         # Redis still ran, then the retry) adds the same window members, not new ones.
-        self._pending.append((source, status, backoff, self._timestamp(), future))
+        self._pending.append(QueuedOutcome(source, status, backoff, self._timestamp(), future))
         self._wake.set()
         await asyncio.shield(future)
 
     async def run(self) -> None:
         """Flush pending outcomes until cancelled."""
-        backoff_s = 0.1
         last_flush_started = -math.inf
         while True:
             await self._wake.wait()
@@ -123,23 +176,23 @@ class RedisStats:
             self._wake.clear()
             batch, self._pending = self._pending, []
             last_flush_started = time.monotonic()
-            failing_since: float | None = None
-            while True:
-                try:
-                    await self._flush(batch)
-                    backoff_s = 0.1
-                    break
-                except RedisError as e:
-                    failing_since = failing_since or time.monotonic()
-                    log.warning("redis_unavailable", op="record_stats", error=repr(e))
-                    await asyncio.sleep(backoff_s)
-                    backoff_s = min(backoff_s * 2, 5.0)
-            if failing_since is not None:
-                unavailable_s = round(time.monotonic() - failing_since, 1)
-                log.info("redis_recovered", op="record_stats", unavailable_s=unavailable_s)
-            for *_, future in batch:
-                if not future.done():
-                    future.set_result(None)
+            await self._store(batch)
+            for outcome in batch:
+                if not outcome.stored.done():
+                    outcome.stored.set_result(None)
+
+    async def _store(self, batch: list[QueuedOutcome]) -> None:
+        """Flush ``batch`` until Redis takes it: while Redis is away, outcomes wait."""
+        while True:
+            try:
+                await self._flush(batch)
+            except RedisError as e:
+                self._outage.report(error=repr(e))
+                await asyncio.sleep(self._retry.next_s())
+            else:
+                self._retry.reset()
+                self._outage.end()
+                return
 
     def _timestamp(self) -> float:
         # Window members are "{status}:{time}"; strictly increasing times keep two equal
@@ -150,19 +203,18 @@ class RedisStats:
         self._last_time = now
         return now
 
-    async def _flush(self, batch: list[_Outcome]) -> None:
+    async def _flush(self, batch: list[QueuedOutcome]) -> None:
+        """Write ``batch`` by ``flush_commands``' rule, grouped by key, in one script call."""
         if not batch:
             return
-        # window key -> [key, trim score, [score, member, ...]]. Each window is trimmed by
-        # the batch's first time, not its newest, as when each outcome was written on its
-        # own (a batch queued while Redis was away may span more than a window); and
-        # before the ZADD, as that trim removed none of the batch's own members.
+        # window key -> [key, trim score, [score, member, ...]]: each window trimmed by its
+        # first outcome's time, before the ZADD (see flush_commands).
         windows: dict[str, list[Any]] = {}
         statuses: defaultdict[str, list[str]] = defaultdict(list)
         counts: Counter[str] = Counter()
         for source, status, backoff, now, _ in batch:
+            counts.update(counted_keys(source, status, backoff))
             if source is None:
-                counts[NUM_MALFORMED] += 1
                 continue
             score = repr(now)
             member = window_member(status, now)
@@ -173,13 +225,6 @@ class RedisStats:
                     window = windows[key] = [key, repr(now - window_s), []]
                 window[2] += (score, member)
             statuses[source].append(status)
-            if status == Status.OK:
-                counts.update((NUM_RESIZED, num_resized_key(source)))
-            else:
-                keys = (RESIZE_ERRORS, resize_errors_key(source), resize_errors_key(source, status))
-                counts.update(keys)
-            if backoff:
-                counts[backoff_signals_key(source)] += 1
         document = json.dumps(
             {
                 "w": list(windows.values()),

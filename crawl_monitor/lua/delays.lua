@@ -1,12 +1,12 @@
--- The fast path of reading the Crawl-delays the regulator caps rates with
--- (crawl_monitor/decision.py): the members of crawl_delayed and their keys in one call.
+-- The fast path of PlainRegulatorStore.read's crawl delays (crawl_monitor/store.py), the
+-- Crawl-delays the regulator caps rates with: the members of crawl_delayed and their keys
+-- in one call.
 --
 -- KEYS: crawl_delayed, robots_exempt. ARGV: the crawl_delay key prefix.
 -- Answers JSON {"d": {crawl_delayed member: its crawl_delay value, false when the key is
 -- missing or not a string}, "e": robots_exempt members}: the members' keys in one MGET,
 -- without a round trip in between; JSON, as the read script, because redis-py parses one
--- string several times faster than thousands of replies. Once a loop, in the read's
--- pipeline.
+-- string much faster than thousands of replies. Once a loop, in the read's pipeline.
 local members = redis.call('SMEMBERS', KEYS[1])
 local delays = {}
 if #members > 0 then

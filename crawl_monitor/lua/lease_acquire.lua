@@ -1,4 +1,5 @@
--- The fast path of taking the leader's lease (crawl_monitor/store.py).
+-- The fast path of PlainRegulatorStore.acquire (crawl_monitor/store.py): taking the
+-- leader's lease, atomically.
 --
 -- KEYS: monitor_leader. ARGV: token, lease TTL (ms). Takes the lease when nobody holds it;
 -- answers the holder afterwards (the token itself when taken, or already held).

@@ -1,6 +1,9 @@
--- The fast path of the regulator's read (crawl_monitor/store.py RedisStore.read, what
--- decision.plan_read asks for): every source's state in one call. It decides nothing:
--- the breakers (crawl_monitor/breakers.py) judge what it returns.
+-- The fast path of PlainRegulatorStore.read (crawl_monitor/store.py) for one chunk of
+-- sources and the halted sets: every source's state in one call (what
+-- decision.plan_read asks for). It judges nothing: the breakers
+-- (crawl_monitor/policy/breakers.py) judge what it returns. Which histograms it returns
+-- follows that read's rule, which Python states in the breakers' terms, and
+-- test/crawl_monitor/test_lua_twins.py holds both to the same answers.
 --
 -- KEYS: halted, temp_halted.
 -- ARGV: JSON list of sources, window start (Unix s), then the key prefixes of the 60 s

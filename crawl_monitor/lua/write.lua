@@ -1,5 +1,6 @@
--- The fast path of applying one loop's Writes (crawl_monitor/decision.py decides them)
--- under the leader's lease, in one atomic call.
+-- The fast path of PlainRegulatorStore.write (crawl_monitor/store.py): one loop's Writes
+-- (crawl_monitor/policy/decision.py decides them) under the leader's lease, in one atomic
+-- call.
 --
 -- KEYS: halted, temp_halted, crawl_rates, monitor_leader.
 -- ARGV: JSON plan {"pace": {source: "rate"}, "rates": {source: PacingInfo JSON},

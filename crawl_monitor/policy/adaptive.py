@@ -136,43 +136,68 @@ def step(
         return pace
     if configured_rps <= 0.0:
         return Pace(0.0, 0.0, PACE_STOPPED, STOPPED, signals, now_s, pace.last_cut_at_s)
-    new = signals - pace.signals_seen if signals > pace.signals_seen else 0
     effective = pace.effective_rps
     if effective >= pace.configured_rps:
         effective = configured_rps  # at its configured rate: follows it, up or down
     elif effective > configured_rps:
         effective = configured_rps
+    if signals > pace.signals_seen:  # new signals (a counter that went down is none)
+        return _cut(pace, effective, configured_rps, signals, now_s, settings)
+    return _climb(pace, effective, configured_rps, signals, now_s, settings)
+
+
+def _cut(
+    pace: Pace,
+    effective_rps: float,
+    configured_rps: float,
+    signals: int,
+    now_s: float,
+    settings: AdaptiveSettings,
+) -> Pace:
+    """The step of a source with new signals: cut, unless within the cooldown (held)."""
+    new = signals - pace.signals_seen
     floor = floor_of(configured_rps, settings)
     last_cut = pace.last_cut_at_s
-    if new:
-        signalled = f"{new} backoff signal{'' if new == 1 else 's'} in the last second"
-        cooled = last_cut is None or now_s - last_cut >= settings.cooldown_s - COOLDOWN_SLACK_S
-        if not cooled:
-            assert last_cut is not None
-            state = PACE_FLOOR if effective <= floor else PACE_BACKOFF
-            why = f"{signalled}, {_number(now_s - last_cut)} s after a cut: held"
-        elif effective <= floor:
-            effective, last_cut, state = floor, now_s, PACE_FLOOR
-            why = f"{signalled}: held at the floor, backoff statuses count as breaker errors"
+    signalled = f"{new} backoff signal{'' if new == 1 else 's'} in the last second"
+    cooled = last_cut is None or now_s - last_cut >= settings.cooldown_s - COOLDOWN_SLACK_S
+    if not cooled:
+        assert last_cut is not None
+        state = PACE_FLOOR if effective_rps <= floor else PACE_BACKOFF
+        why = f"{signalled}, {_number(now_s - last_cut)} s after a cut: held"
+    elif effective_rps <= floor:
+        effective_rps, last_cut, state = floor, now_s, PACE_FLOOR
+        why = f"{signalled}: held at the floor, backoff statuses count as breaker errors"
+    else:
+        effective_rps = max(floor, effective_rps * settings.decrease_factor)
+        last_cut = now_s
+        if effective_rps <= floor:
+            state = PACE_FLOOR
+            why = f"{signalled}: cut to the floor, backoff statuses count as breaker errors"
         else:
-            effective = max(floor, effective * settings.decrease_factor)
-            last_cut = now_s
-            if effective <= floor:
-                state = PACE_FLOOR
-                why = f"{signalled}: cut to the floor, backoff statuses count as breaker errors"
-            else:
-                state = PACE_BACKOFF
-                why = f"{signalled}: cut to {settings.decrease_factor:g} x"
-        return Pace(effective, configured_rps, state, why, signals, now_s, last_cut, new)
+            state = PACE_BACKOFF
+            why = f"{signalled}: cut to {settings.decrease_factor:g} x"
+    return Pace(effective_rps, configured_rps, state, why, signals, now_s, last_cut, new)
+
+
+def _climb(
+    pace: Pace,
+    effective_rps: float,
+    configured_rps: float,
+    signals: int,
+    now_s: float,
+    settings: AdaptiveSettings,
+) -> Pace:
+    """The step of a source without new signals: back up towards its configured rate."""
     increase = increase_per_s(configured_rps, settings)
     elapsed_s = now_s - pace.at_s if now_s > pace.at_s else 0.0
-    effective = min(configured_rps, effective + increase * elapsed_s)
-    if effective >= configured_rps:
+    effective_rps = min(configured_rps, effective_rps + increase * elapsed_s)
+    if effective_rps >= configured_rps:
         return Pace(configured_rps, configured_rps, PACE_CONFIGURED, AT_CONFIGURED, signals, now_s)
     why = f"recovering +{_number(increase)}/s"
+    last_cut = pace.last_cut_at_s
     if last_cut is not None:
         why += f", last cut {_number(now_s - last_cut)} s ago"
-    return Pace(effective, configured_rps, PACE_RECOVERING, why, signals, now_s, last_cut)
+    return Pace(effective_rps, configured_rps, PACE_RECOVERING, why, signals, now_s, last_cut)
 
 
 def _number(value: float) -> str:

@@ -176,112 +176,202 @@ def decide(
     (requests/s) and ``now_s`` the time of the read (Unix s).
     """
     events: list[LogEvent] = []
-    reported_key_errors = _report_key_errors(observed, memory.reported_key_errors, events)
-    overrides = _Overrides(memory.reported_overrides, events)
-    delays, delays_gone, bad_delays = _crawl_delays(observed, memory.reported_crawl_delays, events)
-    halted, temp_halted = observed.halted, observed.temp_halted
-    resumed = frozenset() if memory.halted is None else memory.halted - halted
-    states, signals = observed.sources, observed.backoff_signals
-    paces_before, pacing_before = memory.paces, memory.pacing or {}
-
-    rates: dict[str, float] = {}
-    paces: dict[str, Pace] = {}
-    pacing: dict[str, PacingInfo] = {}
-    pace_rates: dict[str, float] = {}
-    changed: dict[str, PacingInfo] = {}
-    # Only of the sources Redis said something about: the others cannot change.
-    decisions: dict[str, breakers.BreakerDecision] = {}
-    for source in plan.sources:
-        state = states.get(source)
-        before = None if source in resumed else paces_before.get(source)
-        counter = signals.get(source, 0)
-        halt_why: str | None = None
-        delay_s = delays.get(source) if delays else None
-        if state is None and delay_s is None:
-            # Nothing in Redis about it (the common case): no override, no cap.
-            rate, origin = computed[source], COMPUTED
-            overrides.check(source, {})
-        else:
-            rate, origin = _configured_rate(computed[source], state, delay_s, overrides, source)
-        if state is None and source not in temp_halted:
-            # Nothing in Redis about it (the common case): no trip.
-            if source in halted:
-                halt_why = HALTED_WHY
-        else:
-            state = state or EMPTY_SOURCE
-            decision = decisions[source] = breakers.decide(
-                {} if source in resumed else state.window,
-                state.last_statuses,
-                temp_halted=source in temp_halted,
-                halted=source in halted,
-                backoff_excused=above_floor(before, rate, adaptive),
-            )
-            if source in halted or decision.trips_permanent:
-                halt_why = HALTED_WHY
-            elif decision.temp_halted:
-                halt_why = TEMP_HALTED_WHY
-        rates[source] = rate
-        info_before = pacing_before.get(source)
-        if halt_why is not None:
-            paces[source] = hold(before, rate, counter, now_s)
-            pace_rates[source] = 0.0
-            info = PacingInfo(0.0, rate, origin, PACE_HALTED, halt_why)
-        else:
-            pace = paces[source] = step(before, rate, counter, now_s, adaptive)
-            pace_rates[source] = pace.effective_rps
-            info = _pacing_info(pace, origin, before, info_before, delay_s)
-            if before is not None and _noteworthy(before.state, pace.state):
-                events.append(_pacing_changed(source, before, info))
-        pacing[source] = info
-        if info is not info_before and info != info_before:
-            changed[source] = info
-
-    halt = {s for s, d in decisions.items() if d.trips_permanent}
-    temp_halt = {s for s, d in decisions.items() if d.trips_temporary}
-    lift = {s for s, d in decisions.items() if d.lifts_temporary}
-    # Temporary halts of sources no longer known (they get no rate anyway).
-    lift |= temp_halted - computed.keys()
-    events += _halt_events(observed, rates, resumed, temp_halt, halt, lift)
-    whole = memory.pacing is None or memory.loops_since_whole + 1 >= RATES_REWRITE_LOOPS
-    writes = Writes(
-        pace_rates=pace_rates,
-        pacing=pacing if whole else changed,
-        pacing_gone=() if whole else pacing_before.keys() - pacing.keys(),
-        pacing_whole=whole,
-        halt=halt,
-        temp_halt=temp_halt,
-        lift_temp_halt=lift,
-        clear_window=resumed,
-        forget_crawl_delayed=delays_gone,
+    key_errors = _report_key_errors(observed, memory.reported_key_errors, events)
+    delays = _crawl_delays(observed, memory.reported_crawl_delays, events)
+    loop = _Loop(
+        observed=observed,
+        resumed=frozenset() if memory.halted is None else memory.halted - observed.halted,
+        paces_before=memory.paces,
+        pacing_before=memory.pacing or {},
+        delays=delays.in_force,
+        overrides=_Overrides(memory.reported_overrides, events),
+        events=events,
+        now_s=now_s,
+        adaptive=adaptive,
     )
-
-    halted_now = halted | halt
+    # Each source: its configured rate, the breakers' verdict on it, its pace.
+    tally = _Tally()
+    for source in plan.sources:
+        _decide_source(loop, tally, source, computed[source])
+    # Temporary halts of sources no longer known are lifted (they get no rate anyway).
+    trips = _trips(tally.verdicts, observed.temp_halted - computed.keys())
+    events += _halt_events(observed, tally.rates, loop.resumed, trips)
+    whole = memory.pacing is None or memory.loops_since_whole + 1 >= RATES_REWRITE_LOOPS
+    writes = _writes(loop, tally, trips, delays.gone, whole=whole)
+    halted = observed.halted | trips.halt
     last_statuses = _last_statuses(plan, observed, memory.last_statuses)
-    unquiet = {s for s, state in states.items() if state.window or state.errors}
     return Decision(
         writes=writes,
         events=tuple(events),
         snapshot=RegulatorSnapshot(
-            rates=rates,
-            pacing=pacing,
-            halted=halted_now,
-            temp_halted=(temp_halted | temp_halt) - lift,
+            rates=tally.rates,
+            pacing=tally.pacing,
+            halted=halted,
+            temp_halted=(observed.temp_halted | trips.temp_halt) - trips.lift,
             # As of each source's last full read (full_last_statuses_every loops at most).
             last_statuses=last_statuses,
         ),
         memory=Memory(
             loops=memory.loops + 1,
-            halted=halted_now,
-            paces=paces,
-            pacing=pacing,
+            halted=halted,
+            paces=tally.paces,
+            pacing=tally.pacing,
             loops_since_whole=0 if whole else memory.loops_since_whole + 1,
             last_statuses=last_statuses,
-            quiet_counters={s: n for s, n in observed.failure_counters.items() if s not in unquiet},
-            reported_overrides=overrides.reported,
-            reported_key_errors=reported_key_errors,
-            reported_crawl_delays=bad_delays,
+            quiet_counters=_quiet_counters(observed),
+            reported_overrides=loop.overrides.reported,
+            reported_key_errors=key_errors,
+            reported_crawl_delays=delays.bad,
         ),
     )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Loop:
+    """What deciding each source of one loop needs."""
+
+    observed: ObservedState
+    # Sources an operator resumed since the last loop (no longer in ``halted``).
+    resumed: frozenset[str]
+    paces_before: Mapping[str, Pace]
+    pacing_before: Mapping[str, PacingInfo]
+    # The robots.txt Crawl-delays in force (source -> delay, s).
+    delays: Mapping[str, float]
+    overrides: _Overrides
+    # The loop's log events, in order: each source's are appended as it is decided.
+    events: list[LogEvent]
+    now_s: float
+    adaptive: AdaptiveSettings
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Tally:
+    """The loop's decisions, filled in source by source (of every known source).
+
+    Filled in place rather than gathered from a result object per source: a loop then
+    keeps no new object per source alive, so thousands of sources do not wake the
+    garbage collector every loop.
+    """
+
+    # Configured rate (requests/s): computed or overridden, capped by a Crawl-delay.
+    rates: dict[str, float] = dataclasses.field(default_factory=dict)
+    # The breakers' verdicts, of the sources Redis held something about (no other source
+    # can trip or be lifted).
+    verdicts: dict[str, breakers.BreakerDecision] = dataclasses.field(default_factory=dict)
+    paces: dict[str, Pace] = dataclasses.field(default_factory=dict)
+    # The rate for pace_rate:{source}: its effective rate, 0 while halted.
+    pace_rates: dict[str, float] = dataclasses.field(default_factory=dict)
+    pacing: dict[str, PacingInfo] = dataclasses.field(default_factory=dict)
+
+
+def _decide_source(loop: _Loop, tally: _Tally, source: str, computed_rps: float) -> None:
+    """One source: its configured rate, the breakers' verdict, then its pace."""
+    observed = loop.observed
+    state = observed.sources.get(source)
+    resumed = source in loop.resumed
+    before = None if resumed else loop.paces_before.get(source)
+    delay_s = loop.delays.get(source) if loop.delays else None
+    rate, origin = _configured_rate(computed_rps, state, delay_s, loop.overrides, source)
+    tally.rates[source] = rate
+    verdict = _judge(loop, source, state, before, rate)
+    if verdict is not None:
+        tally.verdicts[source] = verdict
+    halt_why = _halt_why(source in observed.halted, verdict)
+    signals = observed.backoff_signals.get(source, 0)
+    if halt_why is not None:
+        tally.paces[source] = hold(before, rate, signals, loop.now_s)
+        tally.pace_rates[source] = 0.0
+        tally.pacing[source] = PacingInfo(0.0, rate, origin, PACE_HALTED, halt_why)
+        return
+    pace = tally.paces[source] = step(before, rate, signals, loop.now_s, loop.adaptive)
+    tally.pace_rates[source] = pace.effective_rps
+    info = tally.pacing[source] = _pacing_info(
+        pace, origin, before, loop.pacing_before.get(source), delay_s
+    )
+    if before is not None and _noteworthy(before.state, pace.state):
+        loop.events.append(_pacing_changed(source, before, info))
+
+
+def _judge(
+    loop: _Loop, source: str, state: SourceState | None, before: Pace | None, rate_rps: float
+) -> breakers.BreakerDecision | None:
+    """The breakers' verdict on ``source``, at its configured rate ``rate_rps`` and last
+    pace ``before``; None when Redis holds nothing about it (the common case)."""
+    observed = loop.observed
+    temp_halted = source in observed.temp_halted
+    if state is None and not temp_halted:
+        return None
+    state = state or EMPTY_SOURCE
+    return breakers.decide(
+        # The operator's resume starts its error windows afresh.
+        {} if source in loop.resumed else state.window,
+        state.last_statuses,
+        temp_halted=temp_halted,
+        halted=source in observed.halted,
+        backoff_excused=above_floor(before, rate_rps, loop.adaptive),
+    )
+
+
+def _halt_why(halted: bool, verdict: breakers.BreakerDecision | None) -> str | None:
+    """Why a source gets no request this loop (None: it is paced)."""
+    if halted or (verdict is not None and verdict.trips_permanent):
+        return HALTED_WHY
+    if verdict is not None and verdict.temp_halted:
+        return TEMP_HALTED_WHY
+    return None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Trips:
+    """The loop's changes to the halted sets."""
+
+    halt: frozenset[str]
+    temp_halt: frozenset[str]
+    lift: frozenset[str]
+
+
+def _trips(
+    verdicts: Mapping[str, breakers.BreakerDecision], unknown_temp_halted: Collection[str]
+) -> _Trips:
+    """The breakers' transitions, and the lift of ``unknown_temp_halted``."""
+    return _Trips(
+        halt=frozenset(s for s, v in verdicts.items() if v.trips_permanent),
+        temp_halt=frozenset(s for s, v in verdicts.items() if v.trips_temporary),
+        lift=frozenset(s for s, v in verdicts.items() if v.lifts_temporary)
+        | frozenset(unknown_temp_halted),
+    )
+
+
+def _writes(
+    loop: _Loop, tally: _Tally, trips: _Trips, delays_gone: Collection[str], *, whole: bool
+) -> Writes:
+    """The loop's writes; crawl_rates gets its changed fields, or ``whole``."""
+    before, pacing = loop.pacing_before, tally.pacing
+    fields: Mapping[str, PacingInfo] = pacing
+    gone: Collection[str] = ()
+    if not whole:
+        fields = {
+            s: info for s, info in pacing.items() if info is not (b := before.get(s)) and info != b
+        }
+        gone = before.keys() - pacing.keys()
+    return Writes(
+        pace_rates=tally.pace_rates,
+        pacing=fields,
+        pacing_gone=gone,
+        pacing_whole=whole,
+        halt=trips.halt,
+        temp_halt=trips.temp_halt,
+        lift_temp_halt=trips.lift,
+        clear_window=loop.resumed,
+        forget_crawl_delayed=delays_gone,
+    )
+
+
+def _quiet_counters(observed: ObservedState) -> dict[str, str]:
+    """The failure counters of the sources whose window held no error (nor a key error):
+    the next loop skips those whose counter has not moved."""
+    unquiet = {s for s, state in observed.sources.items() if state.window or state.errors}
+    return {s: n for s, n in observed.failure_counters.items() if s not in unquiet}
 
 
 def _configured_rate(
@@ -305,28 +395,35 @@ def _configured_rate(
     return rate, origin
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _CrawlDelays:
+    # The robots.txt Crawl-delays in force: source -> delay (s).
+    in_force: dict[str, float]
+    # crawl_delayed members whose key is gone (expired with their robots.txt files).
+    gone: list[str]
+    # Keys whose value is not a delay -> that value.
+    bad: dict[str, str]
+
+
 def _crawl_delays(
     observed: ObservedState, reported: Mapping[str, str], events: list[LogEvent]
-) -> tuple[dict[str, float], list[str], dict[str, str]]:
-    """The robots.txt Crawl-delays in force (source -> delay, s), the crawl_delayed
-    members whose key is gone, and the keys whose value is not a delay (each logged once,
-    until it changes or goes)."""
-    delays: dict[str, float] = {}
-    gone: list[str] = []
-    bad: dict[str, str] = {}
+) -> _CrawlDelays:
+    """The crawl_delay keys read, sorted out; a value that is not a delay is logged once
+    (until it changes or goes)."""
+    delays = _CrawlDelays({}, [], {})
     for source, raw in observed.crawl_delays.items():
         if raw is None:
-            gone.append(source)  # expired with its robots.txt files: the cap is lifted
+            delays.gone.append(source)  # the cap is lifted
         elif source not in observed.robots_exempt:  # the site's permission: no cap
             try:
-                delays[source] = parse_crawl_delay(raw)
+                delays.in_force[source] = parse_crawl_delay(raw)
             except InvalidCrawlDelay:
-                bad[crawl_delay_key(source)] = raw
-    for key in sorted(bad):
-        if reported.get(key) != bad[key]:
-            fields = {"key": key, "value": bad[key], "reason": "not a number of seconds > 0"}
+                delays.bad[crawl_delay_key(source)] = raw
+    for key in sorted(delays.bad):
+        if reported.get(key) != delays.bad[key]:
+            fields = {"key": key, "value": delays.bad[key], "reason": "not a number of seconds > 0"}
             events.append(LogEvent("warning", "crawl_delay_ignored", fields))
-    return delays, gone, bad
+    return delays
 
 
 def _pacing_info(
@@ -373,20 +470,15 @@ def _pacing_changed(source: str, before: Pace, info: PacingInfo) -> LogEvent:
 
 
 def _halt_events(
-    observed: ObservedState,
-    rates: Mapping[str, float],
-    resumed: Collection[str],
-    temp_halt: Collection[str],
-    halt: Collection[str],
-    lift: Collection[str],
+    observed: ObservedState, rates: Mapping[str, float], resumed: Collection[str], trips: _Trips
 ) -> list[LogEvent]:
     events = [
         LogEvent("info", "crawl_resumed", {"source": s, "rate_rps": rates.get(s)})
         for s in sorted(resumed)
     ]
-    events += [_halted(s, "temporary", observed.of(s).window) for s in sorted(temp_halt)]
-    events += [_halted(s, "permanent", observed.of(s).last_statuses) for s in sorted(halt)]
-    events += [LogEvent("info", "temporary_halt_lifted", {"source": s}) for s in sorted(lift)]
+    events += [_halted(s, "temporary", observed.of(s).window) for s in sorted(trips.temp_halt)]
+    events += [_halted(s, "permanent", observed.of(s).last_statuses) for s in sorted(trips.halt)]
+    events += [LogEvent("info", "temporary_halt_lifted", {"source": s}) for s in sorted(trips.lift)]
     return events
 
 

@@ -13,7 +13,6 @@ import math
 from typing import Final
 
 from image_crawler.contract import (
-    MAX_CRAWL_DELAY_S,
     MAX_IMAGES,
     MAX_RATE_RPS,
     MIN_IMAGES,
@@ -96,8 +95,9 @@ class InvalidCrawlDelay(ValueError):
 def parse_crawl_delay(raw: str) -> float:
     """The delay (seconds) a ``crawl_delay:`` key holds; raises ``InvalidCrawlDelay``.
 
-    Any finite number > 0; above ``MAX_CRAWL_DELAY_S`` it is ``MAX_CRAWL_DELAY_S``, the
-    longest delay obeyed (workers write no more, so only a hand-written value is cut).
+    Any finite number > 0, as written: the worker that notes a robots.txt Crawl-delay
+    caps it (its ``MAX_CRAWL_DELAY_S``), and its pacing obeys the key as it is, so the
+    source's configured rate follows the same value.
     """
     try:
         value = float(raw)
@@ -105,7 +105,7 @@ def parse_crawl_delay(raw: str) -> float:
         raise InvalidCrawlDelay(f"not a number: {raw!r}") from None
     if not math.isfinite(value) or value <= 0:
         raise InvalidCrawlDelay(f"not a finite delay > 0: {raw!r}")
-    return min(value, MAX_CRAWL_DELAY_S)
+    return value
 
 
 def crawl_delay_why(delay_s: float) -> str:

@@ -1,30 +1,48 @@
 """``image-crawler demo``: a crawl of bundled sample images, from a local origin, end to end.
 
-The plan is pure: ``plan_demo`` spreads the samples (``image_crawler/samples``) over three
+The plan is pure: ``plan_demo`` spreads the samples (``crawlctl/samples``) over three
 sources whose image counts give them rates of about 2, 10 and 50 requests/s (the inverse
-of the monitor's ``compute_crawl_rate``), and adds one URL that answers 404. ``DemoOrigin``
-serves them from an aiohttp server on loopback, in-process. ``Outcomes`` follows each uuid
-to its end in ``image_metadata_updates``, ``link_rot`` or ``crawl_errors``, read without a
-consumer group (every partition assigned), so tansu's slow group protocol is not involved.
+of the monitor's ``compute_crawl_rate``), and adds one URL that answers 404. A
+``DemoOrigin`` (``demo_origin.py``) serves them on loopback, in-process, and ``up``'s
+local stack crawls them. ``DemoTally`` follows each uuid to its end in
+``image_metadata_updates``, ``link_rot`` or ``crawl_errors``, read without a consumer group
+(every partition assigned), so tansu's slow group protocol is not involved.
 """
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import dataclasses
 import json
 import math
 import time
 import uuid
-from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
-from aiohttp import web
 from aiokafka import AIOKafkaConsumer
+from aiokafka.errors import KafkaError
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from crawlctl.commands.produce import SendSettings, send_images
+from crawlctl.commands.up import describe, stack_options, stack_settings, with_stack
+from crawlctl.console import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_UNAVAILABLE,
+    Subcommands,
+    error,
+    out,
+)
+from crawlctl.localstack.stack import LocalStack
+from crawlctl.signals import loop_signals
+from image_crawler.config import KafkaSettings
 from image_crawler.contract import (
     CRAWL_ERRORS_TOPIC,
     LINK_ROT_TOPIC,
@@ -36,6 +54,9 @@ from image_crawler.contract import (
     InboundImage,
     Status,
 )
+
+if TYPE_CHECKING:
+    from crawlctl.commands.demo_origin import DemoOrigin
 
 # (source, target rate in requests/s). Each source serves every sample under its own path,
 # so the progress bars show the rates apart; the fast source also gets the broken file and
@@ -133,60 +154,9 @@ def plan_demo(
     return DemoPlan(tuple(items), counts)
 
 
-class DemoOrigin:
-    """The demo's web server on 127.0.0.1 (a free port), on the caller's event loop.
-
-    Serves each planned item at its path (404 for the missing one and anything else) and
-    remembers when each source was asked, to measure the rate it was crawled at.
-    """
-
-    def __init__(self, plan: DemoPlan, host: str = "127.0.0.1") -> None:
-        self._routes = {item.path: item.sample for item in plan.items if item.sample is not None}
-        self._host = host
-        self._runner: web.AppRunner | None = None
-        self.port = 0
-        self.requests: dict[str, list[float]] = defaultdict(list)
-
-    def url(self, path: str) -> str:
-        return f"http://{self._host}:{self.port}{path}"
-
-    async def start(self) -> None:
-        app = web.Application()
-        app.router.add_get("/{tail:.*}", self._serve)
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self._host, 0)
-        await site.start()
-        self.port = int(self._runner.addresses[0][1])
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-
-    async def _serve(self, request: web.Request) -> web.Response:
-        source = request.path.split("/")[1] if request.path.count("/") >= 2 else ""
-        self.requests[source].append(time.monotonic())
-        sample = self._routes.get(request.path)
-        if sample is None:
-            return web.Response(status=404, text="not found\n")
-        return web.Response(body=sample.body, content_type=sample.content_type)
-
-    def observed_rate(self, source: str) -> float | None:
-        """Requests/s the source was crawled at, over at least one second.
-
-        Buckets are refilled once a second, so a source with fewer URLs than its rate is
-        crawled in one burst: its figure is then its URL count, not its rate.
-        """
-        times = self.requests.get(source, [])
-        if not times:
-            return None
-        return len(times) / max(1.0, times[-1] - times[0])
-
-
 @dataclasses.dataclass(frozen=True, slots=True)
-class Outcome:
-    """How one uuid ended: ``"ok"``, or a failure status (``"404"``, ``"500"``...)."""
+class ItemEnd:
+    """How one planned uuid ended: ``"ok"``, or a failure status (``"404"``, ``"500"``...)."""
 
     status: str
 
@@ -195,12 +165,12 @@ class Outcome:
         return self.status == "ok"
 
 
-class Outcomes:
+class DemoTally:
     """The end of each planned uuid, from the three outcome topics' messages."""
 
     def __init__(self, plan: DemoPlan) -> None:
         self._source_of = {item.uuid: item.source for item in plan.items}
-        self.ended: dict[str, Outcome] = {}
+        self.ended: dict[str, ItemEnd] = {}
         # The metadata messages of planned uuids, as consumed (resolution and EXIF).
         self.metadata: list[dict[str, Any]] = []
 
@@ -219,15 +189,15 @@ class Outcomes:
             self.metadata.append(message)
             if "exif" in message:
                 return None
-            outcome = Outcome("ok")
+            end = ItemEnd("ok")
         elif topic == LINK_ROT_TOPIC:
-            outcome = Outcome(Status.NOT_FOUND)
+            end = ItemEnd(Status.NOT_FOUND)
         else:
-            outcome = Outcome(str(message.get("status", "error")))
+            end = ItemEnd(str(message.get("status", "error")))
         previous = self.ended.get(identifier)
-        if previous is not None and (previous.ok or not outcome.ok):
+        if previous is not None and (previous.ok or not end.ok):
             return None  # already ended (at-least-once delivery: duplicates happen)
-        self.ended[identifier] = outcome
+        self.ended[identifier] = end
         return self._source_of[identifier] if previous is None else None
 
     @property
@@ -237,10 +207,10 @@ class Outcomes:
     def counts(self, source: str) -> tuple[int, int]:
         """(crawled, failed) uuids of ``source``."""
         ok = failed = 0
-        for identifier, outcome in self.ended.items():
+        for identifier, end in self.ended.items():
             if self._source_of[identifier] == source:
-                ok += outcome.ok
-                failed += not outcome.ok
+                ok += end.ok
+                failed += not end.ok
         return ok, failed
 
 
@@ -267,9 +237,7 @@ def inbound_messages(plan: DemoPlan, origin: DemoOrigin) -> list[InboundImage]:
     ]
 
 
-def summary_table(
-    plan: DemoPlan, outcomes: Outcomes, origin: DemoOrigin, elapsed_s: float
-) -> Table:
+def summary_table(plan: DemoPlan, tally: DemoTally, origin: DemoOrigin, elapsed_s: float) -> Table:
     """Per source: URLs, done, crawled, failed, its configured and observed rate."""
     table = Table(title=f"image-crawler demo: summary after {elapsed_s:.1f} s")
     for column in ("source", "urls", "done", "crawled", "failed"):
@@ -278,7 +246,7 @@ def summary_table(
     table.add_column("rate/s (seen)", justify="right")
     totals = [0, 0, 0, 0]
     for source, items in plan.by_source().items():
-        ok, failed = outcomes.counts(source)
+        ok, failed = tally.counts(source)
         seen = origin.observed_rate(source)
         table.add_row(
             source,
@@ -306,3 +274,170 @@ def write_jsonl(path: Path, messages: Iterable[Mapping[str, Any]]) -> int:
             count += 1
     temp.replace(path)
     return count
+
+
+# --- the command --------------------------------------------------------------------------
+
+
+def register(subcommands: Subcommands) -> None:
+    demo = subcommands.add_parser(
+        "demo",
+        parents=[stack_options()],
+        help="crawl bundled sample images from a local origin, end to end",
+        description=(
+            "Like `up`, plus an HTTP origin on 127.0.0.1 serving bundled sample images as "
+            "three sources crawled at about 2, 10 and 50 requests/s (with one broken file "
+            "and one missing URL). Shows progress until every URL is done, prints a summary "
+            "per source, writes the metadata messages to a JSON Lines file, and stops. Exit "
+            "status 0 when every URL was done in time, 1 otherwise."
+        ),
+    )
+    demo.add_argument(
+        "--out",
+        default="metadata.jsonl",
+        metavar="FILE",
+        help="where the image_metadata_updates messages go (default: metadata.jsonl)",
+    )
+    demo.add_argument(
+        "--timeout",
+        type=float,
+        default=240.0,
+        metavar="S",
+        help="give up when not every URL is done after this many seconds (default: 240)",
+    )
+    demo.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    plan = plan_demo(load_samples())
+    data_dir = Path(args.data_dir).expanduser().resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    sources_path = data_dir / "demo-sources.json"
+    sources_path.write_text(json.dumps(plan.sources_file(), indent=2) + "\n")
+    settings = stack_settings(args, sources_path)
+    out_path = Path(args.out).expanduser().resolve()
+
+    def body(stack: LocalStack) -> int:
+        describe(stack)
+        return asyncio.run(_demo(stack, plan, out_path, args.timeout))
+
+    return with_stack(settings, body, interrupted=EXIT_INTERRUPTED)
+
+
+async def _demo(stack: LocalStack, plan: DemoPlan, out_path: Path, timeout_s: float) -> int:
+    # Imported here: aiohttp's server loads only when a demo runs, not for every command.
+    from crawlctl.commands.demo_origin import DemoOrigin
+
+    demo = _DemoRun(stack, plan, DemoOrigin(plan), timeout_s)
+    with loop_signals(demo.stop):
+        await demo.origin.start()
+        try:
+            code = await demo.crawl()
+        finally:
+            await demo.origin.stop()
+            written = write_jsonl(out_path, demo.tally.metadata)
+    return demo.report(out_path, written, code)
+
+
+class _DemoRun:
+    """One demo on a running stack: send every URL, follow each to its end, report."""
+
+    def __init__(
+        self, stack: LocalStack, plan: DemoPlan, origin: DemoOrigin, timeout_s: float
+    ) -> None:
+        self.stack = stack
+        self.plan = plan
+        self.origin = origin
+        self.tally = DemoTally(plan)
+        # Set by Ctrl-C or SIGTERM: the demo stops following and reports what it saw.
+        self.stop = asyncio.Event()
+        self.console = Console()
+        self.began = time.monotonic()
+        self.deadline = self.began + timeout_s
+
+    async def crawl(self) -> int:
+        """Send the plan's URLs, then read outcomes until every URL is done (or time is up)."""
+        bootstrap = self.stack.broker.bootstrap
+        consumer = outcome_consumer(bootstrap)
+        code = EXIT_OK
+        try:
+            await consumer.start()
+            messages = inbound_messages(self.plan, self.origin)
+            await send_images(SendSettings(KafkaSettings(bootstrap)), messages)
+            out(
+                f"demo: sent {len(messages)} URLs of {len(self.plan.sources)} sources, "
+                f"served from {self.origin.url('/')}"
+            )
+            code = await self._follow(consumer)
+            if not self.tally.pending:
+                await _drain(consumer, self.tally)
+        except KafkaError as e:
+            error(f"Kafka at {bootstrap}: {e!r}")
+            code = EXIT_UNAVAILABLE
+        finally:
+            await consumer.stop()
+        return code
+
+    async def _follow(self, consumer: AIOKafkaConsumer) -> int:
+        """Read outcomes with a progress bar per source until every URL is done."""
+        columns = (
+            TextColumn("{task.description:<12}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+        )
+        with Progress(*columns, console=self.console) as progress:
+            tasks = {
+                source: progress.add_task(f"{source}", total=len(items))
+                for source, items in self.plan.by_source().items()
+            }
+            while (
+                self.tally.pending and not self.stop.is_set() and time.monotonic() < self.deadline
+            ):
+                exited = self.stack.exited()
+                if exited:
+                    names = ", ".join(f"{c.name} (status {c.returncode})" for c in exited)
+                    error(f"{names} exited unexpectedly; see {self.stack.settings.log_dir}")
+                    return EXIT_FAILED
+                batch = await consumer.getmany(timeout_ms=200)
+                for partition, records in batch.items():
+                    for record in records:
+                        source = self.tally.add(partition.topic, record.value)
+                        if source is not None:
+                            progress.advance(tasks[source])
+        return EXIT_OK
+
+    def report(self, out_path: Path, written: int, code: int) -> int:
+        """Print the summary and where everything went; returns the exit status, which is
+        a failure when a URL was not done although nothing else went wrong."""
+        elapsed_s = time.monotonic() - self.began
+        self.console.print(summary_table(self.plan, self.tally, self.origin, elapsed_s))
+        settings = self.stack.settings
+        thumbnails = sum(
+            (settings.thumbnails_dir / f"{item.uuid}.jpg").is_file() for item in self.plan.items
+        )
+        out(f"metadata    {written} messages written to {out_path}")
+        out(f"thumbnails  {thumbnails} written to {settings.thumbnails_dir}")
+        out(f"logs        {settings.log_dir}")
+        pending = self.tally.pending
+        if pending and code == EXIT_OK:
+            urls = sorted(item.path for item in self.plan.items if item.uuid in pending)
+            shown = ", ".join(urls[:5]) + (" ..." if len(urls) > 5 else "")
+            error(f"{len(pending)} URL(s) not done after {elapsed_s:.0f} s: {shown}")
+            code = EXIT_INTERRUPTED if self.stop.is_set() else EXIT_FAILED
+        return code
+
+
+async def _drain(consumer: AIOKafkaConsumer, tally: DemoTally, timeout_s: float = 5.0) -> None:
+    """Read on until a fetch comes back empty: an EXIF message may trail its resolution.
+
+    (Not up to the end offsets: tansu's in-memory storage does not report them right.)
+    """
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        batch = await consumer.getmany(timeout_ms=500)
+        if not batch:
+            return
+        for partition, records in batch.items():
+            for record in records:
+                tally.add(partition.topic, record.value)

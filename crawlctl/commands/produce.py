@@ -4,13 +4,17 @@ Reading is pure: ``read_rows`` turns JSON Lines, CSV or TSV into ``GoodRow`` (an
 ``InboundImage`` that the contract's own decoder accepts) or ``BadRow`` (a line number and
 a reason), one at a time, so a file of any size streams. Sending is ``send_images``: one
 producer, acks=all, batches of sends whose acknowledgements are awaited before the next.
+The command sends the good rows of a file with bad ones all the same, reports each bad row
+by line number on stderr, and ends with the counts.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import csv
 import dataclasses
+import itertools
 import json
 import uuid
 from collections.abc import Callable, Iterable, Iterator
@@ -19,7 +23,27 @@ from typing import Any, Final, Literal, TextIO
 from urllib.parse import urlsplit
 
 from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
+from crawlctl.connections import kafka_option, kafka_settings
+from crawlctl.console import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_UNAVAILABLE,
+    Subcommands,
+    UsageError,
+    error,
+    out,
+)
 from image_crawler.config import KafkaSettings
 from image_crawler.contract import (
     INBOUND_TOPIC,
@@ -281,3 +305,107 @@ async def send_images(
     finally:
         await producer.stop()
     return sent
+
+
+# --- the command --------------------------------------------------------------------------
+
+
+def register(subcommands: Subcommands) -> None:
+    produce = subcommands.add_parser(
+        "produce",
+        parents=[kafka_option()],
+        help="feed inbound_images from a JSON Lines, CSV or TSV file",
+        description=(
+            "Send one inbound_images message per row of FILE: JSON Lines (objects), or CSV "
+            "or TSV with a header row; the fields are url, uuid and source. A missing uuid "
+            "gets a new uuid4; --source fills a missing source. Bad rows are reported by "
+            "line number on stderr and not sent; the good ones are sent all the same "
+            "(acks=all, every acknowledgement awaited), then the exit status is 1."
+        ),
+    )
+    produce.add_argument("file", metavar="FILE")
+    produce.add_argument("--source", metavar="S", help="the source of rows that name none")
+    produce.add_argument(
+        "--format", choices=FORMATS, help="the file's format (default: by its extension)"
+    )
+    produce.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    path = Path(args.file)
+    if not path.is_file():
+        raise UsageError(f"no such file: {args.file}")
+    try:
+        fmt = format_of(path, args.format)
+    except FeedError as e:
+        raise UsageError(str(e)) from None
+    if args.source is not None and not is_valid_source_name(args.source):
+        raise UsageError(f"--source is not a valid source name: {args.source!r}")
+    return asyncio.run(_produce(path, fmt, args.source, kafka_settings(args)))
+
+
+async def _produce(
+    path: Path, fmt: Format, default_source: str | None, kafka: KafkaSettings
+) -> int:
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    progress = Progress(
+        TextColumn(f"{INBOUND_TOPIC}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        disable=not err.is_terminal,
+    )
+    with path.open(encoding="utf-8-sig", errors="surrogateescape", newline="") as text:
+        rows = read_rows(text, fmt, default_source=default_source)
+        try:
+            first = next(rows)  # the header and an empty file are judged before connecting
+        except FeedError as e:
+            error(f"{path}: {e}")
+            out("sent 0, bad 0")
+            return EXIT_FAILED
+        with progress:
+            feed = _Feed(progress, progress.add_task("sending", total=count_lines(path)))
+            images = feed.images(itertools.chain([first], rows))
+            try:
+                await send_images(SendSettings(kafka), images, on_acked=feed.acked)
+            except KafkaError as e:
+                acknowledged = f"(after {feed.sent} acknowledged)"
+                error(f"Kafka at {kafka.bootstrap_servers}: {e!r} {acknowledged}")
+                out(f"sent {feed.sent}, bad {feed.bad}")
+                return EXIT_UNAVAILABLE
+    out(feed.summary())
+    return EXIT_FAILED if feed.bad else EXIT_OK
+
+
+class _Feed:
+    """The counts of one file being sent, shown as it goes: each bad row on stderr, and a
+    progress bar of the lines done (a bad row at once, a good one once acknowledged)."""
+
+    def __init__(self, progress: Progress, task: TaskID) -> None:
+        self._progress = progress
+        self._task = task
+        self.sent = 0
+        self.bad = 0
+        self.generated = 0
+
+    def images(self, rows: Iterable[Row]) -> Iterator[InboundImage]:
+        """The images of the good rows; the bad ones are counted and reported."""
+        for row in rows:
+            if isinstance(row, BadRow):
+                self.bad += 1
+                self._progress.console.print(f"line {row.line}: {row.reason}", markup=False)
+                self._progress.advance(self._task)
+                continue
+            self.generated += row.generated_uuid
+            yield row.image
+
+    def acked(self, n: int) -> None:
+        self.sent += n
+        self._progress.advance(self._task, n)
+
+    def summary(self) -> str:
+        summary = f"sent {self.sent}, bad {self.bad}"
+        if self.generated:
+            summary += f" ({self.generated} without uuid got a new uuid4)"
+        return summary

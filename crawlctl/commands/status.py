@@ -13,10 +13,16 @@ request may start (``pace_next:``, pushed into the future by a server's Retry-Af
 Its robots.txt: how many URLs it disallowed (``resize_errors:{source}:RobotsDisallowed``),
 the Crawl-delay that caps the source's rate (``crawl_delay:``) and whether an operator
 exempted the source (``robots_exempt``).
+
+The command prints the table once (``--once``) or keeps it live, read again every
+``--interval`` seconds; while Redis is away it keeps the last state read, and says so.
 """
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+import contextlib
 import dataclasses
 import json
 import math
@@ -25,11 +31,17 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 import redis.asyncio as aioredis
+from redis.exceptions import RedisError
 from rich import box
-from rich.console import Group, RenderableType
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from crawlctl.connections import redis_client, redis_option, redis_settings
+from crawlctl.console import EXIT_OK, EXIT_UNAVAILABLE, Subcommands, UsageError, error
+from crawlctl.signals import loop_signals
+from image_crawler.config import RedisSettings
 from image_crawler.contract import (
     CRAWL_DELAY_PREFIX,
     HALTED_SET,
@@ -50,11 +62,11 @@ from image_crawler.contract import (
     PACE_STOPPED,
     RATES_HASH,
     RESIZE_ERRORS,
-    ROBOTS_DISALLOWED,
     ROBOTS_EXEMPT_SET,
     TEMP_HALTED_SET,
     MalformedMessage,
     PacingInfo,
+    Status,
 )
 from image_crawler.lua import lua_script
 
@@ -75,7 +87,7 @@ _ARGV: Final = (
     PACE_NEXT_PREFIX,
     ROBOTS_EXEMPT_SET,
     CRAWL_DELAY_PREFIX,
-    ROBOTS_DISALLOWED,
+    Status.ROBOTS_DISALLOWED,
 )
 
 # A next slot closer than this is ordinary pacing at any rate above 1/s: not worth a line.
@@ -406,3 +418,78 @@ def status_table(status: CrawlStatus, *, note: str | None = None) -> Table:
     )
     table.caption = f"{caption}\n{note}" if note else caption
     return table
+
+
+# --- the command --------------------------------------------------------------------------
+
+
+def register(subcommands: Subcommands) -> None:
+    status = subcommands.add_parser(
+        "status",
+        parents=[redis_option()],
+        help="a live table of every source: pacing, counters, halts",
+        description=(
+            "Show, per source, its pacing: the effective rate of the configured one "
+            "(crawl_rates), the rate workers are paced at now (pace_rate:SOURCE; none "
+            "without a monitor), why (backoff, recovering, floor, halted...), and when the "
+            "next request may start if a server's Retry-After put it off (pace_next:SOURCE); "
+            "then its successes and errors, a histogram of its last 50 statuses, its halt "
+            "state and override, and the crawl's totals. Refreshed every --interval seconds "
+            "(one Redis round trip each) until Ctrl-C."
+        ),
+    )
+    status.add_argument("--once", action="store_true", help="print the table once and exit")
+    status.add_argument(
+        "--interval", type=float, default=1.0, metavar="S", help="refresh period (default: 1)"
+    )
+    status.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.interval <= 0:
+        raise UsageError(f"--interval must be > 0, got {args.interval}")
+    settings = redis_settings(args)
+    try:
+        return asyncio.run(_status(settings, once=args.once, interval_s=args.interval))
+    except KeyboardInterrupt:
+        return EXIT_OK
+
+
+async def _status(settings: RedisSettings, *, once: bool, interval_s: float) -> int:
+    console = Console()
+    redis = redis_client(settings)
+    try:
+        try:
+            status = await read_status(redis)
+        except RedisError as e:
+            error(f"Redis at {settings.redacted_url}: {e}")
+            return EXIT_UNAVAILABLE
+        if once:
+            console.print(status_table(status))
+            return EXIT_OK
+        await _watch(redis, settings, status, interval_s, console)
+        return EXIT_OK
+    finally:
+        await redis.aclose()
+
+
+async def _watch(
+    redis: aioredis.Redis,
+    settings: RedisSettings,
+    status: CrawlStatus,
+    interval_s: float,
+    console: Console,
+) -> None:
+    """Show ``status`` and read it again every ``interval_s`` until Ctrl-C or SIGTERM;
+    while Redis is away, the last state read stays, with a note that says so."""
+    stop = asyncio.Event()
+    with loop_signals(stop), Live(status_table(status), console=console) as live:
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), interval_s)
+            note = f"{settings.redacted_url}, every {interval_s:g} s; Ctrl-C quits"
+            try:
+                status = await read_status(redis)
+            except RedisError as e:
+                note = f"Redis unavailable ({e}); showing the last state read"
+            live.update(status_table(status, note=note))

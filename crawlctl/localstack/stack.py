@@ -17,19 +17,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
-from crawlctl.localstack.services import (
-    Child,
-    KafkaBroker,
-    ModuleProcess,
-    RedisServer,
-    ServiceError,
-    wait_until,
-)
+from crawlctl.localstack.processes import Child, ModuleProcess, ServiceError, wait_until
+from crawlctl.localstack.services import KafkaBroker, RedisServer
+from image_crawler import contract
+from image_crawler.config import env_optional
 
 LOOPBACK_NETWORK: Final = "127.0.0.0/8"
 # Every crawler process SIGTERMed at once gets this long beyond its own grace period.
 STOP_MARGIN_S: Final = 15.0
-# Used when the caller's environment does not set them (see ``crawler_env``).
+# The stack's own values where the caller's environment sets none (see ``crawler_env``),
+# shorter than the worker's defaults on purpose: a crawl on one machine should stop soon
+# after Ctrl-C and pick up a new source within a second.
 DEFAULT_SHUTDOWN_GRACE_S: Final = 10.0
 DEFAULT_SOURCES_POLL_S: Final = 1.0
 
@@ -42,7 +40,7 @@ class StackSettings:
     thumbnails_dir: Path
     workers: int = 1
     sources_file: Path | None = None
-    log_frequency_s: float = 5.0
+    log_frequency_s: float = contract.LOG_FREQUENCY_S
     start_timeout_s: float = 60.0
 
     @property
@@ -64,13 +62,17 @@ def crawler_env(
     """
     cpus = os.cpu_count() or 1
     env = {
-        "LOG_FREQUENCY_SECONDS": f"{settings.log_frequency_s:g}",
-        "SOURCES_POLL_SECONDS": f"{DEFAULT_SOURCES_POLL_S:g}",
-        "SHUTDOWN_GRACE_SECONDS": f"{DEFAULT_SHUTDOWN_GRACE_S:g}",
+        "LOG_FREQUENCY_S": f"{settings.log_frequency_s:g}",
+        "SOURCES_POLL_S": f"{DEFAULT_SOURCES_POLL_S:g}",
+        "SHUTDOWN_GRACE_S": f"{DEFAULT_SHUTDOWN_GRACE_S:g}",
         # One image process per CPU for the whole stack, not per worker.
         "IMAGE_PROCESSES": str(max(1, cpus // max(1, settings.workers))),
     }
-    env.update({k: environ[k] for k in env if environ.get(k, "").strip()})
+    for name in env:
+        # The operator's value, also under a variable's old name (SHUTDOWN_GRACE_SECONDS).
+        value = env_optional(environ, name)
+        if value is not None:
+            env[name] = value
     allowed = [n.strip() for n in environ.get("ALLOWED_PRIVATE_NETWORKS", "").split(",")]
     allowed = [n for n in allowed if n]
     if LOOPBACK_NETWORK not in allowed:
@@ -91,7 +93,7 @@ def crawler_env(
 
 def shutdown_grace_s(env: Mapping[str, str]) -> float:
     try:
-        return max(0.0, float(env.get("SHUTDOWN_GRACE_SECONDS", DEFAULT_SHUTDOWN_GRACE_S)))
+        return max(0.0, float(env.get("SHUTDOWN_GRACE_S", DEFAULT_SHUTDOWN_GRACE_S)))
     except ValueError:
         return DEFAULT_SHUTDOWN_GRACE_S
 
@@ -190,8 +192,9 @@ class LocalStack:
             statuses[worker.name] = worker.wait(grace_s)
         if self.monitor is not None:
             self.monitor.terminate()
-            # The monitor's splitter may take its own grace (30 s) to finish a batch.
-            statuses[self.monitor.name] = self.monitor.wait(30.0 + STOP_MARGIN_S)
+            statuses[self.monitor.name] = self.monitor.wait(
+                contract.MONITOR_STOP_GRACE_S + STOP_MARGIN_S
+            )
         for service in (self.broker, self.redis):
             service.terminate()
         for service in (self.broker, self.redis):

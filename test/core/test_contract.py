@@ -130,7 +130,8 @@ def test_pacing_info_is_encoded_with_every_field_and_decodes_to_itself(info):
 
 
 def test_every_status_the_sets_name_is_a_member_and_equals_its_string():
-    for status in c.EXPECTED_STATUSES | c.RETRYABLE_STATUSES | c.BACKOFF_STATUSES:
+    named = c.EXPECTED_STATUSES | c.RETRYABLE_STATUSES | c.BACKOFF_STATUSES | c.RETRY_AFTER_STATUSES
+    for status in named:
         assert isinstance(status, c.Status), status
     assert c.Status("404") is c.Status.NOT_FOUND and c.Status.NOT_FOUND == "404"
     assert json.dumps({"status": c.Status.TIMEOUT}) == '{"status": "Timeout"}'

@@ -345,10 +345,10 @@ CAPPED_10S = "robots.txt Crawl-delay 10 s: at most 0.1/s"
             observed(delays={"src": "3600"}),
             after_a_loop(),
             (
-                *(1 / 60, 1 / 60, PACE_CONFIGURED, "crawl_delay"),
-                *("robots.txt Crawl-delay 60 s: at most 0.0167/s", set(), []),
+                *(1 / 3600, 1 / 3600, PACE_CONFIGURED, "crawl_delay"),
+                *("robots.txt Crawl-delay 3600 s: at most 0.000278/s", set(), []),
             ),
-            id="a-delay-above-the-longest-obeyed",
+            id="a-delay-as-written-the-worker-capped-it",
         ),
         pytest.param(
             observed(delays={"src": None, "gone": None, "other": "5"}),

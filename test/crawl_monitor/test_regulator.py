@@ -667,3 +667,33 @@ async def test_crawl_delays_are_read_in_the_same_round_trip_whatever_their_numbe
     before = store.round_trips
     await store.read(["s1", "s2"], time.time() - 60)
     assert store.round_trips - before == 1
+
+
+class RedisAway:
+    """A store whose every read fails as when Redis is away; notes when each was tried."""
+
+    def __init__(self) -> None:
+        self.tries: list[float] = []
+
+    async def read(self, *args, **kwargs):
+        self.tries.append(time.monotonic())
+        raise RedisConnectionError("away")
+
+
+async def test_while_redis_is_away_the_loop_backs_off_on_its_grid():
+    period_s = 0.05
+    store = RedisAway()
+    regulator = Regulator(store, lambda: {"src": 1.0}, RegulatorSettings(period_s=period_s))
+    stop = asyncio.Event()
+    task = asyncio.create_task(regulator.run(stop))
+    try:
+        await wait_for(lambda: len(store.tries) >= 6, 10, what="six tries")
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 5)
+    since_first = [(t - store.tries[0]) / period_s for t in store.tries]
+    # Each try on a tick of its own: never more often than once a period (the first try
+    # may have started up to half a period late).
+    assert all(periods >= i - 0.5 for i, periods in enumerate(since_first)), since_first
+    # Backing off: after a 4th failure in a row, the next try skips at least 3 ticks.
+    assert since_first[4] - since_first[3] >= 3, since_first

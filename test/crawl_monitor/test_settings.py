@@ -11,7 +11,7 @@ import pytest
 
 from crawl_monitor.policy.adaptive import AdaptiveSettings
 from crawl_monitor.settings import MonitorSettings
-from image_crawler.config import ConfigError
+from image_crawler.config import ConfigError, DeprecatedSetting
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -24,7 +24,7 @@ def test_defaults():
     assert settings.log_frequency_s == 5.0
     assert settings.sources_refresh_s == 1800.0
     assert settings.source_topic_partitions == 4
-    assert settings.token_ttl_ms == 1500
+    assert settings.pace_rate_ttl_ms == 1500
     assert settings.leader_lease_ms == 3000
     assert settings.refill_period_s == 1.0
     assert settings.backoff == AdaptiveSettings(
@@ -43,20 +43,20 @@ def test_every_variable(tmp_path):
             "REDIS_PORT": "6380",
             "SOURCES_FILE": str(sources),
             "SOURCES_URL": "https://api.openverse.org/v1/images/stats/",
-            "LOG_FREQUENCY_SECONDS": "2.5",
-            "SOURCES_REFRESH_SECONDS": "60",
-            "SOURCES_TIMEOUT_SECONDS": "3",
+            "LOG_FREQUENCY_S": "2.5",
+            "SOURCES_REFRESH_S": "60",
+            "SOURCES_TIMEOUT_S": "3",
             "SOURCE_TOPIC_PARTITIONS": "8",
             "SOURCE_TOPIC_REPLICATION_FACTOR": "3",
             "SPLITTER_BATCH_SIZE": "100",
-            "TOKEN_TTL_MS": "1200",
+            "PACE_RATE_TTL_MS": "1200",
             "LEADER_LEASE_MS": "5000",
-            "REDIS_TIMEOUT_SECONDS": "2",
+            "REDIS_TIMEOUT_S": "2",
             "LOG_LEVEL": "debug",
             "BACKOFF_FLOOR_RPS": "0.5",
             "BACKOFF_DECREASE_FACTOR": "0.5",
             "BACKOFF_INCREASE_SHARE_PER_S": "0.05",
-            "BACKOFF_COOLDOWN_SECONDS": "3",
+            "BACKOFF_COOLDOWN_S": "3",
         }
     )
     assert settings.kafka.bootstrap_servers == "k1:9092,k2:9092"
@@ -69,7 +69,7 @@ def test_every_variable(tmp_path):
     assert settings.source_topic_partitions == 8
     assert settings.source_topic_replication_factor == 3
     assert settings.splitter_batch_size == 100
-    assert settings.token_ttl_ms == 1200
+    assert settings.pace_rate_ttl_ms == 1200
     assert settings.leader_lease_ms == 5000
     assert settings.redis_timeout_s == 2.0
     assert settings.log_level == "DEBUG"
@@ -86,13 +86,13 @@ def test_redis_url_beats_host_and_port():
 @pytest.mark.parametrize(
     ("env", "names"),
     [
-        ({"LOG_FREQUENCY_SECONDS": "often"}, "LOG_FREQUENCY_SECONDS"),
-        ({"LOG_FREQUENCY_SECONDS": "0"}, "LOG_FREQUENCY_SECONDS"),
-        ({"SOURCES_REFRESH_SECONDS": "-5"}, "SOURCES_REFRESH_SECONDS"),
+        ({"LOG_FREQUENCY_S": "often"}, "LOG_FREQUENCY_S"),
+        ({"LOG_FREQUENCY_S": "0"}, "LOG_FREQUENCY_S"),
+        ({"SOURCES_REFRESH_S": "-5"}, "SOURCES_REFRESH_S"),
         ({"SOURCE_TOPIC_PARTITIONS": "0"}, "SOURCE_TOPIC_PARTITIONS"),
         ({"SOURCE_TOPIC_PARTITIONS": "2.5"}, "SOURCE_TOPIC_PARTITIONS"),
-        ({"TOKEN_TTL_MS": "500"}, "TOKEN_TTL_MS"),
-        ({"TOKEN_TTL_MS": "1.5s"}, "TOKEN_TTL_MS"),
+        ({"PACE_RATE_TTL_MS": "500"}, "PACE_RATE_TTL_MS"),
+        ({"PACE_RATE_TTL_MS": "1.5s"}, "PACE_RATE_TTL_MS"),
         # The leader renews once a refill: a shorter lease lapses between its own loops.
         ({"LEADER_LEASE_MS": "1500"}, "LEADER_LEASE_MS"),
         ({"LEADER_LEASE_MS": "soon"}, "LEADER_LEASE_MS"),
@@ -110,18 +110,41 @@ def test_redis_url_beats_host_and_port():
         ({"BACKOFF_DECREASE_FACTOR": "70%"}, "BACKOFF_DECREASE_FACTOR"),
         ({"BACKOFF_INCREASE_SHARE_PER_S": "0"}, "BACKOFF_INCREASE_SHARE_PER_S"),
         ({"BACKOFF_INCREASE_SHARE_PER_S": "1.5"}, "BACKOFF_INCREASE_SHARE_PER_S"),
-        ({"BACKOFF_COOLDOWN_SECONDS": "-1"}, "BACKOFF_COOLDOWN_SECONDS"),
+        ({"BACKOFF_COOLDOWN_S": "-1"}, "BACKOFF_COOLDOWN_S"),
+        ({"BACKOFF_COOLDOWN_S": "inf"}, "BACKOFF_COOLDOWN_S"),
+        # A deprecated name still read is named as the operator spelled it.
+        ({"LOG_FREQUENCY_SECONDS": "often"}, "LOG_FREQUENCY_SECONDS"),
+        ({"TOKEN_TTL_MS": "500"}, "TOKEN_TTL_MS"),
         ({"BACKOFF_COOLDOWN_SECONDS": "inf"}, "BACKOFF_COOLDOWN_SECONDS"),
+        ({"REDIS_TIMEOUT_SECONDS": "0"}, "REDIS_TIMEOUT_SECONDS"),
     ],
 )
 def test_bad_values_are_named(env, names):
-    with pytest.raises(ConfigError, match=names):
+    with pytest.raises(ConfigError, match=rf"\b{names}\b"):
         MonitorSettings.from_env(env)
+
+
+def test_deprecated_names_still_work_and_are_reported():
+    settings = MonitorSettings.from_env({"LOG_FREQUENCY_SECONDS": "2.5", "TOKEN_TTL_MS": "1200"})
+    assert (settings.log_frequency_s, settings.pace_rate_ttl_ms) == (2.5, 1200)
+    assert settings.deprecated == (
+        DeprecatedSetting("LOG_FREQUENCY_SECONDS", "LOG_FREQUENCY_S"),
+        DeprecatedSetting("TOKEN_TTL_MS", "PACE_RATE_TTL_MS"),
+    )
+    assert MonitorSettings.from_env({"LOG_FREQUENCY_S": "2.5"}).deprecated == ()
+
+
+def test_the_new_name_wins_over_the_deprecated_one():
+    settings = MonitorSettings.from_env({"LOG_FREQUENCY_S": "2.5", "LOG_FREQUENCY_SECONDS": "9"})
+    assert settings.log_frequency_s == 2.5
+    assert settings.deprecated == (
+        DeprecatedSetting("LOG_FREQUENCY_SECONDS", "LOG_FREQUENCY_S", ignored=True),
+    )
 
 
 def test_the_process_exits_2_on_a_bad_setting():
     env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
-    env["TOKEN_TTL_MS"] = "nope"
+    env["PACE_RATE_TTL_MS"] = "nope"
     done = subprocess.run(
         [sys.executable, "-m", "crawl_monitor"],
         cwd=ROOT,
@@ -132,5 +155,5 @@ def test_the_process_exits_2_on_a_bad_setting():
         check=False,
     )
     assert done.returncode == 2
-    assert "TOKEN_TTL_MS" in done.stderr
+    assert "PACE_RATE_TTL_MS" in done.stderr
     assert done.stdout == ""

@@ -131,7 +131,7 @@ async def test_split_messages_counters_dead_letters_and_commits(kafka, redis, re
         "REDIS_URL": redis_url,
         "SOURCE_TOPIC_PARTITIONS": "2",
         "SPLITTER_BATCH_SIZE": "3",
-        "LOG_FREQUENCY_SECONDS": "1",
+        "LOG_FREQUENCY_S": "1",
     }
     monitor = CrawlerProcess("crawl_monitor", env, tmp_path / "monitor.log")
     try:

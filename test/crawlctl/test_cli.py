@@ -47,7 +47,7 @@ SCRIPT = Path(sys.executable).with_name("image-crawler")
 
 
 def command() -> list[str]:
-    return [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "image_crawler"]
+    return [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "crawlctl"]
 
 
 def cli_env(**extra: str) -> dict[str, str]:
@@ -447,7 +447,7 @@ def test_robots_exempt_without_redis_says_so_with_status_3() -> None:
 
 async def test_status_once_shows_robots(redis: Redis, redis_url: str) -> None:
     await redis.sadd(c.INBOUND_SOURCES_SET, "flickr", "met")
-    await redis.set(c.resize_errors_key("flickr", c.ROBOTS_DISALLOWED), 12)
+    await redis.set(c.resize_errors_key("flickr", c.Status.ROBOTS_DISALLOWED), 12)
     await redis.set(c.crawl_delay_key("flickr"), "10", ex=60)
     await redis.sadd(c.ROBOTS_EXEMPT_SET, "met")
     result = await arun("status", "--once", "--redis", redis_url)
@@ -494,11 +494,11 @@ async def test_halt_stops_a_running_crawl_at_once_and_resume_restarts_it(
         "ALLOWED_PRIVATE_NETWORKS": "127.0.0.0/8",
         "MAX_TASKS": "1",  # one URL at a time: after a halt, at most one more request
         "IMAGE_PROCESSES": "1",
-        "SOURCES_POLL_SECONDS": "0.2",
-        "COMMIT_INTERVAL_SECONDS": "0.2",
-        "TOKEN_RETRY_SECONDS": "0.05",
-        "RATE_LIMIT_TIMEOUT_SECONDS": "0.5",
-        "SHUTDOWN_GRACE_SECONDS": "2",
+        "SOURCES_POLL_S": "0.2",
+        "COMMIT_INTERVAL_S": "0.2",
+        "TOKEN_RETRY_S": "0.05",
+        "RATE_LIMIT_TIMEOUT_S": "0.5",
+        "SHUTDOWN_GRACE_S": "2",
     }
 
     async def refill() -> None:  # 20 requests/s, renewed more often than the monitor does

@@ -91,14 +91,6 @@ async def test_override_and_clear(redis: Redis) -> None:
     assert all(d.note == "there was none" for d in done)
 
 
-async def test_is_known(redis: Redis) -> None:
-    assert not await controls.is_known(redis, "nobody")
-    await redis.hset(c.RATES_HASH, "rated", "2.0")
-    await redis.sadd(c.INBOUND_SOURCES_SET, "seen")
-    assert await controls.is_known(redis, "rated")
-    assert await controls.is_known(redis, "seen")
-
-
 @pytest.mark.parametrize(
     ("raw", "name"), [("flickr", "flickr"), (" Flickr ", "flickr"), ("a.b_c-d", "a.b_c-d")]
 )

@@ -1,4 +1,4 @@
-"""The demo's plan, samples and outcome bookkeeping (pure; the demo itself runs in
+"""The demo's plan, samples and tally of outcomes (pure; the demo itself runs in
 ``test_cli.py``)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from crawlctl.commands.demo import (
     BROKEN_SAMPLE,
     DEMO_SOURCES,
     MISSING_NAME,
-    Outcomes,
+    DemoTally,
     image_count_for_rate,
     load_samples,
     plan_demo,
@@ -88,14 +88,14 @@ def test_the_sources_file_gives_rates_of_about_2_10_and_50() -> None:
     assert rates == pytest.approx({"demo-small": 2.0, "demo-medium": 10.0, "demo-large": 50.0})
 
 
-def test_outcomes_end_each_uuid_once_and_keep_its_metadata() -> None:
+def test_the_tally_ends_each_uuid_once_and_keeps_its_metadata() -> None:
     plan = plan_demo(load_samples()[:3])
     a, b, c = (item.uuid for item in plan.items[:3])
-    outcomes = Outcomes(plan)
+    tally = DemoTally(plan)
 
     def add(topic: str, message: dict | bytes) -> str | None:
         raw = message if isinstance(message, bytes) else json.dumps(message).encode()
-        return outcomes.add(topic, raw)
+        return tally.add(topic, raw)
 
     resolution = {"identifier": a, "width": 1, "height": 1, "filesize": 1}
     assert add(METADATA_TOPIC, {"identifier": a, "exif": {"0x13b": "x"}}) is None
@@ -107,6 +107,6 @@ def test_outcomes_end_each_uuid_once_and_keep_its_metadata() -> None:
     assert add(METADATA_TOPIC, {"identifier": "not-ours", "width": 1}) is None
     assert add(METADATA_TOPIC, b"not json") is None
 
-    assert {u: o.status for u, o in outcomes.ended.items()} == {a: "ok", b: "404", c: "500"}
-    assert [m["identifier"] for m in outcomes.metadata] == [a, a, a]
-    assert outcomes.pending == {i.uuid for i in plan.items} - {a, b, c}
+    assert {u: o.status for u, o in tally.ended.items()} == {a: "ok", b: "404", c: "500"}
+    assert [m["identifier"] for m in tally.metadata] == [a, a, a]
+    assert tally.pending == {i.uuid for i in plan.items} - {a, b, c}

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 from redis.asyncio import Redis
+from redis.exceptions import ResponseError
 from rich.console import Console
 
 from crawlctl.commands.status import (
@@ -140,10 +143,12 @@ async def test_an_empty_redis_and_keys_of_the_wrong_type_do_not_break_the_view(
 
 async def seed_robots(redis: Redis) -> None:
     await redis.sadd(c.INBOUND_SOURCES_SET, "flickr", "met", "nasa")
-    await redis.set(c.resize_errors_key("flickr", c.ROBOTS_DISALLOWED), 12)
+    await redis.set(c.resize_errors_key("flickr", c.Status.ROBOTS_DISALLOWED), 12)
     await redis.set(c.crawl_delay_key("flickr"), "10.0", ex=int(c.ROBOTS_CACHE_S))
     await redis.sadd(c.ROBOTS_EXEMPT_SET, "met", "typo")
-    await redis.set(c.resize_errors_key("met", c.ROBOTS_DISALLOWED), 3)  # before its exemption
+    await redis.set(
+        c.resize_errors_key("met", c.Status.ROBOTS_DISALLOWED), 3
+    )  # before its exemption
     await redis.set(c.crawl_delay_key("met"), "5")  # left over: expires, binds nothing
 
 
@@ -170,6 +175,153 @@ async def test_read_status_reads_robots_keys_in_the_same_round_trip(
         "nasa": (0, False, None),
         "typo": (0, True, None),  # exempt but no source has the name: shown, to be noticed
     }
+
+
+# --- the Lua read against the rule it is the fast path of -------------------------------
+
+
+async def read_plainly(redis: Redis) -> CrawlStatus:
+    """The read that ``status.lua`` does in one call, one plain command at a time, with
+    the keys spelt by the contract: the sources are the union of the sets and the rates'
+    hash, and a key of the wrong type reads as absent."""
+
+    async def ask(command: str, *args: Any, absent: Any = False) -> Any:
+        try:
+            reply = await redis.execute_command(command, *args)
+        except ResponseError:  # WRONGTYPE
+            return absent
+        return absent if reply is None else reply
+
+    def members(reply: Any) -> list[str]:
+        return sorted(reply)
+
+    halted = members(await ask("SMEMBERS", c.HALTED_SET, absent=set()))
+    temp_halted = members(await ask("SMEMBERS", c.TEMP_HALTED_SET, absent=set()))
+    exempt = members(await ask("SMEMBERS", c.ROBOTS_EXEMPT_SET, absent=set()))
+    inbound = members(await ask("SMEMBERS", c.INBOUND_SOURCES_SET, absent=set()))
+    rates = await ask("HGETALL", c.RATES_HASH, absent={})
+    sources = {}
+    for name in {*inbound, *halted, *temp_halted, *exempt, *rates}:
+        sources[name] = {
+            "rate": rates.get(name, False),
+            "pace_rate": await ask("GET", c.pace_rate_key(name)),
+            "pace_next": await ask("GET", c.pace_next_key(name)),
+            "ok": await ask("GET", c.num_resized_key(name)),
+            "errors": await ask("GET", c.resize_errors_key(name)),
+            "last": await ask("LRANGE", c.last50_key(name), 0, -1, absent=[]),
+            "override": await ask("GET", f"{c.OVERRIDE_RATE_PREFIX}{name}"),
+            "alias": await ask("GET", f"{c.OVERRIDE_RATE_ALIAS_PREFIX}{name}"),
+            "disallowed": await ask("GET", c.resize_errors_key(name, c.Status.ROBOTS_DISALLOWED)),
+            "crawl_delay": await ask("GET", c.crawl_delay_key(name)),
+        }
+    totals = {
+        key: await ask("GET", key)
+        for key in (c.NUM_RESIZED, c.RESIZE_ERRORS, c.NUM_SPLIT, c.NUM_MALFORMED)
+    }
+    seconds, microseconds = await redis.time()
+    answer = {
+        "sources": sources,
+        "halted": halted,
+        "temp_halted": temp_halted,
+        "robots_exempt": exempt,
+        "totals": totals,
+        "now": [str(seconds), str(microseconds)],
+    }
+    return parse_status(json.dumps(answer))
+
+
+def commands(*each: tuple[Any, ...]) -> Callable[[Redis], Awaitable[None]]:
+    async def run(redis: Redis) -> None:
+        for command in each:
+            await redis.execute_command(*command)
+
+    return run
+
+
+LATER = "4102444800.500000"  # a pace_next far ahead of any clock the test runs under
+
+
+@pytest.mark.parametrize(
+    "setup",
+    [
+        pytest.param(commands(), id="empty"),
+        pytest.param(commands(("SADD", c.INBOUND_SOURCES_SET, "seen")), id="only-seen"),
+        pytest.param(commands(("SADD", c.HALTED_SET, "broken")), id="halted"),
+        pytest.param(
+            commands(
+                ("SADD", c.TEMP_HALTED_SET, "met"),
+                ("SET", "override_rate:met", "5"),
+                ("SET", "override-rate:met", "7"),
+            ),
+            id="temp-halted-with-override",
+        ),
+        pytest.param(
+            commands(
+                ("SADD", c.ROBOTS_EXEMPT_SET, "typo", "nasa"),
+                ("SADD", c.INBOUND_SOURCES_SET, "nasa"),
+                ("SET", c.crawl_delay_key("nasa"), "4"),
+            ),
+            id="exempt",
+        ),
+        pytest.param(
+            commands(
+                ("SADD", c.INBOUND_SOURCES_SET, "flickr"),
+                ("SET", c.num_resized_key("flickr"), "13188"),
+                ("SET", c.resize_errors_key("flickr"), "3"),
+                ("SET", c.resize_errors_key("flickr", c.Status.ROBOTS_DISALLOWED), "2"),
+                ("RPUSH", c.last50_key("flickr"), "200", "200", "503", "404"),
+                ("SET", c.NUM_RESIZED, "13224"),
+                ("SET", c.RESIZE_ERRORS, "9"),
+                ("SET", c.NUM_SPLIT, "20000"),
+                ("SET", c.NUM_MALFORMED, "2"),
+            ),
+            id="counters",
+        ),
+        pytest.param(
+            commands(
+                ("HSET", c.RATES_HASH, "flickr", FLICKR.to_json(), "busy", BUSY.to_json()),
+                ("HSET", c.RATES_HASH, "phylopic", "0.2"),
+                ("SET", c.pace_rate_key("flickr"), "178.4"),
+                ("SET", c.pace_rate_key("busy"), "14"),
+                ("SET", c.pace_next_key("busy"), LATER),
+                ("SET", c.crawl_delay_key("busy"), "10.0"),
+            ),
+            id="rates",
+        ),
+        pytest.param(
+            commands(
+                ("SADD", c.INBOUND_SOURCES_SET, "odd"),
+                ("SADD", c.pace_rate_key("odd"), "not-a-string"),
+                ("RPUSH", c.pace_next_key("odd"), "not-a-string"),
+                ("SET", c.last50_key("odd"), "not-a-list"),
+                ("HSET", c.num_resized_key("odd"), "not", "a-string"),
+                ("SET", c.NUM_SPLIT, "not-a-number"),
+            ),
+            id="wrong-types",
+        ),
+        pytest.param(seed, id="seeded"),
+        pytest.param(seed_robots, id="seeded-robots"),
+    ],
+)
+async def test_the_lua_read_answers_as_the_plain_read_of_the_same_keys(
+    redis: Redis, setup: Callable[[Redis], Awaitable[None]]
+) -> None:
+    await setup(redis)
+    fast = await read_status(redis)
+    plain = await read_plainly(redis)
+
+    # Each read takes Redis's clock itself, a moment apart: the next slot may differ by it.
+    def untimed(status: CrawlStatus) -> CrawlStatus:
+        return dataclasses.replace(
+            status,
+            sources=tuple(dataclasses.replace(s, next_slot_in_s=None) for s in status.sources),
+        )
+
+    assert untimed(fast) == untimed(plain)
+    for a, b in zip(fast.sources, plain.sources, strict=True):
+        assert (a.next_slot_in_s is None) == (b.next_slot_in_s is None), a.name
+        if a.next_slot_in_s is not None and b.next_slot_in_s is not None:
+            assert a.next_slot_in_s == pytest.approx(b.next_slot_in_s, abs=1.0), a.name
 
 
 # --- parse_status: the script's answer, decoded ------------------------------------------

@@ -28,9 +28,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from redis.asyncio import Redis
 
 from image_crawler import contract as c
-from test.crawl_monitor.test_process import sources_file
-from test.e2e.test_worker_crawl import worker_env
 from test.harness.corpus import good_images
+from test.harness.crawl import sources_file, worker_env
 from test.harness.origin import Origin
 from test.harness.processes import CrawlerProcess, committed_offset
 from test.harness.services import create_topics, produce, wait_for
@@ -235,9 +234,7 @@ async def test_a_monitor_killed_mid_split_loses_no_uuid(kafka, fresh_redis_serve
         by_partition[i % INBOUND_PARTITIONS].append(message.to_json())
     await produce_partitioned(kafka.bootstrap, c.INBOUND_TOPIC, by_partition)
     topics = [c.source_topic(s) for s in SPLIT_SOURCES]
-    env = monitor_env(
-        kafka, fresh_redis_server.url, SOURCE_TOPIC_PARTITIONS=2, REDIS_TIMEOUT_SECONDS=1
-    )
+    env = monitor_env(kafka, fresh_redis_server.url, SOURCE_TOPIC_PARTITIONS=2, REDIS_TIMEOUT_S=1)
 
     first = CrawlerProcess("crawl_monitor", env, tmp_path / "first.log")
     second = None

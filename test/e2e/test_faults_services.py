@@ -34,9 +34,8 @@ from crawl_monitor.policy.rates import (
 )
 from image_crawler import contract as c
 from image_crawler.lifecycle import cancel_and_wait
-from test.e2e.test_faults_worker import Outputs
-from test.e2e.test_worker_crawl import Gate, by_kind, start_sources, worker_env
 from test.harness.corpus import good_images
+from test.harness.crawl import Gate, Outputs, by_kind, start_sources, worker_env
 from test.harness.origin import Origin
 from test.harness.processes import CrawlerProcess, committed_offset
 from test.harness.services import (

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
 import math
 import random
 import signal
@@ -35,17 +34,14 @@ from aiokafka.errors import KafkaError
 from image_crawler import contract as c
 from image_crawler.config import ConfigError
 from image_crawler.lifecycle import cancel_and_wait
-from test.e2e.test_worker_crawl import Gate, start_sources, worker_env
 from test.harness.corpus import good_images
+from test.harness.crawl import Gate, Outputs, start_sources, worker_env
 from test.harness.processes import CrawlerProcess
-from test.harness.services import create_topics, produce, read_records, wait_for
+from test.harness.services import produce, read_records, wait_for
 from worker.settings import WorkerSettings
 
 JPEG = next(i for i in good_images() if i.name == "tiny-7x5-q75.jpg")
-OUTPUT_TOPICS = (c.METADATA_TOPIC, c.LINK_ROT_TOPIC, c.CRAWL_ERRORS_TOPIC)
 UNLIMITED = 1 << 30
-# A test's own message on the output topics (see ``Outputs.sync``); no crawler output has it.
-MARKER = "test_marker"
 
 
 # --- the origin ---------------------------------------------------------------------------
@@ -148,92 +144,6 @@ async def read_layout(bootstrap: str, urls: Iterable[Url]) -> Layout:
             assert record.offset == len(uuids), "offsets are dense from 0"
             uuids.append(c.SourceTask.from_json(record.value).uuid)
     return layout
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Output:
-    topic: str
-    uuid: str
-    time_ms: int  # when the worker published it (the record's create time)
-    message: dict[str, Any]
-
-
-class Outputs:
-    """Every record of the output topics, read as they arrive by one group-less consumer."""
-
-    def __init__(self, bootstrap: str) -> None:
-        self._bootstrap = bootstrap
-        self.opened_ms = int(time.time() * 1000)
-        self.records: list[Output] = []
-        self.first_ms: dict[str, int] = {}
-        self._markers: dict[str, int] = {}
-        self._markers_sent = 0
-        self._consumer: AIOKafkaConsumer | None = None
-        self._task: asyncio.Task[None] | None = None
-
-    async def __aenter__(self) -> Self:
-        await create_topics(self._bootstrap, OUTPUT_TOPICS)
-        self._consumer = AIOKafkaConsumer(
-            bootstrap_servers=self._bootstrap,
-            group_id=None,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-        )
-        await self._consumer.start()
-        self._consumer.subscribe(list(OUTPUT_TOPICS))
-        self._task = asyncio.create_task(self._read())
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        assert self._task is not None and self._consumer is not None
-        await cancel_and_wait([self._task])
-        await self._consumer.stop()
-
-    async def _read(self) -> None:
-        assert self._consumer is not None
-        while True:
-            batches = await self._consumer.getmany(timeout_ms=200)
-            for records in batches.values():
-                for record in records:
-                    self._add(record.topic, record.value, record.timestamp)
-
-    async def sync(self) -> None:
-        """Return once every output published so far has been read: a marker is produced to
-        each output topic (one partition each) after them and waited for."""
-        self._markers_sent += 1
-        marker = json.dumps({MARKER: self._markers_sent}).encode()
-        for topic in OUTPUT_TOPICS:
-            await produce(self._bootstrap, topic, [marker])
-        await wait_for(
-            lambda: all(self._markers.get(t) == self._markers_sent for t in OUTPUT_TOPICS),
-            30,
-            what="the output markers",
-        )
-
-    def _add(self, topic: str, value: bytes, time_ms: int) -> None:
-        message = json.loads(value)
-        if MARKER in message:
-            self._markers[topic] = message[MARKER]
-            return
-        uuid = message.get("identifier")
-        if uuid is None or (topic == c.METADATA_TOPIC and "exif" in message):
-            return
-        self.records.append(Output(topic, uuid, time_ms, message))
-        self.first_ms[uuid] = min(time_ms, self.first_ms.get(uuid, time_ms))
-
-    def uuids(self) -> set[str]:
-        return set(self.first_ms)
-
-    @property
-    def resolved(self) -> set[str]:
-        """The uuids with a resolution message."""
-        return {o.uuid for o in self.records if o.topic == c.METADATA_TOPIC}
-
-    def count(self, topic: str) -> Counter[str]:
-        return Counter(o.uuid for o in self.records if o.topic == topic)
-
-    def of(self, uuid: str) -> list[Output]:
-        return [o for o in self.records if o.uuid == uuid]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -525,7 +435,7 @@ async def test_sigterm_drains_work_in_flight_within_the_grace_period_and_nothing
     )
     grace_s = 6.0
     env = worker_env(
-        kafka, redis_url, s3_server, s3_bucket, MAX_TASKS=400, SHUTDOWN_GRACE_SECONDS=grace_s
+        kafka, redis_url, s3_server, s3_bucket, MAX_TASKS=400, SHUTDOWN_GRACE_S=grace_s
     )
     first = workers.start("first", env)
     async with Outputs(kafka.bootstrap) as outputs:
@@ -667,7 +577,7 @@ async def test_a_frozen_worker_whose_commits_are_refused_rejoins_and_loses_nothi
     env = worker_env(kafka, redis_url, s3_server, s3_bucket, MAX_TASKS=40)
     # A commits seldom, so it always holds finished work it has not committed yet: the
     # revoke that follows its waking up tries to commit that, as a member no longer.
-    a = workers.start("a", env | {"COMMIT_INTERVAL_SECONDS": "5"})
+    a = workers.start("a", env | {"COMMIT_INTERVAL_S": "5"})
     async with (
         Outputs(kafka.bootstrap) as outputs,
         CommitSampler(kafka.bootstrap, layout) as commits,
@@ -736,16 +646,14 @@ async def test_a_frozen_worker_whose_commits_are_refused_rejoins_and_loses_nothi
 
 def test_the_poll_interval_is_set_from_the_environment_and_validated():
     assert WorkerSettings.from_env({}).kafka_max_poll_interval_s == 300.0
-    settings = WorkerSettings.from_env(
-        {"KAFKA_MAX_POLL_INTERVAL_SECONDS": "6", "SHUTDOWN_GRACE_SECONDS": "5"}
-    )
+    settings = WorkerSettings.from_env({"KAFKA_MAX_POLL_INTERVAL_S": "6", "SHUTDOWN_GRACE_S": "5"})
     assert settings.kafka_max_poll_interval_s == 6.0
     for value in ("0.5", "soon", "nan"):
-        with pytest.raises(ConfigError, match="KAFKA_MAX_POLL_INTERVAL_SECONDS"):
-            WorkerSettings.from_env({"KAFKA_MAX_POLL_INTERVAL_SECONDS": value})
+        with pytest.raises(ConfigError, match="KAFKA_MAX_POLL_INTERVAL_S"):
+            WorkerSettings.from_env({"KAFKA_MAX_POLL_INTERVAL_S": value})
     # A draining worker does not poll: its final commit needs the grace to end first.
-    with pytest.raises(ConfigError, match=r"SHUTDOWN_GRACE_SECONDS .* KAFKA_MAX_POLL"):
-        WorkerSettings.from_env({"KAFKA_MAX_POLL_INTERVAL_SECONDS": "6"})
+    with pytest.raises(ConfigError, match=r"SHUTDOWN_GRACE_S .* KAFKA_MAX_POLL"):
+        WorkerSettings.from_env({"KAFKA_MAX_POLL_INTERVAL_S": "6"})
 
 
 async def test_a_url_hanging_past_the_poll_interval_neither_rebalances_nor_stalls_others(
@@ -768,7 +676,7 @@ async def test_a_url_hanging_past_the_poll_interval_neither_rebalances_nor_stall
         s3_server,
         s3_bucket,
         MAX_TASKS=8,  # two slots a source: the hanging URL holds one of its source's
-        KAFKA_MAX_POLL_INTERVAL_SECONDS=poll_s,
+        KAFKA_MAX_POLL_INTERVAL_S=poll_s,
         FETCH_READ_TIMEOUT_S=timeout_s,
         FETCH_TOTAL_TIMEOUT_S=timeout_s,
     )

@@ -14,7 +14,6 @@ runs these tests and renders them for the README).
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import time
@@ -26,26 +25,15 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from PIL import Image
-from redis.asyncio import Redis
 
 from image_crawler import contract as c
-from test.crawl_monitor.test_process import sources_file
-from test.e2e.test_faults_worker import Outputs
+from test.harness.crawl import Crawl, Outputs, tiny_jpeg
 from test.harness.origin import Origin
-from test.harness.processes import CrawlerProcess
-from test.harness.services import create_topics, produce, wait_for
+from test.harness.services import wait_for
 from test.harness.windows import max_in_window, over_bound, paced_bound
 
 # The widths (s) of the windows the pacing bound is checked in.
 WIDTHS_S = (0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
-PARTITIONS = 4
-
-
-def tiny_jpeg() -> bytes:
-    out = io.BytesIO()
-    Image.new("RGB", (48, 32), (200, 120, 40)).save(out, "JPEG", quality=80)
-    return out.getvalue()
 
 
 def request_times(origin: Origin, source: str, since: float = float("-inf")) -> list[float]:
@@ -62,102 +50,6 @@ def save_report(name: str, report: Mapping[str, Any]) -> None:
     if directory:
         Path(directory).mkdir(parents=True, exist_ok=True)
         (Path(directory) / f"{name}.json").write_text(json.dumps(report, indent=1))
-
-
-# --- the crawl ------------------------------------------------------------------------------
-
-
-class Crawl:
-    """A monitor and workers on sources whose URLs all point at ``origin``."""
-
-    def __init__(self, kafka: Any, redis_url: str, tmp_path: Path) -> None:
-        self.kafka = kafka
-        self.redis_url = redis_url
-        self.tmp_path = tmp_path
-        self.monitor: CrawlerProcess | None = None
-        self.workers: list[CrawlerProcess] = []
-
-    async def queue(self, redis: Redis, source: str, rate_rps: float, urls: Sequence[str]) -> None:
-        """The source's URLs straight into its queue (as the splitter would), at a rate."""
-        topic = c.source_topic(source)
-        await create_topics(self.kafka.bootstrap, [topic], partitions=PARTITIONS)
-        tasks = [
-            c.SourceTask(url=url, uuid=f"{source}-{i}").to_json() for i, url in enumerate(urls)
-        ]
-        await produce(self.kafka.bootstrap, topic, tasks)
-        await redis.set(f"{c.OVERRIDE_RATE_PREFIX}{source}", repr(rate_rps))
-        await redis.sadd(c.INBOUND_SOURCES_SET, source)
-
-    async def queue_more(self, source: str, urls: Sequence[str], first_index: int) -> None:
-        """More URLs for a source already queued; uuids go on from ``first_index``."""
-        tasks = [
-            c.SourceTask(url=url, uuid=f"{source}-{first_index + i}").to_json()
-            for i, url in enumerate(urls)
-        ]
-        await produce(self.kafka.bootstrap, c.source_topic(source), tasks)
-
-    async def start(self, redis: Redis, sources: Sequence[str], workers: int, **extra: Any) -> None:
-        """The monitor, then ``workers`` workers; returns once each worker holds its share
-        of every source's partitions (no rebalance left to come)."""
-        env = {**self.kafka.env, "REDIS_URL": self.redis_url}
-        counts = dict.fromkeys(sources, 10**6)
-        monitor_env = {**env, "SOURCES_FILE": sources_file(self.tmp_path, **counts)}
-        self.monitor = CrawlerProcess("crawl_monitor", monitor_env, self.tmp_path / "monitor.log")
-        await wait_for(
-            lambda: redis.exists(*[c.pace_rate_key(s) for s in sources]),
-            30,
-            what="the monitor's first rates",
-        )
-        await self.add_workers(sources, workers, **extra)
-
-    async def add_workers(self, sources: Sequence[str], workers: int, **extra: Any) -> None:
-        """Start ``workers`` workers; returns once each holds its share of every source's
-        partitions."""
-        env = {**self.kafka.env, "REDIS_URL": self.redis_url}
-        worker_env = {
-            **env,
-            "THUMBNAIL_STORE": "local",
-            "THUMBNAIL_DIR": str(self.tmp_path / "thumbnails"),
-            "MAX_TASKS": "300",
-            "IMAGE_PROCESSES": "1",
-            "SOURCES_POLL_SECONDS": "0.2",
-            "COMMIT_INTERVAL_SECONDS": "0.5",
-            "TOKEN_RETRY_SECONDS": "0.1",
-            "SHUTDOWN_GRACE_SECONDS": "5",
-            "ALLOWED_PRIVATE_NETWORKS": "127.0.0.1/32",
-            **{k: str(v) for k, v in extra.items()},
-        }
-        started = [
-            CrawlerProcess(
-                "worker", worker_env, self.tmp_path / f"worker{len(self.workers) + i}.log"
-            )
-            for i in range(workers)
-        ]
-        self.workers.extend(started)
-        topics = [c.source_topic(s) for s in sources]
-        await wait_for(
-            lambda: all(_holds_share(w, topics, workers) for w in started),
-            90,
-            interval_s=0.2,
-            what="every worker holding its share of every source",
-        )
-
-    def events(self, name: str) -> list[dict[str, Any]]:
-        processes = [self.monitor, *self.workers] if self.monitor else self.workers
-        return [e for p in processes for e in p.events(name)]
-
-    def stop(self) -> None:
-        for process in [*self.workers, self.monitor]:
-            if process is not None:
-                process.stop()
-
-
-def _holds_share(worker: CrawlerProcess, topics: Sequence[str], workers: int) -> bool:
-    assigned = worker.events("partitions_assigned")
-    if not assigned:
-        return False
-    names = assigned[-1].get("topic_partitions", [])
-    return all(sum(n.startswith(f"{t}:") for n in names) == PARTITIONS // workers for t in topics)
 
 
 # --- even pacing ----------------------------------------------------------------------------

@@ -12,27 +12,16 @@ origins on two loopback addresses (two hosts), every request taken at the origin
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import pytest
 
 from image_crawler import contract as c
-from test.e2e.test_faults_worker import Outputs
-from test.e2e.test_pacing_crawl import Crawl, tiny_jpeg
+from test.harness.crawl import Crawl, Outputs, tiny_jpeg
 from test.harness.origin import Origin, Reply
 from test.harness.services import wait_for
 from test.harness.windows import over_bound
 
 LOOPBACKS = {"ALLOWED_PRIVATE_NETWORKS": "127.0.0.0/8"}
-
-
-@pytest.fixture
-def second_host() -> Iterator[Origin]:
-    server = Origin(host="127.0.0.2").start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def errors_with(outputs: Outputs, status: str) -> set[str]:
@@ -69,7 +58,7 @@ async def test_two_workers_and_a_restart_ask_each_host_once_and_obey_it(
             await crawl.start(redis, [ROBOTIC], workers=2, **LOOPBACKS)
             await wait_for(lambda: outputs.resolved >= allowed, 60, what="the allowed URLs")
             await wait_for(
-                lambda: errors_with(outputs, c.ROBOTS_DISALLOWED) >= disallowed,
+                lambda: errors_with(outputs, c.Status.ROBOTS_DISALLOWED) >= disallowed,
                 30,
                 what="the disallowed URLs dead-lettered",
             )
@@ -79,7 +68,7 @@ async def test_two_workers_and_a_restart_ask_each_host_once_and_obey_it(
             assert second_host.requests("/robots.txt") == 1
             fetched = crawl.events("robots_fetched")
             assert len(fetched) == 2, fetched
-            counted = await redis.get(c.resize_errors_key(ROBOTIC, c.ROBOTS_DISALLOWED))
+            counted = await redis.get(c.resize_errors_key(ROBOTIC, c.Status.ROBOTS_DISALLOWED))
             assert counted == "10"
 
             # Both workers stop; a new one takes over a new batch: the cache holds.
@@ -99,7 +88,7 @@ async def test_two_workers_and_a_restart_ask_each_host_once_and_obey_it(
             )
             await wait_for(
                 lambda: (
-                    errors_with(outputs, c.ROBOTS_DISALLOWED)
+                    errors_with(outputs, c.Status.ROBOTS_DISALLOWED)
                     >= {f"{ROBOTIC}-{i}" for i in range(45, 50)}
                 ),
                 30,
@@ -159,7 +148,7 @@ async def test_urls_wait_for_an_unreachable_robots_txt_and_give_up_after_the_lim
 
             gone_ids = {f"{GONE}-{i}" for i in range(10)}
             await wait_for(
-                lambda: errors_with(outputs, c.ROBOTS_UNAVAILABLE) >= gone_ids,
+                lambda: errors_with(outputs, c.Status.ROBOTS_UNAVAILABLE) >= gone_ids,
                 60,
                 what="the unreachable host's URLs to give up",
             )

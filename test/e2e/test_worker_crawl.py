@@ -11,16 +11,15 @@ import asyncio
 import io
 import json
 import signal
-import threading
 from collections import Counter
 from pathlib import Path
 
 import pytest
-from aiohttp import web
 from PIL import Image
 
 from image_crawler import contract as c
 from test.harness.corpus import broken_images, good_images
+from test.harness.crawl import RATE, Gate, by_kind, start_sources, worker_env
 from test.harness.origin import Reply
 from test.harness.processes import CrawlerProcess, committed_offset
 from test.harness.services import (
@@ -31,49 +30,6 @@ from test.harness.services import (
     read_topic,
     wait_for,
 )
-
-# Requests/s: fast enough that pacing never holds these crawls up.
-RATE = 1000.0
-
-
-def worker_env(kafka, redis_url, s3_server, bucket, **extra) -> dict[str, str]:
-    env = {
-        **kafka.env,
-        "REDIS_URL": redis_url,
-        **s3_server.env,
-        "S3_BUCKET": bucket,
-        "MAX_TASKS": "100",
-        "IMAGE_PROCESSES": "2",
-        "SOURCES_POLL_SECONDS": "0.2",
-        "COMMIT_INTERVAL_SECONDS": "0.2",
-        "TOKEN_RETRY_SECONDS": "0.1",
-        "SHUTDOWN_GRACE_SECONDS": "5",
-        # The origin listens on 127.0.0.1: exempt exactly that address, nothing else.
-        "ALLOWED_PRIVATE_NETWORKS": "127.0.0.1/32",
-    }
-    env.update({k: str(v) for k, v in extra.items()})
-    return env
-
-
-async def start_sources(redis, kafka, sources, *, rate=RATE, partitions=1):
-    await create_topics(
-        kafka.bootstrap, [c.source_topic(s) for s in sources], partitions=partitions
-    )
-    for source in sources:
-        if rate:
-            await redis.set(c.pace_rate_key(source), repr(rate))
-    await redis.sadd(c.INBOUND_SOURCES_SET, *sources)
-
-
-def by_kind(raw_messages):
-    resolutions, exifs = {}, {}
-    for raw in raw_messages:
-        message = json.loads(raw)
-        if "exif" in message:
-            exifs[message["identifier"]] = c.ExifMessage.from_json(raw)
-        else:
-            resolutions[message["identifier"]] = c.ResolutionMessage.from_json(raw)
-    return resolutions, exifs
 
 
 @pytest.fixture
@@ -198,7 +154,7 @@ async def test_404_retries_broken_images_malformed_messages_and_missing_rates(
         [c.SourceTask(url=starved_url, uuid="starved").to_json()],
     )
     env = worker_env(
-        kafka, redis_url, s3_server, s3_bucket, RATE_LIMIT_TIMEOUT_SECONDS=0.5, MAX_ATTEMPTS=3
+        kafka, redis_url, s3_server, s3_bucket, RATE_LIMIT_TIMEOUT_S=0.5, MAX_ATTEMPTS=3
     )
     worker = CrawlerProcess("worker", env, worker_log())
     try:
@@ -263,22 +219,6 @@ async def test_404_retries_broken_images_malformed_messages_and_missing_rates(
         assert worker.wait(30) == 0, worker.tail()
     finally:
         worker.stop()
-
-
-class Gate:
-    """An origin route that holds every request until the test opens it."""
-
-    def __init__(self, body: bytes) -> None:
-        self.body = body
-        self.opened = threading.Event()
-        self.waiting = 0
-
-    async def __call__(self, request: web.Request) -> web.Response:
-        self.waiting += 1
-        # Opened from the test's thread, so a threading.Event polled here, not an asyncio one.
-        while not self.opened.is_set():  # noqa: ASYNC110
-            await asyncio.sleep(0.02)
-        return web.Response(body=self.body, content_type="image/jpeg")
 
 
 async def test_a_killed_worker_commits_no_unfinished_message_and_a_restart_finishes_them(
@@ -347,7 +287,7 @@ async def test_sigterm_hands_back_work_in_flight_and_exits_0(
     )
     worker = CrawlerProcess(
         "worker",
-        worker_env(kafka, redis_url, s3_server, s3_bucket, SHUTDOWN_GRACE_SECONDS=1),
+        worker_env(kafka, redis_url, s3_server, s3_bucket, SHUTDOWN_GRACE_S=1),
         worker_log(),
     )
     try:

@@ -1,13 +1,14 @@
 """Real services on free loopback ports for the tests: a Kafka-protocol broker, redis-server,
 an S3 server, and Kafka helpers.
 
-The broker, redis-server, the waiting helpers and the process base class live in
-``crawlctl.localstack.services`` (the installed ``image-crawler up`` uses them too) and are
-re-exported here; the S3 server (moto, a test dependency) and the Kafka helpers are the
-tests' own. Each service is a subprocess whose output goes to a log file (``.log_path``);
-``start()`` returns once the service answers a real request and raises with the log's tail
-when it does not. ``stop()`` sends SIGTERM and SIGKILLs after a deadline; ``kill()``,
-``pause()`` and ``resume()`` exist for fault tests.
+The broker and redis-server are the ones ``image-crawler up`` runs
+(``crawlctl.localstack.services``), with the controls only fault tests need added here:
+``pause()`` (SIGSTOP: the process keeps its port but answers nothing, a hung service),
+``resume()`` (SIGCONT), ``restart()`` on the same port, and redis-server's ``flushall()``.
+The S3 server (moto, a test dependency) and the Kafka helpers are the tests' own. Each
+service is a subprocess whose output goes to a log file (``.log_path``); ``start()``
+returns once the service answers a real request and raises with the log's tail when it
+does not. ``stop()`` sends SIGTERM and SIGKILLs after a deadline; ``kill()`` is a crash.
 
 Waiting is done with ``wait_until`` / ``wait_for`` only: a condition polled against a
 deadline, never a fixed sleep.
@@ -17,29 +18,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import os
+import signal
 import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any, Self, TypeVar, overload
 
+from crawlctl.localstack import services as localstack
+from crawlctl.localstack.processes import ServiceError, timeout_error, wait_until
 from crawlctl.localstack.services import (
     LOOPBACK,
-    KafkaBroker,
-    PortLost,
-    RedisServer,
     Service,
-    ServiceError,
     free_port,
     kafka_metadata_brokers,
-    log_tail,
-    port_answers,
     redis_command,
     redis_server_binary,
-    wait_for,
-    wait_until,
 )
 
 __all__ = [
@@ -55,6 +52,7 @@ __all__ = [
     "create_topics",
     "free_port",
     "get_object",
+    "kafka_metadata_brokers",
     "list_keys",
     "produce",
     "put_object",
@@ -67,12 +65,117 @@ __all__ = [
     "wait_until",
 ]
 
-# The names this module had before the move, for callers that reach for them.
-_Service = Service
-_PortLost = PortLost
-_kafka_metadata_brokers = kafka_metadata_brokers
-_port_answers = port_answers
-_tail = log_tail
+T = TypeVar("T")
+
+
+# --- waiting ------------------------------------------------------------------------------
+
+
+@overload
+async def wait_for(
+    predicate: Callable[[], Awaitable[T]],
+    timeout_s: float,
+    interval_s: float = ...,
+    what: str = ...,
+    *,
+    ignore: tuple[type[BaseException], ...] = ...,
+) -> T: ...
+@overload
+async def wait_for(
+    predicate: Callable[[], T],
+    timeout_s: float,
+    interval_s: float = ...,
+    what: str = ...,
+    *,
+    ignore: tuple[type[BaseException], ...] = ...,
+) -> T: ...
+async def wait_for(
+    predicate: Callable[[], Any],
+    timeout_s: float,
+    interval_s: float = 0.02,
+    what: str = "condition",
+    *,
+    ignore: tuple[type[BaseException], ...] = (),
+) -> Any:
+    """The async ``wait_until``: ``predicate`` may be a plain or an async function.
+
+    A single call of an async predicate is not interrupted by the deadline; give it its own
+    timeout if it can hang.
+    """
+    deadline = time.monotonic() + timeout_s
+    last_error: BaseException | None = None
+    while True:
+        try:
+            result = predicate()
+            if inspect.isawaitable(result):
+                result = await result
+        except ignore as exc:
+            last_error = exc
+        else:
+            if result:
+                return result
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise timeout_error(what, timeout_s, last_error) from last_error
+        await asyncio.sleep(min(interval_s, remaining))
+
+
+# --- fault controls -----------------------------------------------------------------------
+
+
+class FaultControls(Service):
+    """What fault tests do to a service beyond starting and stopping it."""
+
+    _paused = False
+
+    @property
+    def paused(self) -> bool:
+        return self._paused and self.running
+
+    def pause(self) -> None:
+        """SIGSTOP: the process keeps its port but answers nothing (a hung service)."""
+        if not self.running:
+            raise ServiceError(f"{self.name} is not running")
+        self._signal(signal.SIGSTOP)
+        self._paused = True
+
+    def resume(self) -> None:
+        """SIGCONT after ``pause()``."""
+        self._signal(signal.SIGCONT)
+        self._paused = False
+
+    def restart(self) -> Self:
+        """Stop (if running) and start again on the same port."""
+        self.stop()
+        self._fixed_port = True
+        return self.start()
+
+    def terminate(self) -> None:
+        super().terminate()
+        if self._paused:  # a stopped process only acts on SIGTERM once continued
+            self._signal(signal.SIGCONT)
+
+    def _after_exit(self) -> None:
+        self._paused = False
+        super()._after_exit()
+
+    def __repr__(self) -> str:
+        state = "paused" if self.paused else "running" if self.running else "stopped"
+        return f"<{type(self).__name__} port={self.port} {state} log={self.log_path}>"
+
+
+class KafkaBroker(FaultControls, localstack.KafkaBroker):
+    """The local stack's tansu broker, with the fault controls."""
+
+
+class RedisServer(FaultControls, localstack.RedisServer):
+    """The local stack's redis-server, with the fault controls."""
+
+    def flushall(self) -> None:
+        """Delete every key in every database."""
+        reply = redis_command(self.port, "FLUSHALL")
+        if reply != b"+OK":
+            raise ServiceError(f"FLUSHALL answered {reply!r}")
 
 
 # --- Kafka helpers ------------------------------------------------------------------------
@@ -170,7 +273,7 @@ S3_SECRET_ACCESS_KEY = "testing"
 S3_REGION = "us-east-1"
 
 
-class S3Server(Service):
+class S3Server(FaultControls):
     """moto's S3 server in a subprocess; ``.endpoint_url`` and client settings in ``.env``."""
 
     name = "s3"

@@ -21,10 +21,10 @@ from test.harness.services import (
     RedisServer,
     S3Server,
     ServiceError,
-    _kafka_metadata_brokers,
     create_topics,
     free_port,
     get_object,
+    kafka_metadata_brokers,
     list_keys,
     produce,
     read_records,
@@ -128,13 +128,13 @@ def test_kafka_pause_resume_and_stop(kafka: KafkaBroker) -> None:
     assert kafka.env == {"KAFKA_HOSTS": kafka.bootstrap}
     kafka.pause()
     with pytest.raises(OSError):
-        _kafka_metadata_brokers("127.0.0.1", kafka.port, timeout_s=0.2)
+        kafka_metadata_brokers("127.0.0.1", kafka.port, timeout_s=0.2)
     kafka.resume()
-    assert _kafka_metadata_brokers("127.0.0.1", kafka.port) == [("127.0.0.1", kafka.port)]
+    assert kafka_metadata_brokers("127.0.0.1", kafka.port) == [("127.0.0.1", kafka.port)]
     kafka.stop()
     assert not kafka.running
     with pytest.raises(ConnectionRefusedError):
-        _kafka_metadata_brokers("127.0.0.1", kafka.port)
+        kafka_metadata_brokers("127.0.0.1", kafka.port)
 
 
 def test_kafka_refuses_a_port_that_answers(kafka: KafkaBroker, tmp_path) -> None:
@@ -194,6 +194,11 @@ def test_redis_pause_makes_it_hang(fresh_redis_server: RedisServer) -> None:
     fresh_redis_server.stop(timeout_s=5)  # a paused process must still stop on SIGTERM
     assert not fresh_redis_server.running
     assert time.monotonic() - began < 2
+
+
+def test_a_service_that_is_not_running_cannot_be_paused(tmp_path) -> None:
+    with pytest.raises(ServiceError, match="not running"):
+        RedisServer(log_dir=tmp_path).pause()
 
 
 # --- S3 ---------------------------------------------------------------------------------

@@ -58,7 +58,7 @@ async def test_a_dropped_connection_is_server_disconnected_after_exactly_one_req
     url = origin.add_disconnect("/drop")
     result = await fetch(url)
     assert result.status == "ServerDisconnected"
-    # aiohttp would silently repeat the GET without a token; the session forbids it.
+    # aiohttp would silently repeat the GET outside pacing; the session forbids it.
     assert origin.requests("/drop") == 1
 
 

@@ -10,7 +10,15 @@ from test.harness.fakes import FakeFetcher, FakePacer, FakeSink, FakeStats, Fake
 from test.harness.services import wait_for
 from worker.download.fetch import FetchResult
 from worker.images.pool import InlineProcessor
-from worker.pipeline import CRAWLED, DEAD_LETTERED, LINK_ROT, MALFORMED, Pipeline, RetryPolicy
+from worker.pipeline import (
+    CRAWLED,
+    DEAD_LETTERED,
+    LINK_ROT,
+    MALFORMED,
+    Ending,
+    Pipeline,
+    RetryPolicy,
+)
 
 TOPIC = "urls.example"
 
@@ -45,8 +53,8 @@ def jpeg_with_exif():
 async def test_a_crawled_image_is_stored_published_and_counted():
     image = jpeg_with_exif()
     pipeline, p = make({"http://origin.test/a.jpg": FetchResult("200", body=image.body)})
-    outcome = await pipeline.handle("example", task(), TOPIC)
-    assert outcome == pipeline_outcome("200", CRAWLED)
+    ending = await pipeline.handle("example", task(), TOPIC)
+    assert ending == Ending("200", CRAWLED)
     assert set(p["store"].objects) == {"u-1.jpg"}
     resolution, exif = p["sink"].messages[c.METADATA_TOPIC]
     assert resolution == {
@@ -63,12 +71,6 @@ async def test_a_crawled_image_is_stored_published_and_counted():
     assert p["pacer"].taken == ["example"]
 
 
-def pipeline_outcome(status, destination, attempts=1):
-    from worker.pipeline import Outcome
-
-    return Outcome(status, destination, attempts)
-
-
 async def test_an_image_without_exif_sends_no_exif_message():
     image = next(i for i in good_images() if not i.exif)
     pipeline, p = make({"http://origin.test/a.jpg": FetchResult("200", body=image.body)})
@@ -80,8 +82,8 @@ async def test_an_image_without_exif_sends_no_exif_message():
 
 async def test_404_goes_to_link_rot():
     pipeline, p = make({})
-    outcome = await pipeline.handle("example", task(), TOPIC)
-    assert outcome.destination == LINK_ROT
+    ending = await pipeline.handle("example", task(), TOPIC)
+    assert ending.destination == LINK_ROT
     (message,) = p["sink"].messages[c.LINK_ROT_TOPIC]
     assert message["identifier"] == "u-1" and "T" in message["timestamp"]
     assert p["stats"].outcomes == [("example", "404")]
@@ -93,8 +95,8 @@ async def test_retryable_statuses_are_tried_up_to_max_attempts_then_dead_lettere
     url = "http://origin.test/a.jpg"
     pipeline, p = make({url: FetchResult(status)})
     with capture_logs() as logs:
-        outcome = await pipeline.handle("example", task(url=url), TOPIC)
-    assert outcome == pipeline_outcome(status, DEAD_LETTERED, attempts=c.MAX_ATTEMPTS)
+        ending = await pipeline.handle("example", task(url=url), TOPIC)
+    assert ending == Ending(status, DEAD_LETTERED, attempts=c.MAX_ATTEMPTS)
     (error,) = p["sink"].messages[c.CRAWL_ERRORS_TOPIC]
     assert error["status"] == status and error["source"] == "example"
     assert error["attempts"] == c.MAX_ATTEMPTS
@@ -111,8 +113,8 @@ async def test_a_retry_that_succeeds_ends_with_the_image():
     url = "http://origin.test/a.jpg"
     image = jpeg_with_exif()
     pipeline, p = make({url: [FetchResult("503"), FetchResult("200", body=image.body)]})
-    outcome = await pipeline.handle("example", task(url=url), TOPIC)
-    assert outcome == pipeline_outcome("200", CRAWLED, attempts=2)
+    ending = await pipeline.handle("example", task(url=url), TOPIC)
+    assert ending == Ending("200", CRAWLED, attempts=2)
     assert "u-1.jpg" in p["store"].objects
     assert p["stats"].outcomes == [("example", "503"), ("example", "200")]
     assert p["stats"].signals == [("example", "503")]  # the 503 asked us to slow down
@@ -122,8 +124,8 @@ async def test_a_retry_that_succeeds_ends_with_the_image():
 async def test_the_attempts_of_an_inbound_message_count_towards_the_limit():
     url = "http://origin.test/a.jpg"
     pipeline, p = make({url: FetchResult("500")})
-    outcome = await pipeline.handle("example", task(url=url, attempts=3), TOPIC)
-    assert outcome.attempts == c.MAX_ATTEMPTS
+    ending = await pipeline.handle("example", task(url=url, attempts=3), TOPIC)
+    assert ending.attempts == c.MAX_ATTEMPTS
     assert len(p["fetcher"].requests) == c.MAX_ATTEMPTS - 3
     assert p["sink"].messages[c.CRAWL_ERRORS_TOPIC][0]["attempts"] == c.MAX_ATTEMPTS
 
@@ -132,8 +134,8 @@ async def test_max_attempts_is_a_setting():
     url = "http://origin.test/a.jpg"
     retries = RetryPolicy(max_attempts=1, backoff_base_s=0.001, backoff_cap_s=0.001)
     pipeline, p = make({url: FetchResult("429")}, retries=retries)
-    outcome = await pipeline.handle("example", task(url=url), TOPIC)
-    assert outcome == pipeline_outcome("429", DEAD_LETTERED, attempts=1)
+    ending = await pipeline.handle("example", task(url=url), TOPIC)
+    assert ending == Ending("429", DEAD_LETTERED, attempts=1)
     assert len(p["fetcher"].requests) == 1
 
 
@@ -161,8 +163,8 @@ async def test_a_retry_after_pauses_the_whole_source(status, header, pause_s, lo
     answers = [FetchResult(status, retry_after=header), FetchResult("200", body=image.body)]
     pipeline, p = make({url: answers})
     with capture_logs() as logs:
-        outcome = await pipeline.handle("example", task(url=url), TOPIC)
-    assert outcome == pipeline_outcome("200", CRAWLED, attempts=2)  # tried again after it
+        ending = await pipeline.handle("example", task(url=url), TOPIC)
+    assert ending == Ending("200", CRAWLED, attempts=2)  # tried again after it
     assert p["pacer"].pauses == ([] if pause_s is None else [("example", pause_s)])
     events = {e["event"] for e in logs}
     assert events & {"retry_after", "retry_after_capped", "retry_after_malformed"} == logged
@@ -182,8 +184,8 @@ async def test_a_response_much_slower_than_usual_is_a_backoff_signal():
 @pytest.mark.parametrize("status", ["410", "Timeout", "TooLarge", "Blocked"])
 async def test_other_failures_go_straight_to_crawl_errors(status):
     pipeline, p = make({"http://origin.test/a.jpg": FetchResult(status)})
-    outcome = await pipeline.handle("example", task(), TOPIC)
-    assert outcome.destination == DEAD_LETTERED
+    ending = await pipeline.handle("example", task(), TOPIC)
+    assert ending.destination == DEAD_LETTERED
     assert p["sink"].messages[c.CRAWL_ERRORS_TOPIC][0]["status"] == status
     assert p["sink"].messages[c.CRAWL_ERRORS_TOPIC][0]["attempts"] == 1
     assert len(p["fetcher"].requests) == 1
@@ -194,8 +196,8 @@ async def test_other_failures_go_straight_to_crawl_errors(status):
 
 async def test_a_body_pillow_cannot_identify_is_counted_and_dead_lettered():
     pipeline, p = make({"http://origin.test/a.jpg": FetchResult("200", body=b"<html>nope</html>")})
-    outcome = await pipeline.handle("example", task(), TOPIC)
-    assert outcome == pipeline_outcome("UnidentifiedImageError", DEAD_LETTERED)
+    ending = await pipeline.handle("example", task(), TOPIC)
+    assert ending == Ending("UnidentifiedImageError", DEAD_LETTERED)
     assert p["stats"].outcomes == [("example", "UnidentifiedImageError")]
     assert not p["store"].objects
 
@@ -205,8 +207,8 @@ async def test_a_body_pillow_cannot_identify_is_counted_and_dead_lettered():
 )
 async def test_malformed_messages_are_dead_lettered_and_counted_without_a_request(raw):
     pipeline, p = make({})
-    outcome = await pipeline.handle("example", raw, TOPIC)
-    assert outcome.destination == MALFORMED
+    ending = await pipeline.handle("example", raw, TOPIC)
+    assert ending.destination == MALFORMED
     (error,) = p["sink"].messages[c.CRAWL_ERRORS_TOPIC]
     assert set(error) == {"raw", "error", "topic", "time"} and error["topic"] == TOPIC
     assert p["stats"].malformed == 1
@@ -231,8 +233,8 @@ async def test_without_a_slot_no_request_is_made_and_the_wait_is_reported():
         assert p["fetcher"].requests == []
         assert not running.done()
         pacer.grant_all()
-        outcome = await asyncio.wait_for(running, 5)
-    assert outcome.destination == CRAWLED
+        ending = await asyncio.wait_for(running, 5)
+    assert ending.destination == CRAWLED
     timeout = next(e for e in logs if e["event"] == "rate_limit_timeout")
     assert timeout["source"] == "example" and timeout["identifier"] == "u-1"
 
@@ -244,8 +246,8 @@ async def test_a_store_that_is_away_stalls_the_url_instead_of_losing_it():
         store=FakeStore(failures=3),
     )
     with capture_logs() as logs:
-        outcome = await pipeline.handle("example", task(), TOPIC)
-    assert outcome.destination == CRAWLED
+        ending = await pipeline.handle("example", task(), TOPIC)
+    assert ending.destination == CRAWLED
     assert "u-1.jpg" in p["store"].objects
     assert sum(e["event"] == "dependency_unavailable" for e in logs) == 3
     assert json.loads(c.ResolutionMessage(**p["sink"].messages[c.METADATA_TOPIC][0]).to_json())

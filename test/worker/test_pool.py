@@ -8,7 +8,7 @@ import os
 import pytest
 
 from test.harness.corpus import broken_images, good_images
-from worker.images import pool as processing
+from worker.images import pool as pool_module
 from worker.images.kernel import DEFAULT_LIMITS, ImageFailure, ProcessedImage, process_image
 from worker.images.pool import PoolProcessor
 
@@ -42,7 +42,7 @@ async def test_an_unreadable_file_falls_back_to_the_pipe_for_good(pool):
 
 
 async def test_no_memfd_falls_back_to_the_pipe(pool, monkeypatch):
-    monkeypatch.delattr(processing.os, "memfd_create")
+    monkeypatch.delattr(pool_module.os, "memfd_create")
     assert isinstance(await pool.process(a_jpeg().body), ProcessedImage)
     assert not pool.shares_memory
 
@@ -52,7 +52,7 @@ def test_the_shared_reader_refuses_a_short_file(tmp_path):
     path.write_bytes(b"abc")
     fd = os.open(path, os.O_RDONLY)
     try:
-        assert processing.process_shared(os.getpid(), fd, 10, processing.DEFAULT_LIMITS) == (
+        assert pool_module.process_shared(os.getpid(), fd, 10, pool_module.DEFAULT_LIMITS) == (
             "unreadable"
         )
     finally:
@@ -70,7 +70,7 @@ def test_a_mapped_body_gives_what_its_bytes_give_whatever_follows_it():
             body = b"" if image is None else image.body
             os.ftruncate(fd, 0)
             os.pwrite(fd, body + tail, 0)
-            shared = processing.process_shared(os.getpid(), fd, len(body), DEFAULT_LIMITS)
+            shared = pool_module.process_shared(os.getpid(), fd, len(body), DEFAULT_LIMITS)
             assert shared == process_image(body), image and image.name
     finally:
         os.close(fd)
@@ -194,7 +194,7 @@ async def test_a_body_in_pieces_gives_the_same_result_as_the_whole_body(pool):
     pieces = _pieces(image.body, 7)
     assert len(pieces) == 7 and b"".join(pieces) == image.body
     assert await pool.process(pieces) == process_image(image.body)
-    assert await processing.InlineProcessor().process(pieces) == process_image(image.body)
+    assert await pool_module.InlineProcessor().process(pieces) == process_image(image.body)
     assert pool.shares_memory
 
 
@@ -216,7 +216,7 @@ async def test_a_short_body_after_a_long_one_sees_none_of_the_long_ones_bytes():
 
 
 async def test_a_memfd_grown_past_the_keep_size_is_shrunk_after_its_image(pool, monkeypatch):
-    monkeypatch.setattr(processing, "_KEEP_MEMFD_BYTES", 1024)
+    monkeypatch.setattr(pool_module, "_KEEP_MEMFD_BYTES", 1024)
     assert isinstance(await pool.process(a_jpeg().body), ProcessedImage)
     (process,) = pool._all
     assert all(lane.memfd is not None for lane in process.lanes)

@@ -5,7 +5,7 @@ import asyncio
 import functools
 import json
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import pytest
 from aiohttp import web
@@ -15,12 +15,12 @@ from structlog.testing import capture_logs
 from image_crawler import contract as c
 from image_crawler.config import ConfigError
 from test.harness.fakes import FakePacer, FakeSink, FakeStats, FakeStore
-from test.harness.origin import DISCONNECT, Origin, Reply
+from test.harness.origin import DISCONNECT, Reply
 from test.harness.services import wait_for
 from worker.download.fetch import Fetcher, new_session
 from worker.download.netguard import AddressPolicy, parse_networks
 from worker.images.pool import InlineProcessor
-from worker.pipeline import DEAD_LETTERED, Outcome, Pipeline
+from worker.pipeline import DEAD_LETTERED, Ending, Pipeline
 from worker.politeness.robots import Robots, RobotsEntry, RobotsGuard, origin_of
 from worker.settings import FetchSettings, RobotsSettings, WorkerSettings
 
@@ -48,16 +48,6 @@ async def session() -> AsyncIterator[object]:
     await http.close()
 
 
-@pytest.fixture
-def second_host() -> Iterator[Origin]:
-    """Another host: same machine, another loopback address."""
-    server = Origin(host="127.0.0.2").start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 def make_guard(redis, session, pacer=None, address=LOOPBACK, **changes) -> RobotsGuard:
     settings = RobotsSettings(**{**_fields(FAST), **changes})
     return RobotsGuard(redis, Fetcher(session, FETCH, address), pacer or FakePacer(), settings)
@@ -71,7 +61,7 @@ def _fields(settings: RobotsSettings) -> dict[str, object]:
 async def test_our_group_decides_and_urls_are_not_requested_to_learn_it(redis, session, origin):
     origin.set_robots(ROBOTS)
     guard = make_guard(redis, session)
-    assert await guard.verdict(SOURCE, origin.url("/secret/a.jpg")) == c.ROBOTS_DISALLOWED
+    assert await guard.verdict(SOURCE, origin.url("/secret/a.jpg")) == c.Status.ROBOTS_DISALLOWED
     # The `*` group's rule is not ours: our product token has a group of its own.
     assert await guard.verdict(SOURCE, origin.url("/private/a.jpg")) is None
     assert await guard.verdict(SOURCE, origin.url("/robots.txt")) is None
@@ -113,11 +103,11 @@ async def test_concurrent_workers_and_a_restart_fetch_it_once(redis_url, session
         workers = [make_guard(client, session) for client in clients[:2]]
         urls = [origin.url(f"/secret/{i}.jpg") for i in range(20)]
         answers = await asyncio.gather(*(w.verdict(SOURCE, u) for w in workers for u in urls))
-        assert set(answers) == {c.ROBOTS_DISALLOWED}
+        assert set(answers) == {c.Status.ROBOTS_DISALLOWED}
         assert origin.requests("/robots.txt") == 1
         assert sorted(w.fetches for w in workers) == [0, 1]
         restarted = make_guard(clients[2], session)
-        assert await restarted.verdict(SOURCE, urls[0]) == c.ROBOTS_DISALLOWED
+        assert await restarted.verdict(SOURCE, urls[0]) == c.Status.ROBOTS_DISALLOWED
         assert restarted.fetches == 0 and origin.requests("/robots.txt") == 1
     finally:
         for client in clients:
@@ -133,7 +123,7 @@ async def test_a_robots_fetch_waits_for_the_sources_pacing_slot(redis, session, 
     await asyncio.sleep(0.1)
     assert origin.requests("/robots.txt") == 0 and not verdict.done()
     pacer.grant_all()
-    assert await asyncio.wait_for(verdict, 5) == c.ROBOTS_DISALLOWED
+    assert await asyncio.wait_for(verdict, 5) == c.Status.ROBOTS_DISALLOWED
     assert origin.requests("/robots.txt") == 1
 
 
@@ -146,9 +136,9 @@ async def test_a_source_without_a_rate_does_not_hold_back_another_on_the_same_ho
     starved = asyncio.create_task(guard.verdict("starved", origin.url("/secret/a.jpg")))
     await wait_for(lambda: pacer.waiting, 5, what="the starved source to ask for a slot")
     paid = await asyncio.wait_for(guard.verdict("paid", origin.url("/secret/b.jpg")), 5)
-    assert paid == c.ROBOTS_DISALLOWED
+    assert paid == c.Status.ROBOTS_DISALLOWED
     # The file is known now, for every source: the starved one's URL is answered too.
-    assert await asyncio.wait_for(starved, 5) == c.ROBOTS_DISALLOWED
+    assert await asyncio.wait_for(starved, 5) == c.Status.ROBOTS_DISALLOWED
     assert pacer.taken == ["paid"] and origin.requests("/robots.txt") == 1
 
 
@@ -165,7 +155,7 @@ async def test_an_unreachable_file_holds_its_urls_until_it_answers(redis, sessio
     with capture_logs() as logs:
         assert await guard.check(SOURCE, url) is Robots.UNAVAILABLE
         started = time.monotonic()
-        assert await asyncio.wait_for(guard.verdict(SOURCE, url), 10) == c.ROBOTS_DISALLOWED
+        assert await asyncio.wait_for(guard.verdict(SOURCE, url), 10) == c.Status.ROBOTS_DISALLOWED
     assert time.monotonic() - started >= 0.05  # it waited for the retry, about 0.1-0.2 s
     assert origin.requests("/robots.txt") == 2
     assert origin.requests("/secret/a.jpg") == 0
@@ -180,7 +170,7 @@ async def test_urls_of_a_host_unreachable_too_long_end_as_robots_unavailable(
     guard = make_guard(redis, session, unavailable_max_s=0.8)
     started = time.monotonic()
     verdict = await asyncio.wait_for(guard.verdict(SOURCE, origin.url("/a.jpg")), 10)
-    assert verdict == c.ROBOTS_UNAVAILABLE
+    assert verdict == c.Status.ROBOTS_UNAVAILABLE
     assert time.monotonic() - started >= 0.8
     # Asked again with backoff meanwhile (0.1-0.2 s, then 0.2-0.4 s ...), not in a loop.
     assert 2 <= origin.requests("/robots.txt") <= 6
@@ -198,7 +188,7 @@ async def test_a_429s_retry_after_is_obeyed_and_pauses_the_source(redis, session
     pacer = FakePacer()
     guard = make_guard(redis, session, pacer=pacer)
     started = time.monotonic()
-    assert await guard.verdict(SOURCE, origin.url("/secret/a.jpg")) == c.ROBOTS_DISALLOWED
+    assert await guard.verdict(SOURCE, origin.url("/secret/a.jpg")) == c.Status.ROBOTS_DISALLOWED
     assert time.monotonic() - started >= 1.0
     assert pacer.pauses == [(SOURCE, 1.0)]
     assert origin.requests("/robots.txt") == 2
@@ -214,7 +204,7 @@ async def test_redirects_are_followed_and_the_rules_apply_to_the_first_host(
         origin.add(f"/r{hop}", b"", "text/plain", 302, {"Location": f"/r{hop + 1}"})
     origin.add("/r4", b"", "text/plain", 307, {"Location": second_host.url("/rules.txt")})
     guard = make_guard(redis, session)
-    assert await guard.verdict(SOURCE, origin.url("/x/a.jpg")) == c.ROBOTS_DISALLOWED
+    assert await guard.verdict(SOURCE, origin.url("/x/a.jpg")) == c.Status.ROBOTS_DISALLOWED
     assert await guard.verdict(SOURCE, origin.url("/y/a.jpg")) is None
     # The second host's own robots.txt was never asked: its rules were not what we read.
     assert second_host.requests("/robots.txt") == 0
@@ -234,7 +224,7 @@ async def test_a_redirect_to_a_private_address_is_not_followed(redis, session, o
     origin.add("/robots.txt", b"", "text/plain", 302, {"Location": "http://127.0.0.9/robots.txt"})
     guard = make_guard(redis, session, address=only_origin, unavailable_max_s=0.3)
     assert await guard.check(SOURCE, origin.url("/a.jpg")) is Robots.UNAVAILABLE
-    assert await guard.verdict(SOURCE, origin.url("/a.jpg")) == c.ROBOTS_UNAVAILABLE
+    assert await guard.verdict(SOURCE, origin.url("/a.jpg")) == c.Status.ROBOTS_UNAVAILABLE
 
 
 async def test_a_host_the_fetcher_refuses_is_left_to_the_fetcher(redis, session, second_host):
@@ -256,7 +246,7 @@ async def test_an_image_redirect_is_checked_against_its_hosts_robots(
     fetcher = Fetcher(session, FETCH, LOOPBACK)
     permit = functools.partial(guard.hop_status, SOURCE)
     result = await fetcher.fetch(origin.url("/a.jpg"), permit)
-    assert result.status == c.ROBOTS_DISALLOWED
+    assert result.status == c.Status.ROBOTS_DISALLOWED
     assert second_host.requests("/robots.txt") == 1
     assert second_host.requests("/hidden/a.jpg") == 0
 
@@ -295,7 +285,7 @@ async def test_an_exempt_source_skips_robots_txt(redis, session, origin):
     await redis.sadd(c.ROBOTS_EXEMPT_SET, SOURCE)
     guard = make_guard(redis, session)
     assert await guard.verdict(SOURCE, origin.url("/a.jpg")) is None
-    assert await guard.verdict("other", origin.url("/a.jpg")) == c.ROBOTS_DISALLOWED
+    assert await guard.verdict("other", origin.url("/a.jpg")) == c.Status.ROBOTS_DISALLOWED
     assert origin.requests("/robots.txt") == 1  # for "other" only
     assert not await redis.exists(c.crawl_delay_key(SOURCE))
 
@@ -303,7 +293,7 @@ async def test_an_exempt_source_skips_robots_txt(redis, session, origin):
 async def test_the_exempt_set_is_read_again(redis, session, origin):
     origin.set_robots("User-agent: *\nDisallow: /\n")
     guard = make_guard(redis, session, exempt_refresh_s=0.05)
-    assert await guard.verdict(SOURCE, origin.url("/a.jpg")) == c.ROBOTS_DISALLOWED
+    assert await guard.verdict(SOURCE, origin.url("/a.jpg")) == c.Status.ROBOTS_DISALLOWED
     await redis.sadd(c.ROBOTS_EXEMPT_SET, SOURCE)
     await asyncio.sleep(0.1)
     assert await guard.verdict(SOURCE, origin.url("/a.jpg")) is None
@@ -349,7 +339,7 @@ async def test_hostile_files_cost_little_and_break_nothing(redis, session, origi
     origin.set_robots(body)
     guard = make_guard(redis, session)
     verdict = await guard.verdict(SOURCE, origin.url("/blocked/a.jpg"))
-    assert verdict == (c.ROBOTS_DISALLOWED if blocked else None)
+    assert verdict == (c.Status.ROBOTS_DISALLOWED if blocked else None)
     assert await guard.verdict(SOURCE, origin.url("/open/a.jpg")) is None
     entry = RobotsEntry.from_json(await redis.get(c.robots_key(f"http://127.0.0.1:{origin.port}")))
     assert entry is not None and entry.text is not None
@@ -369,7 +359,7 @@ async def test_an_entry_that_is_not_ours_is_fetched_again(redis, session, origin
     origin.set_robots(ROBOTS)
     await redis.set(c.robots_key(f"http://127.0.0.1:{origin.port}"), "not json")
     guard = make_guard(redis, session)
-    assert await guard.verdict(SOURCE, origin.url("/secret/a.jpg")) == c.ROBOTS_DISALLOWED
+    assert await guard.verdict(SOURCE, origin.url("/secret/a.jpg")) == c.Status.ROBOTS_DISALLOWED
     assert origin.requests("/robots.txt") == 1
 
 
@@ -391,11 +381,15 @@ async def test_a_disallowed_url_is_dead_lettered_counted_and_never_requested(
     )
     url = origin.url("/secret/a.jpg")
     message = c.SourceTask(url=url, uuid="u-1", attempts=0).to_json()
-    outcome = await pipeline.handle(SOURCE, message, "urls.example")
-    assert outcome == Outcome(c.ROBOTS_DISALLOWED, DEAD_LETTERED, 0)
+    ending = await pipeline.handle(SOURCE, message, "urls.example")
+    assert ending == Ending(c.Status.ROBOTS_DISALLOWED, DEAD_LETTERED, 0)
     (error,) = sink.messages[c.CRAWL_ERRORS_TOPIC]
-    assert (error["status"], error["url"], error["source"]) == (c.ROBOTS_DISALLOWED, url, SOURCE)
-    assert stats.outcomes == [(SOURCE, c.ROBOTS_DISALLOWED)]
+    assert (error["status"], error["url"], error["source"]) == (
+        c.Status.ROBOTS_DISALLOWED,
+        url,
+        SOURCE,
+    )
+    assert stats.outcomes == [(SOURCE, c.Status.ROBOTS_DISALLOWED)]
     assert origin.requests("/secret/a.jpg") == 0
 
 

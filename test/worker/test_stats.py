@@ -1,8 +1,6 @@
 import asyncio
 import time
-from typing import Any
 
-import fakeredis
 import pytest
 from redis.asyncio import Redis
 from structlog.testing import capture_logs
@@ -11,7 +9,7 @@ from image_crawler import contract as c
 from image_crawler.lifecycle import cancel_and_wait
 from test.harness.fakes import FlakyRedis
 from test.harness.services import wait_for
-from worker.stats import RedisStats
+from worker.stats import QueuedOutcome, RedisStats
 
 
 @pytest.fixture
@@ -99,93 +97,14 @@ async def test_outcomes_wait_for_a_redis_that_was_away_and_are_counted_once(redi
 async def test_a_batch_written_twice_adds_no_window_member_twice(redis, stats):
     # As when Redis runs a write that timed out, and then the retry.
     loop = asyncio.get_running_loop()
-    batch = [("a", "500", False, stats._timestamp(), loop.create_future()) for _ in range(3)]
+    batch = [
+        QueuedOutcome("a", "500", False, stats._timestamp(), loop.create_future()) for _ in range(3)
+    ]
     await stats._flush(batch)
     await stats._flush(batch)
     for prefix, _ in c.STATUS_WINDOWS:
         assert await redis.zcard(f"{prefix}a") == 3
     assert await redis.get(c.resize_errors_key("a")) == "6"  # counters: at least once
-
-
-async def write_one_outcome_at_a_time(redis, batch):
-    """The writes before aggregation, one command per outcome and key: the reference."""
-    async with redis.pipeline(transaction=False) as pipe:
-        trimmed = set()
-        for source, status, backoff, now, _ in batch:
-            if source is None:
-                pipe.incr(c.NUM_MALFORMED)
-                continue
-            if backoff:
-                pipe.incr(c.backoff_signals_key(source))
-            for prefix, window_s in c.STATUS_WINDOWS:
-                key = f"{prefix}{source}"
-                pipe.zadd(key, {c.window_member(status, now): now})
-                if key not in trimmed:
-                    trimmed.add(key)
-                    pipe.zremrangebyscore(key, "-inf", now - window_s)
-            pipe.rpush(c.last50_key(source), status)
-            if status == c.Status.OK:
-                pipe.incr(c.NUM_RESIZED)
-                pipe.incr(c.num_resized_key(source))
-            else:
-                pipe.incr(c.RESIZE_ERRORS)
-                pipe.incr(c.resize_errors_key(source))
-                pipe.incr(c.resize_errors_key(source, status))
-        for source in {s for s, *_ in batch if s is not None}:
-            pipe.ltrim(c.last50_key(source), -c.LAST_N_STATUSES, -1)
-        await pipe.execute()
-
-
-async def dump(redis) -> dict[str, tuple[str, Any]]:
-    state = {}
-    async for key in redis.scan_iter():
-        kind = await redis.type(key)
-        if kind == "string":
-            value = await redis.get(key)
-        elif kind == "list":
-            value = await redis.lrange(key, 0, -1)
-        elif kind == "zset":
-            value = await redis.zrange(key, 0, -1, withscores=True)
-        else:
-            raise AssertionError(f"unexpected {kind} at {key}")
-        state[key] = (kind, value)
-    return state
-
-
-async def test_aggregated_writes_leave_redis_as_one_write_per_outcome_did(redis):
-    now = [1_763_764_000.123456]  # a Unix time of today: 16 digits, more than Lua prints
-    stats = RedisStats(redis, clock=lambda: now[0])
-    reference = fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer(), decode_responses=True)
-    loop = asyncio.get_running_loop()
-
-    def outcome(source, status, backoff=False):
-        return (source, status, backoff, stats._timestamp(), loop.create_future())
-
-    first = []
-    for i in range(70):
-        first.append(outcome("a", ["200", "404", "500", "200"][i % 4]))
-        if i % 10 == 3:
-            first.append(outcome("b", "200" if i % 20 == 3 else "UnidentifiedImageError"))
-        if i % 30 == 5:
-            first += [outcome("c", "500"), outcome(None, "")]
-    now[0] += 61  # the first batch leaves the 60 s windows
-    second = [outcome("a", "200"), outcome("c", "503", backoff=True), outcome("a", "500")]
-    second += [outcome("a", "200", backoff=True), outcome("a", "429", backoff=True)]
-    now[0] += 3601  # within the batch: trimmed by its first time, as before
-    second += [outcome("a", "404"), outcome("b", "200"), outcome(None, "")]
-    try:
-        for batch in (first, second):
-            await stats._flush(batch)
-            await write_one_outcome_at_a_time(reference, batch)
-            assert await dump(redis) == await dump(reference)
-    finally:
-        await reference.aclose()
-    state = await dump(redis)
-    assert len(state[c.last50_key("a")][1]) == 50
-    assert len(state["status60s:a"][1]) == 5  # the 70 of the first batch were trimmed
-    assert state[c.NUM_MALFORMED] == ("string", "4")
-    assert state[c.backoff_signals_key("a")] == ("string", "2")
-    assert state[c.backoff_signals_key("c")] == ("string", "1")
 
 
 _STATS_COMMANDS = {
@@ -218,8 +137,7 @@ async def test_a_flush_is_one_script_call_that_writes_per_key_not_per_outcome(re
     finally:
         await cancel_and_wait([task])
     # One round trip; inside it, per window a trim and a ZADD, the last-50 RPUSH and
-    # LTRIM, five INCRBYs (two success and three failure counters). One outcome at a
-    # time it was 134 commands.
+    # LTRIM, five INCRBYs (two success and three failure counters).
     run = {k: v for k, v in (await commands_run(redis)).items() if k in _STATS_COMMANDS}
     assert run == {
         "evalsha": 1,
@@ -250,7 +168,10 @@ async def test_a_batch_too_long_for_one_lua_unpack_is_written_whole(redis):
     # As after Redis was away for a while: thousands of one source's outcomes at once.
     stats = RedisStats(redis)
     loop = asyncio.get_running_loop()
-    batch = [("a", "200", False, stats._timestamp(), loop.create_future()) for _ in range(5_001)]
+    batch = [
+        QueuedOutcome("a", "200", False, stats._timestamp(), loop.create_future())
+        for _ in range(5_001)
+    ]
     await stats._flush(batch)
     assert await redis.zcard("status60s:a") == 5_001
     assert await redis.llen(c.last50_key("a")) == c.LAST_N_STATUSES

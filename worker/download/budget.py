@@ -1,9 +1,10 @@
 """A bound on the bytes of downloaded bodies a worker holds at once.
 
-Task slots alone do not bound memory: 3,000 slots of 3 MB images waiting for the image
-pool are 9 GB. Each body takes its size from this budget before it is read (from its
-Content-Length, or its first chunk when it declares none) and gives it back once its
-message is finished, so a full budget stops downloads rather than growing the process.
+Task slots alone do not bound memory: thousands of slots, each holding a body of a few
+megabytes while it waits for the image pool, add up to gigabytes. Each body takes its
+size from this budget (the fetcher takes an estimate before the request and the rest as
+the body turns out larger) and gives it back once its message is finished, so a full
+budget stops downloads rather than growing the process.
 """
 
 from __future__ import annotations

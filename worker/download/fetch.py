@@ -23,10 +23,12 @@ from worker.images.pool import Body, body_size
 from worker.settings import FetchSettings
 
 ALLOWED_SCHEMES = frozenset({"http", "https"})
-REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
+# HTTP codes (ints, as aiohttp gives them) whose Location the fetcher follows itself.
+REDIRECT_CODES = frozenset({301, 302, 303, 307, 308})
 _CHUNK_BYTES = 256 * 1024
-_FIRST_ESTIMATE = 1024 * 1024  # what a fetch takes of the budget before it knows better
-_MIN_ESTIMATE = 64 * 1024
+# What a fetch takes of the budget before it knows better, and the least it ever takes.
+_FIRST_ESTIMATE_BYTES = 1024 * 1024
+_MIN_ESTIMATE_BYTES = 64 * 1024
 # A Retry-After is a number or a date: anything longer is junk, kept short for the logs.
 RETRY_AFTER_MAX_CHARS = 200
 
@@ -51,7 +53,7 @@ class FetchResult:
 
     @property
     def ok(self) -> bool:
-        return self.status == "200" and self.body is not None
+        return self.status == Status.OK and self.body is not None
 
 
 # Asked before each redirect hop: None lets the hop go ahead, a status ends the fetch with
@@ -94,15 +96,15 @@ def new_session(settings: FetchSettings, policy: AddressPolicy) -> aiohttp.Clien
         cookie_jar=aiohttp.DummyCookieJar(),
         max_line_size=settings.max_header_bytes,
         max_field_size=settings.max_header_bytes,
-        # Reads of up to a chunk at a time (aiohttp's default of 64 KiB makes a 2 MB body
-        # four times as many wake-ups).
+        # Reads of up to a chunk at a time: aiohttp's smaller default wakes the loop more
+        # often for every body (the profile in bench/README.md).
         read_bufsize=_CHUNK_BYTES,
         trace_configs=[timing],
     )
-    # aiohttp (3.10 onwards, 3.14 included) silently repeats a GET whose connection was
-    # dropped or reset: a second request to the source that pacing never granted. 3.10 has
-    # no way to stop it; from 3.11 on this private flag does (aiohttp's own test client
-    # sets it the same way), hence aiohttp>=3.11. test_fetch pins one request per fetch.
+    # aiohttp (3.10 onwards) silently repeats a GET whose connection was dropped or reset:
+    # a second request to the source that pacing never granted. 3.10 has no way to stop
+    # it; from 3.11 on this private flag does (aiohttp's own test client sets it the same
+    # way), hence aiohttp>=3.11. test_fetch pins one request per fetch.
     session._retry_connection = False
     return session
 
@@ -153,7 +155,7 @@ class Fetcher:
         self._settings = settings
         self._policy = policy
         self._budget = budget
-        self._typical_body = _FIRST_ESTIMATE
+        self._typical_body_bytes = _FIRST_ESTIMATE_BYTES
 
     async def fetch(self, url: str, permit: HopPermit | None = None) -> FetchResult:
         """Download ``url``, asking ``permit`` before each redirect hop."""
@@ -166,7 +168,7 @@ class Fetcher:
             return FetchResult(Status.BLOCKED, detail=refusal)
         hold = _Hold(self._budget)
         if self._budget is not None:
-            hold.held = await self._budget.acquire(self._typical_body)
+            hold.held = await self._budget.acquire(self._typical_body_bytes)
         read = _Read(self._settings.max_body_bytes, truncate=False)
         try:
             result = await self._follow(current, hold, read, permit, self._settings.max_redirects)
@@ -223,8 +225,10 @@ class Fetcher:
 
     def _learn(self, size: int) -> None:
         # A running mean over about the last 32 bodies, kept within sensible bounds.
-        mean = self._typical_body + (size - self._typical_body) // 32
-        self._typical_body = min(max(mean, _MIN_ESTIMATE), self._settings.max_body_bytes)
+        mean = self._typical_body_bytes + (size - self._typical_body_bytes) // 32
+        self._typical_body_bytes = min(
+            max(mean, _MIN_ESTIMATE_BYTES), self._settings.max_body_bytes
+        )
 
     def _refusal(self, url: URL) -> str | None:
         if url.scheme.lower() not in ALLOWED_SCHEMES:
@@ -244,7 +248,7 @@ class Fetcher:
             ) as response:
                 sent_at = started if timing.sent_at is None else timing.sent_at
                 response_s = max(0.0, time.monotonic() - sent_at)
-                if response.status in REDIRECT_STATUSES:
+                if response.status in REDIRECT_CODES:
                     location = response.headers.get("Location")
                     if not location:
                         return FetchResult(
@@ -307,7 +311,7 @@ class Fetcher:
             chunks.append(chunk)
         body: Body = chunks[0] if len(chunks) == 1 else tuple(chunks)
         return FetchResult(
-            "200", body=body, detail=detail, release=hold.keep(size), response_s=response_s
+            Status.OK, body=body, detail=detail, release=hold.keep(size), response_s=response_s
         )
 
 

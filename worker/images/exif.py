@@ -13,10 +13,11 @@ from typing import Any
 
 from PIL import Image
 
-_EXIF_IFD = 0x8769
-_GPS_IFD = 0x8825
+# The tags of IFD0 that point to the Exif and GPS sub-IFDs.
+EXIF_IFD = 0x8769
+GPS_IFD = 0x8825
 _INTEROP_IFD = 0xA005
-_POINTERS = frozenset({_EXIF_IFD, _GPS_IFD, _INTEROP_IFD})
+_POINTERS = frozenset({EXIF_IFD, GPS_IFD, _INTEROP_IFD})
 _USER_COMMENT = 0x9286
 # Windows' XPTitle, XPComment, XPAuthor, XPKeywords, XPSubject: UTF-16LE in BYTE tags.
 _XP_TAGS = frozenset(range(0x9C9B, 0x9CA0))
@@ -85,17 +86,17 @@ def exif_to_json(exif: Image.Exif, limits: ExifLimits = ExifLimits()) -> dict[st
         # Pillow warns, then skips, when a tag points outside the block; skipping is right.
         warnings.simplefilter("ignore", UserWarning)
         top = _read_tags(exif)
-        top.update(_read_tags(_read_ifd(exif, _EXIF_IFD)))
-        gps = _read_tags(_read_ifd(exif, _GPS_IFD))
+        top.update(_read_tags(_read_ifd(exif, EXIF_IFD)))
+        gps = _read_tags(_read_ifd(exif, GPS_IFD))
         interop = _read_tags(_read_ifd(exif, _INTEROP_IFD))
 
-    budget = _Budget(limits, exif.endian)
+    packer = _Packer(limits, exif.endian)
     result: dict[str, Any] = {}
     for tag, value in top.items():
-        budget.add(result, tag, value)
-    for tag, ifd in ((_GPS_IFD, gps), (_INTEROP_IFD, interop)):
+        packer.add(result, tag, value)
+    for tag, ifd in ((GPS_IFD, gps), (_INTEROP_IFD, interop)):
         if ifd:
-            budget.add_nested(result, tag, ifd)
+            packer.add_nested(result, tag, ifd)
     return result
 
 
@@ -125,7 +126,7 @@ def _read_ifd(exif: Image.Exif, tag: int) -> Mapping[int, Any]:
         return {}
 
 
-class _Budget:
+class _Packer:
     """Adds converted tags to a result while keeping both size caps."""
 
     def __init__(self, limits: ExifLimits, endian: str | None) -> None:
@@ -161,7 +162,7 @@ class _Budget:
         """The key, the JSON value and its cost in the total, or None if it is too big."""
         cap = self._limits.max_value_bytes
         if _min_json_size(value) > cap:
-            return None  # never hex-encode a 100 KB MakerNote only to drop it
+            return None  # never hex-encode a large MakerNote only to drop it
         converted = _convert(value, tag, self._endian, 0)
         size = len(json.dumps(converted, allow_nan=False, separators=_COMPACT))
         if size > cap:

@@ -18,11 +18,9 @@ from typing import IO, Any, cast
 from PIL import Image, JpegImagePlugin
 
 from image_crawler.contract import Status
-from worker.images.exif import ExifLimits, exif_to_json
+from worker.images.exif import EXIF_IFD, GPS_IFD, ExifLimits, exif_to_json
 from worker.images.quality import estimate_jpeg_quality
 
-_EXIF_IFD = 0x8769
-_GPS_IFD = 0x8825
 _DETAIL_MAX_CHARS = 200
 # A reducing gap of 2 is, per Pillow's documentation, very close to fair resampling
 # while letting most of the reduction happen in the fast integer box reduce.
@@ -219,7 +217,7 @@ def _has_exif_block(im: Image.Image, exif: Image.Exif) -> bool:
     # structure tags; neither is EXIF the image carries.
     if "exif" in im.info or "Raw profile type exif" in im.info:
         return True
-    return im.format == "TIFF" and (_EXIF_IFD in exif or _GPS_IFD in exif)
+    return im.format == "TIFF" and (EXIF_IFD in exif or GPS_IFD in exif)
 
 
 def _resizable(im: Image.Image) -> Image.Image:

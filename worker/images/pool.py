@@ -1,27 +1,25 @@
 """Running the image kernel off the event loop, in a pool of processes.
 
 Decoding and thumbnailing are CPU work; done on the loop they would stall downloads,
-Kafka heartbeats and token waits behind a large image. Processes, not threads, so that
+Kafka heartbeats and pacing waits behind a large image. Processes, not threads, so that
 an image that crashes the decoder costs one pool process and one URL, not the worker.
 
 The pool is small and direct: each process has its own pipe, which the event loop
 watches itself, and holds at most two images: the one it works on and the next, queued
-in its pipe (``PoolProcessor``'s ``depth``). ``concurrent.futures``' process pool
-was measured (bench/) to spend about 1 ms of the worker's CPU per image in its feeder
-and manager threads, their locks and wake-ups; the loop reading the pipe directly spends
-none of that. A body does not travel through the pipe either: pickled, a 2 MB body costs
-about 3 ms of CPU (the pipe holds 64 KiB, so it crosses in 30-odd pieces, each copied
-twice). It is copied into an anonymous in-memory file (``memfd_create``; one per lane,
-reused, so its pages are not faulted in again for every image), which the process opens
-through ``/proc/{pid}/fd`` and maps to decode from. Where that path is closed (no memfd,
-a hardened /proc), the first refusal switches the pool back to sending bodies through
-the pipe.
+in its pipe (``PoolProcessor``'s ``depth``). ``concurrent.futures``' process pool spends
+the worker's CPU on every image in its feeder and manager threads, their locks and
+wake-ups; the loop reading the pipe directly spends none of that. A body does not travel
+through the pipe either: pickled, it would cross in pipe-sized pieces, each copied twice.
+It is copied into an anonymous in-memory file (``memfd_create``; one per lane, reused, so
+its pages are not faulted in again for every image), which the process opens through
+``/proc/{pid}/fd`` and maps to decode from. Where that path is closed (no memfd, a
+hardened /proc), the first refusal switches the pool back to sending bodies through the
+pipe.
 
-The worker maps that file and copies a body into it in the pieces it was downloaded in
-(``Body``): joining the pieces first and then writing the result with ``pwrite`` cost about
-1 ms of the main process's CPU per 1 MB body (a fresh 1 MB allocation, and the kernel's
-page-by-page copy), a profile showed; copying straight into the mapped, resident pages
-took the benchmark's main process from 7.3-7.7 to 6.3 ms per image.
+The worker maps that file and copies a body straight into its mapped, resident pages, in
+the pieces it was downloaded in (``Body``): joining the pieces first would allocate a
+fresh buffer for every body, and writing that with ``pwrite`` would copy it again, page
+by page.
 """
 
 from __future__ import annotations
@@ -50,6 +48,7 @@ from worker.images.kernel import (
 
 log = get_logger(__name__)
 
+# What the kernel made of one body: the image described, or why it could not be.
 ImageOutcome = ProcessedImage | ImageFailure
 # What a pool process sends back: an outcome, "unreadable", or for a body it read from
 # the memfd, the thumbnail's length with the image (its thumbnail is in the memfd).
@@ -104,9 +103,9 @@ def process_shared(
     ``owner_pid``, or ``"unreadable"``. With ``opened``, the file stays open there for
     the next call (a pool process's memfd is the same for its whole life).
 
-    The bytes are mapped, not read: Pillow reads them straight from the worker's pages.
-    A copy (``pread`` into a fresh 1-3 MB buffer, whose pages fault in every time) cost
-    the pool about 0.3 ms per image, a twentieth of the overhead budget (bench/). The
+    The bytes are mapped, not read: Pillow reads them straight from the worker's pages,
+    where a copy (``pread`` into a fresh buffer, whose pages fault in every time) would
+    cost the pool CPU on every image (the README's "Benchmark" says how much). The
     mapping is exactly ``size`` bytes long, so what lies beyond (the tail of a larger
     earlier body) is past the end of the file for the decoder."""
     own_fd = _open_shared(owner_pid, fd, opened)
@@ -188,6 +187,10 @@ def _new_memfd() -> int | None:
     except OSError:
         return None
     return fd
+
+
+class _PoolClosed(Exception):
+    """The pool was closed while a caller waited for, or asked for, a lane."""
 
 
 class _NotStarted(Exception):
@@ -367,12 +370,11 @@ class PoolProcessor:
     """``processes`` pool processes (one per CPU by default) running ``process_image``.
 
     Each process has ``depth`` lanes: it is sent its next image while it works on the
-    current one, so it never waits for the event loop between images. On these VMs a
-    process that blocks even a fraction of a millisecond between images lets its CPU
-    idle, and the next image then costs about 13% more CPU (the same 300 bench bodies,
-    one process fed by another: 20.3 ms each with one job at a time, 17.7 ms with one
-    queued). Only bodies shared through memory are queued; a body that must go through
-    the pipe goes to an idle process, so that sending it never waits.
+    current one, so it never waits for the event loop between images: a process that
+    blocks even briefly between images lets its CPU idle, and its next image then costs
+    more CPU (the README's "Inside a worker" says how much). Only bodies shared through
+    memory are queued; a body that must go through the pipe goes to an idle process, so
+    that sending it never waits.
 
     Started on first use; a process that dies is replaced, the image it was working on
     is a ``ProcessCrashed`` failure and an image queued behind it is tried again.
@@ -409,7 +411,7 @@ class PoolProcessor:
         while True:
             try:
                 lane = await self._acquire()
-            except ProcessDied:  # the pool was closed
+            except _PoolClosed:
                 return ImageFailure(Status.PROCESS_CRASHED, "the image pool is closed")
             try:
                 outcome = await self._run(lane, body)
@@ -463,7 +465,7 @@ class PoolProcessor:
 
     async def _acquire(self) -> _Lane:
         if self._closed:
-            raise ProcessDied("the image pool is closed")
+            raise _PoolClosed("the image pool is closed")
         if not self._waiting:
             lane = self._take()
             if lane is not None:
@@ -548,7 +550,7 @@ class PoolProcessor:
         while self._waiting:
             waiter = self._waiting.popleft()
             if not waiter.done():
-                waiter.set_exception(ProcessDied("the image pool is closed"))
+                waiter.set_exception(_PoolClosed("the image pool is closed"))
         for process in list(self._all):
             self._all.discard(process)
             process.close()

@@ -1,5 +1,6 @@
--- The fast path of RedisStats' flush (worker/stats.py): the writes of recording each
--- queued outcome one command at a time (windows, last-N lists, counters), in one call.
+-- The fast path of flush_commands (worker/stats.py), for RedisStats' flush: the writes
+-- of recording each queued outcome one command at a time (windows, last-N lists,
+-- counters), grouped by key, in one call.
 --
 -- ARGV: a JSON batch {"w": [[window key, trim score, [score, member, ...]], ...], "l":
 -- [[last-N key, [status, ...]], ...], "c": {counter key: increment}}, then N. Each window

@@ -26,14 +26,18 @@ Slot times are placed on the worker's clock at the middle of the ask's round tri
 which is within half of it of Redis' own clock.
 
 A source's ``crawl_delay:{source}`` (its hosts' robots.txt Crawl-delay, see
-worker/politeness/robots.py) is the shortest interval between its requests, whatever the rate: the
-monitor lowers the rate to match within a loop, but the script obeys it from the moment a
-worker notes it.
+worker/politeness/robots.py) is the shortest interval between its requests, whatever the
+rate: the monitor lowers the rate to match within a loop, but the script obeys it from the
+moment a worker notes it.
 
 Fail closed: without a rate (no monitor: the key expired; a halted source: "0") nothing
 is granted, and the worker asks again after ``no_rate_retry_s``. A server's Retry-After
 pushes ``pace_next`` forward (``pause``), which holds every worker's requests to that
 source until then.
+
+The rule is stated in Python by ``pacing_interval_s``, ``gcra_grant`` and ``paused_next``;
+the Lua scripts in ``lua/`` are its fast path (one atomic call for every asking source),
+and test/worker/test_lua_twins.py holds both to the same answers.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import math
 from collections import Counter, deque
 from collections.abc import Awaitable
 from typing import Any, Final, Protocol
@@ -57,6 +62,8 @@ from image_crawler.contract import (
 )
 from image_crawler.logs import get_logger
 from image_crawler.lua import lua_script
+from image_crawler.retry import Backoff
+from worker.sinks.base import Outage
 
 log = get_logger(__name__)
 
@@ -67,6 +74,62 @@ _PAUSE_SCRIPT: Final = lua_script("worker.politeness", "pacing_pause.lua")
 
 # Slots this late or less are always started (see the module's docstring).
 MIN_LATENESS_S: Final = 0.002
+
+# Without Redis no request starts: asked again soon, as it is mostly a brief blip (a
+# failover, a restart), and no more often than this once it lasts.
+REDIS_RETRY_BASE_S: Final = 0.1
+REDIS_RETRY_CAP_S: Final = 5.0
+
+
+def pacing_interval_s(rate: float | None, crawl_delay_s: float | None) -> float | None:
+    """Seconds between a source's slots: ``1 / rate``, or its Crawl-delay if that is longer.
+
+    None when there is no rate to pace by (absent or not a number, 0 for a halted source,
+    negative, infinite): nothing is granted. A Crawl-delay that is absent or not a finite
+    number is ignored.
+    """
+    if rate is None or not 0 < rate < math.inf:
+        return None
+    interval_s = 1 / rate
+    if crawl_delay_s is not None and interval_s < crawl_delay_s < math.inf:
+        return crawl_delay_s
+    return interval_s
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Grant:
+    """The slots one ask is granted (their start times, Unix s, in order) and the source's
+    next slot afterwards, ``next_at`` (its theoretical arrival time)."""
+
+    slots: tuple[float, ...]
+    next_at: float
+
+
+def gcra_grant(
+    now: float, next_at: float | None, interval_s: float, horizon_s: float, wanted: int
+) -> Grant:
+    """The slots a source with ``wanted`` requests waiting is granted at ``now`` (Unix s).
+
+    Slots run from the source's next slot ``next_at`` (from ``now`` when it is absent, not
+    a number or past: an idle source catches nothing up), one every ``interval_s``, and
+    only those that start within ``horizon_s`` of now (one exactly at the horizon is
+    granted). The next slot moves past each slot granted; it is stored only when one is.
+    """
+    tat = next_at if next_at is not None and next_at >= now else now
+    slots: list[float] = []
+    while len(slots) < wanted and tat <= now + horizon_s:
+        slots.append(tat)
+        tat += interval_s
+    return Grant(tuple(slots), tat)
+
+
+def paused_next(now: float, next_at: float | None, delay_s: float) -> float:
+    """A source's next slot once nothing may start for ``delay_s`` from ``now`` (Unix s):
+    ``now + delay_s``, unless its next slot ``next_at`` is later already (absent or not a
+    number counts as never set)."""
+    until = now + delay_s
+    current = 0.0 if next_at is None or math.isnan(next_at) else next_at
+    return until if until > current else current
 
 
 class Pacer(Protocol):
@@ -131,8 +194,8 @@ class RedisPacer:
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
-        backoff_s = 0.1
-        failing_since: float | None = None
+        retry = Backoff(base_s=REDIS_RETRY_BASE_S, cap_s=REDIS_RETRY_CAP_S)
+        outage = Outage("redis_unavailable", "redis_recovered", clock=loop.time, op="take_slots")
         while True:
             # Sources due within a fraction of the horizon are asked together.
             due, soonest = self._due(loop.time() + self._settings.horizon_s / 5)
@@ -144,16 +207,11 @@ class RedisPacer:
                 answers = await self._ask(due)
             except RedisError as e:
                 # Fail closed: without Redis nobody gets a slot.
-                failing_since = failing_since or loop.time()
-                log.warning("redis_unavailable", op="take_slots", error=repr(e))
-                await asyncio.sleep(backoff_s)
-                backoff_s = min(backoff_s * 2, 5.0)
+                outage.report(error=repr(e))
+                await asyncio.sleep(retry.next_s())
                 continue
-            backoff_s = 0.1
-            if failing_since is not None:
-                unavailable_s = round(loop.time() - failing_since, 1)
-                log.info("redis_recovered", op="take_slots", unavailable_s=unavailable_s)
-                failing_since = None
+            retry.reset()
+            outage.end()
             # Redis' clock read "now" somewhere in the round trip: its middle is the best
             # guess, within half the round trip.
             self._apply(due, answers, (sent + loop.time()) / 2)

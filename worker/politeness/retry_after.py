@@ -3,9 +3,12 @@
 A 429 or 503 may say when to come back (RFC 9110, section 10.2.3): ``Retry-After`` is
 either a number of seconds (``120``) or an HTTP date (``Fri, 31 Dec 1999 23:59:59 GMT``).
 ``parse_retry_after`` turns either into seconds from now, capped by ``max_s``; a value
-that is neither is malformed and treated as absent (the caller logs it). Without one, a
-retry waits ``image_crawler.retry.backoff_delay``. Pure functions: the clock is an
-argument.
+that is neither is malformed and treated as absent. Without one, a retry waits
+``image_crawler.retry.backoff_delay``. The parsing is pure: the clock is an argument.
+
+``obey_retry_after`` is what the worker does with a response's header, wherever the
+response comes from (an image, a robots.txt file): it holds back every worker's requests
+to the sources concerned (``Pacer.pause``) and logs what it read.
 """
 
 from __future__ import annotations
@@ -15,6 +18,15 @@ import datetime
 import email.utils
 import math
 import re
+from collections.abc import Iterable
+
+from redis.exceptions import RedisError
+
+from image_crawler.contract import RETRY_AFTER_STATUSES
+from image_crawler.logs import get_logger
+from worker.politeness.pacing import Pacer
+
+log = get_logger(__name__)
 
 # delta-seconds = 1*DIGIT. Matched as text, never converted blindly: a header of 10,000
 # digits must not become a huge int (Python refuses str-to-int past 4,300 digits).
@@ -81,3 +93,40 @@ def _http_date(text: str) -> float | None:
         return when.timestamp()
     except (OverflowError, ValueError, OSError):
         return None
+
+
+async def obey_retry_after(
+    pacer: Pacer,
+    source: str,
+    status: str,
+    value: str | None,
+    *,
+    now_unix_s: float,
+    max_s: float,
+    also: Iterable[str] = (),
+) -> float | None:
+    """Act on the ``Retry-After`` of a response of ``source`` with ``status``: only a 429's
+    or a 503's speaks for the whole source. Pauses ``source`` (and the sources in ``also``,
+    waiting on the same host) for every worker, for at most ``max_s``; returns the pause
+    in seconds, None when there is none (no header, malformed, or a date already past).
+
+    A malformed or capped value is logged. A Redis that is away is logged and otherwise
+    ignored: this worker holds the source back anyway, and the others learn of the
+    server's wish from their own requests' answers.
+    """
+    if status not in RETRY_AFTER_STATUSES or value is None:
+        return None
+    wait = parse_retry_after(value, now_unix_s, max_s)
+    if wait.malformed:
+        log.warning("retry_after_malformed", source=source, status=status, value=value[:100])
+    if wait.capped:
+        log.warning("retry_after_capped", source=source, status=status, value=value[:100])
+    if not wait.delay_s:
+        return None
+    log.info("retry_after", source=source, status=status, wait_s=wait.delay_s, cap_s=max_s)
+    for paused in dict.fromkeys((source, *also)):
+        try:
+            await pacer.pause(paused, wait.delay_s)
+        except RedisError as e:
+            log.warning("redis_unavailable", op="pause_source", source=paused, error=repr(e))
+    return wait.delay_s

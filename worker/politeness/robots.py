@@ -38,6 +38,7 @@ import contextlib
 import dataclasses
 import enum
 import json
+import math
 import random
 import secrets
 import time
@@ -51,12 +52,9 @@ from yarl import URL
 
 from image_crawler.contract import (
     CRAWL_DELAYED_SET,
-    RETRY_AFTER_STATUSES,
-    ROBOTS_DISALLOWED,
     ROBOTS_EXEMPT_SET,
     ROBOTS_MAX_BYTES,
     ROBOTS_MAX_REDIRECTS,
-    ROBOTS_UNAVAILABLE,
     Status,
     crawl_delay_key,
     pace_next_key,
@@ -65,11 +63,11 @@ from image_crawler.contract import (
 )
 from image_crawler.logs import get_logger
 from image_crawler.lua import lua_script
-from image_crawler.retry import backoff_delay
+from image_crawler.retry import Backoff, backoff_delay
 from worker.download.fetch import FetchResult
 from worker.images.pool import Body
-from worker.politeness.pacing import Pacer
-from worker.politeness.retry_after import parse_retry_after
+from worker.politeness.pacing import Pacer, paused_next
+from worker.politeness.retry_after import obey_retry_after
 from worker.politeness.robots_rules import RobotsRules
 from worker.settings import RobotsSettings
 
@@ -81,6 +79,38 @@ log = get_logger(__name__)
 ROBOTS_PENDING: Final = "RobotsPending"
 
 _NOTE_DELAY_SCRIPT: Final = lua_script("worker.politeness", "robots_note_delay.lua")
+
+# While Redis is away, a host's load asks again at most this far apart (from every
+# ``poll_s`` at first): its URLs wait meanwhile, and Redis is mostly back within seconds.
+_REDIS_RETRY_CAP_S: Final = 5.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DelayNote:
+    """A source's Crawl-delay (s) after a host's was noted, whether it was written (its
+    expiry renewed), and the source's next pacing slot (Unix s; None: never set)."""
+
+    crawl_delay_s: float
+    written: bool
+    next_at: float | None
+
+
+def noted_crawl_delay(
+    now: float, current_s: float | None, delay_s: float, next_at: float | None
+) -> DelayNote:
+    """Note a host's Crawl-delay ``delay_s`` for its source at ``now`` (Unix s).
+
+    The source keeps the largest delay of its hosts: ``delay_s`` is written unless the one
+    in force, ``current_s``, is longer (absent or not a number counts as none; an equal
+    one is written again, renewing its expiry). A delay longer than the one in force also
+    moves the source's next slot ``next_at`` as a pause of ``delay_s`` would
+    (``paused_next``): the robots.txt request that brought it was a request to the host.
+    """
+    if current_s is None or math.isnan(current_s) or delay_s > current_s:
+        return DelayNote(delay_s, True, paused_next(now, next_at, delay_s))
+    if delay_s == current_s:
+        return DelayNote(delay_s, True, next_at)
+    return DelayNote(current_s, False, next_at)
 
 
 class Robots(enum.Enum):
@@ -228,13 +258,13 @@ class RobotsGuard:
             if answer is Robots.ALLOWED:
                 return None
             if answer is Robots.DISALLOWED:
-                return ROBOTS_DISALLOWED
+                return Status.ROBOTS_DISALLOWED
             assert known is not None
             entry, now = known.entry, self._clock()
             since = now if entry.unavailable_since is None else entry.unavailable_since
             give_up_at = since + self._settings.unavailable_max_s
             if now >= give_up_at:
-                return ROBOTS_UNAVAILABLE
+                return Status.ROBOTS_UNAVAILABLE
             # Until it is asked again (by whichever worker), or the URL's time is up.
             wait_s = min(entry.expires_at, give_up_at) - now
             await asyncio.sleep(max(wait_s, self._settings.poll_s))
@@ -245,7 +275,7 @@ class RobotsGuard:
         answer, _ = await self._answer(source, str(hop))
         if answer is Robots.ALLOWED:
             return None
-        return ROBOTS_DISALLOWED if answer is Robots.DISALLOWED else ROBOTS_PENDING
+        return Status.ROBOTS_DISALLOWED if answer is Robots.DISALLOWED else ROBOTS_PENDING
 
     async def check(self, source: str, url: str) -> Robots:
         """What robots.txt says of ``url`` now (fetching it first if nobody has)."""
@@ -313,19 +343,19 @@ class RobotsGuard:
         self._asking.pop(origin, None)
 
     async def _load(self, origin: str, robots_url: str) -> _Known:
-        backoff_s = self._settings.poll_s
+        poll_s = self._settings.poll_s
+        retry = Backoff(base_s=poll_s, cap_s=max(poll_s, _REDIS_RETRY_CAP_S), rng=self._rng)
         while True:
             try:
                 entry = await self._shared_entry(origin, robots_url)
             except RedisError as e:
                 log.warning("redis_unavailable", op="robots", origin=origin, error=repr(e))
-                await asyncio.sleep(backoff_s)
-                backoff_s = min(backoff_s * 2, 5.0)
+                await asyncio.sleep(retry.next_s())
                 continue
             if entry is not None:
                 if entry.text is not None and len(entry.text) > _PARSE_INLINE_CHARS:
-                    # A file of 512 KiB takes Protego ~200 ms: in a thread, the event loop
-                    # (every other request's pacing slot) keeps turning meanwhile.
+                    # Parsing a long file takes Protego a while: in a thread, the event
+                    # loop (every other request's pacing slot) keeps turning meanwhile.
                     return await asyncio.to_thread(self._parsed, entry)
                 return self._parsed(entry)
             await asyncio.sleep(self._settings.poll_s)
@@ -440,14 +470,18 @@ class RobotsGuard:
         wait_s = backoff_delay(
             failures, base_s=settings.retry_base_s, cap_s=settings.retry_cap_s, rng=self._rng
         )
-        if result.status in RETRY_AFTER_STATUSES and result.retry_after is not None:
-            asked = parse_retry_after(result.retry_after, now, settings.max_retry_after_s)
-            if asked.delay_s:
-                wait_s = max(wait_s, asked.delay_s)
-                # Every source waiting for the host: the server asked it of all of them.
-                for waiting in {source, *self._asking.get(origin, ())}:
-                    with contextlib.suppress(RedisError):
-                        await self._pacer.pause(waiting, asked.delay_s)
+        asked_s = await obey_retry_after(
+            self._pacer,
+            source,
+            result.status,
+            result.retry_after,
+            now_unix_s=now,
+            max_s=settings.max_retry_after_s,
+            # Every source waiting for the host: the server asked it of all of them.
+            also=sorted(self._asking.get(origin, ())),
+        )
+        if asked_s:
+            wait_s = max(wait_s, asked_s)
         assert since is not None
         log.warning(
             "robots_unavailable",

@@ -12,6 +12,9 @@ a long time: aiokafka and the S3 store wait up to their own request timeouts (40
 Kafka adapters keep waiting, and ``Stalls`` makes the outage visible instead: one
 ``dependency_unavailable`` event once a call has had no answer for ``after_s``, and one
 ``dependency_recovered`` event (with how long it lasted) when the last stuck call ends.
+
+``Outage`` is that pair of events for any service: ``Stalls`` reports with one, and so do
+the loops that retry Redis (the pacer's asks, the statistics' flushes).
 """
 
 from __future__ import annotations
@@ -42,6 +45,51 @@ class DependencyError(Exception):
         self.retriable = retriable
 
 
+class Outage:
+    """One service's outage, as two log events: ``unavailable`` (a warning) each time the
+    caller reports a failure, and ``recovered`` (info) once when it ends, both with how
+    long the service has been away (``unavailable_s``). ``context`` goes on both."""
+
+    def __init__(
+        self,
+        unavailable: str,
+        recovered: str,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        **context: object,
+    ) -> None:
+        self.unavailable = unavailable
+        self.recovered = recovered
+        self._clock = clock
+        self._context = context
+        self._since: float | None = None
+
+    @property
+    def ongoing(self) -> bool:
+        return self._since is not None
+
+    def begin(self, since: float | None = None) -> None:
+        """The service is away since ``since`` (clock time; default now), unless an
+        outage is already ongoing."""
+        if self._since is None:
+            self._since = self._clock() if since is None else since
+
+    def report(self, **fields: object) -> None:
+        """Log ``unavailable`` with ``fields``; begins the outage if none is ongoing."""
+        self.begin()
+        assert self._since is not None
+        lasted_s = round(self._clock() - self._since, 2)
+        log.warning(self.unavailable, **self._context, **fields, unavailable_s=lasted_s)
+
+    def end(self, **fields: object) -> None:
+        """The service answers again: log ``recovered`` with ``fields``, if it was away."""
+        if self._since is None:
+            return
+        lasted_s = round(self._clock() - self._since, 2)
+        self._since = None
+        log.info(self.recovered, **self._context, **fields, unavailable_s=lasted_s)
+
+
 class Stalls:
     """Reports calls to one service that go unanswered for ``after_s`` (see the module doc).
 
@@ -63,8 +111,10 @@ class Stalls:
         self._clock = clock
         self._stuck = 0
         self._stuck_total = 0
-        self._since: float | None = None
         self._reported_at = 0.0
+        self._outage = Outage(
+            "dependency_unavailable", "dependency_recovered", clock=clock, service=service
+        )
 
     @property
     def stuck(self) -> int:
@@ -93,30 +143,18 @@ class Stalls:
         now = self._clock()
         self._stuck += 1
         self._stuck_total += 1
-        if self._since is None:
-            # The call started ``after_s`` ago: that is when the service stopped answering.
-            self._since = now - self._after_s
+        # The call started ``after_s`` ago: that is when the service stopped answering.
+        self._outage.begin(since=now - self._after_s)
         if self._stuck == 1 or now - self._reported_at >= self._repeat_s:
             self._reported_at = now
-            log.warning(
-                "dependency_unavailable",
-                service=self.service,
-                op=op,
-                error=f"no answer for {self._after_s:g} s",
-                stuck_calls=self._stuck,
-                unavailable_s=round(now - self._since, 2),
+            self._outage.report(
+                op=op, error=f"no answer for {self._after_s:g} s", stuck_calls=self._stuck
             )
 
     def _end(self) -> None:
         self._stuck -= 1
-        if self._stuck == 0 and self._since is not None:
-            log.info(
-                "dependency_recovered",
-                service=self.service,
-                unavailable_s=round(self._clock() - self._since, 2),
-                stuck_calls=self._stuck_total,
-            )
-            self._since = None
+        if self._stuck == 0:
+            self._outage.end(stuck_calls=self._stuck_total)
             self._stuck_total = 0
 
 

@@ -1,12 +1,12 @@
 """Thumbnails to S3 with one signed PUT each, without botocore's per-call machinery.
 
-A ``put_object`` through aioboto3 costs about 2.2 ms of CPU on these machines, most of it
-in evaluating the S3 endpoint rule set (botocore caches its result by parameters that
-include the object key, so every thumbnail misses the cache), event hooks and parameter
-validation. That is a tenth of the image work itself. Here botocore still does what must
-not be hand-written, the credential chain (environment, profiles, instance roles, with
-refresh) and the Signature V4 (``S3SigV4Auth``); the request is a plain aiohttp PUT on
-a keep-alive session: about 1 ms (measured in ``bench/``, see the README).
+A ``put_object`` through aioboto3 spends most of its CPU on evaluating the S3 endpoint
+rule set (botocore caches its result by parameters that include the object key, so every
+thumbnail misses the cache), event hooks and parameter validation: a sizeable share of
+the image work itself. Here botocore still does what must not be hand-written, the
+credential chain (environment, profiles, instance roles, with refresh) and the Signature
+V4 (``S3SigV4Auth``); the request is a plain aiohttp PUT on a keep-alive session (the
+costs of both are measured in ``bench/``, see the README).
 """
 
 from __future__ import annotations

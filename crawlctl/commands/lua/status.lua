@@ -1,4 +1,4 @@
--- The fast path of `image-crawler status`'s read (image_crawler/status.py): every
+-- The fast path of `image-crawler status`'s read (crawlctl/commands/status.py): every
 -- source's keys in one call, timed by Redis' clock.
 --
 -- ARGV: the set and hash names, then key prefixes and counters, in the order of _ARGV.

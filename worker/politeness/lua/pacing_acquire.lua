@@ -1,5 +1,6 @@
--- The fast path of the pacing rule in worker/pacing.py's docstring (a generic cell rate
--- algorithm): grants each asking source's slots within the horizon, in one call.
+-- The fast path of pacing_interval_s and gcra_grant (worker/politeness/pacing.py), the
+-- pacing rule (a generic cell rate algorithm): grants each asking source's slots within
+-- the horizon, for every asking source in one call.
 --
 -- ARGV: rate prefix, next prefix, horizon (s), JSON [[source, wanted], ...], crawl-delay
 -- prefix (a source's crawl_delay, when set, is the shortest interval). Answers JSON,

@@ -1,5 +1,5 @@
--- The fast path of RedisPacer.pause (worker/pacing.py): a Retry-After moves the
--- source's next slot, atomically against every worker's grants.
+-- The fast path of paused_next (worker/politeness/pacing.py), for RedisPacer.pause: a
+-- Retry-After moves the source's next slot, atomically against every worker's grants.
 --
 -- KEYS: pace_next. ARGV: delay (s). Moves the next slot to at least now + delay; answers
 -- how far away (s) the next slot is afterwards.

@@ -1,5 +1,7 @@
--- The fast path of RobotsGuard._note_crawl_delay (worker/robots.py): keep the largest
--- Crawl-delay of a source's hosts, atomically against other workers' notes.
+-- The fast path of noted_crawl_delay (worker/politeness/robots.py), for
+-- RobotsGuard._note_crawl_delay: keep the largest Crawl-delay of a source's hosts, and move
+-- its next slot as paused_next (worker/politeness/pacing.py) does, atomically against
+-- other workers' notes and grants.
 --
 -- KEYS: crawl_delay:{source}, crawl_delayed, pace_next:{source}. ARGV: delay (s), expiry
 -- (ms), source. Keeps the largest delay of the source's hosts (a value not a number is
