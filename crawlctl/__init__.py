@@ -1,0 +1,2 @@
+"""``image-crawler``, the operator's command: run a crawl on this machine, feed it,
+watch it, steer it."""
