@@ -58,6 +58,8 @@ from image_crawler.contract import (
     backoff_signals_key,
     crawl_delay_key,
     last50_key,
+    override_alias_key,
+    override_key,
     pace_rate_key,
     resize_errors_key,
 )
@@ -533,8 +535,8 @@ class PlainRegulatorStore:
                 counts = Counter(_text(status) for status in listed)
                 if counts and (full or breakers.every_request_failed(counts)):
                     last = dict(counts)
-        override = await self._string(f"{OVERRIDE_RATE_PREFIX}{source}")
-        alias = await self._string(f"{OVERRIDE_RATE_ALIAS_PREFIX}{source}")
+        override = await self._string(override_key(source))
+        alias = await self._string(override_alias_key(source))
         if not (window or last or errors) and override is None and alias is None:
             return None
         return SourceState(window, last, override, alias, tuple(errors))

@@ -131,6 +131,14 @@ def pace_next_key(source: str) -> str:
     return f"{PACE_NEXT_PREFIX}{source}"
 
 
+def override_key(source: str) -> str:
+    return f"{OVERRIDE_RATE_PREFIX}{source}"
+
+
+def override_alias_key(source: str) -> str:
+    return f"{OVERRIDE_RATE_ALIAS_PREFIX}{source}"
+
+
 def backoff_signals_key(source: str) -> str:
     return f"{BACKOFF_SIGNALS_PREFIX}{source}"
 

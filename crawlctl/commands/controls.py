@@ -36,14 +36,14 @@ from image_crawler.config import RedisSettings
 from image_crawler.contract import (
     HALTED_SET,
     INBOUND_SOURCES_SET,
-    OVERRIDE_RATE_ALIAS_PREFIX,
-    OVERRIDE_RATE_PREFIX,
     RATES_HASH,
     ROBOTS_EXEMPT_SET,
     STATUS_60S_PREFIX,
     TEMP_HALTED_SET,
     is_valid_source_name,
     last50_key,
+    override_alias_key,
+    override_key,
     pace_rate_key,
     tokens_key,
 )
@@ -87,14 +87,6 @@ def parse_rate(raw: str) -> float:
             f"RATE must be a number > 0, got {raw!r} (to stop a source, halt it instead)"
         )
     return rate
-
-
-def override_key(source: str) -> str:
-    return f"{OVERRIDE_RATE_PREFIX}{source}"
-
-
-def override_alias_key(source: str) -> str:
-    return f"{OVERRIDE_RATE_ALIAS_PREFIX}{source}"
 
 
 def _rate_text(rate: float) -> str:
