@@ -274,3 +274,25 @@ class S3Settings:
             region=env_optional(env, "AWS_DEFAULT_REGION"),
             ca_bundle=ca_bundle,
         )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MetricsSettings:
+    """Where a process serves ``/metrics`` and ``/healthz`` (image_crawler/metrics.py).
+
+    ``port`` None (METRICS_PORT unset or empty) means no HTTP server; 0 picks a free port.
+    ``host`` (METRICS_HOST) is every interface by default, so that Prometheus can scrape a
+    container; `image-crawler up` sets 127.0.0.1.
+    """
+
+    port: int | None = None
+    host: str = "0.0.0.0"
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> MetricsSettings:
+        port = None
+        if env_optional(env, "METRICS_PORT") is not None:
+            port = env_int(env, "METRICS_PORT", 0)
+            if port > 65535:
+                raise ConfigError(f"METRICS_PORT must be at most 65535, got {port}")
+        return cls(port=port, host=env_str(env, "METRICS_HOST", cls().host))

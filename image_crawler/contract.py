@@ -109,6 +109,17 @@ ROBOTS_EXEMPT_SET: Final = "robots_exempt"
 # listed in the set CRAWL_DELAYED_SET, which the monitor reads every loop (and cleans).
 CRAWL_DELAY_PREFIX: Final = "crawl_delay:"
 CRAWL_DELAYED_SET: Final = "crawl_delayed"
+# Beyond the original (issue 18): each source's backlog, the consumer lag of the workers'
+# group (image_handlers) on urls.{source}, summed over partitions: URLs split but not yet
+# taken. A hash source -> count, rewritten by the monitor each
+# LOG_FREQUENCY_S (crawl_monitor/backlog.py); BACKLOG_AT holds the Unix time (seconds)
+# of that measurement, so that a reader can tell a stale figure (no monitor) from a fresh one.
+BACKLOG_HASH: Final = "backlog"
+BACKLOG_AT: Final = "backlog_measured_at"
+# Beyond the original (issue 18): URLs a worker found deleted unread (its group's
+# committed offset was below the log start of urls.{source}), per source; the worker also
+# logs ``urls_lost``.
+URLS_LOST: Final = "urls_lost"
 
 LAST_N_STATUSES: Final = 50
 # (key prefix, window length in seconds) of the time-based sliding windows.
@@ -168,6 +179,10 @@ def resize_errors_key(source: str, status: str | None = None) -> str:
     if status is None:
         return f"{RESIZE_ERRORS}:{source}"
     return f"{RESIZE_ERRORS}:{source}:{status}"
+
+
+def urls_lost_key(source: str) -> str:
+    return f"{URLS_LOST}:{source}"
 
 
 def window_member(status: str, unix_time_s: float) -> str:
@@ -308,6 +323,11 @@ ROBOTS_MAX_BYTES: Final = 512 * 1024
 ROBOTS_MAX_REDIRECTS: Final = 5
 
 RAW_MESSAGE_CAP_BYTES: Final = 4096
+
+# Retention of the urls.{source} topics the splitter creates (URL_TOPIC_RETENTION_MS):
+# -1, never delete, because a backlog may wait longer than any broker default (7 days on
+# Apache Kafka) and a deleted URL is one the crawl never ends.
+URL_TOPIC_RETENTION_MS: Final = -1
 
 
 def utc_now_iso() -> str:

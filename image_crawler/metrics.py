@@ -1,0 +1,84 @@
+"""The HTTP side of a process's metrics: ``/metrics``, ``/healthz`` and extra routes.
+
+Both processes serve it on ``METRICS_PORT`` when that is set (unset: no HTTP server).
+It runs on the process's own event loop (aiohttp), not in prometheus-client's thread,
+so that a route can read the process's state without locks.
+
+``/metrics`` is the Prometheus text exposition of ``registry``; ``/healthz`` answers 200
+with ``{"ok": true}`` while ``health()`` returns no problem, and 503 with the problems
+otherwise, for compose health checks and load balancers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator, Callable, Sequence
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
+
+from image_crawler.logs import get_logger
+
+log = get_logger(__name__)
+
+# Problems that make /healthz answer 503; empty when healthy.
+HealthCheck = Callable[[], Sequence[str]]
+
+
+def _healthy() -> Sequence[str]:
+    return ()
+
+
+def build_app(
+    registry: CollectorRegistry = REGISTRY,
+    *,
+    health: HealthCheck = _healthy,
+    routes: Sequence[web.RouteDef] = (),
+) -> web.Application:
+    """The application: ``/metrics``, ``/healthz`` and ``routes``."""
+
+    async def metrics(_: web.Request) -> web.Response:
+        body = generate_latest(registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def healthz(_: web.Request) -> web.Response:
+        problems = list(health())
+        status = 503 if problems else 200
+        body = {"ok": not problems, "problems": problems}
+        return web.Response(
+            status=status, text=json.dumps(body), content_type="application/json"
+        )
+
+    app = web.Application()
+    app.add_routes([web.get("/metrics", metrics), web.get("/healthz", healthz), *routes])
+    return app
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    port: int | None,
+    host: str,
+    registry: CollectorRegistry = REGISTRY,
+    *,
+    health: HealthCheck = _healthy,
+    routes: Sequence[web.RouteDef] = (),
+) -> AsyncIterator[int | None]:
+    """Serve the application on ``host:port`` while the block runs; yields the bound port
+    (``port`` 0 picks a free one), or None when ``port`` is None (metrics off)."""
+    if port is None:
+        yield None
+        return
+    runner = web.AppRunner(build_app(registry, health=health, routes=routes), access_log=None)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        bound = port
+        server = site._server
+        if server is not None and getattr(server, "sockets", None):
+            bound = server.sockets[0].getsockname()[1]
+        log.info("metrics_serving", host=host, port=bound)
+        yield bound
+    finally:
+        await runner.cleanup()
