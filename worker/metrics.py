@@ -1,0 +1,54 @@
+"""The worker's Prometheus metrics (served on METRICS_PORT, image_crawler/metrics.py).
+
+Names follow Prometheus's conventions: counters end in ``_total``, units are base units
+(``_bytes``, ``_seconds``). The only unbounded label is ``source``, which the crawl
+has a known, configured set of; ``status`` takes the contract's statuses (HTTP codes and
+error names) and ``dependency`` one of ``DEPENDENCIES``. Each worker process exports
+its own counts; Prometheus sums them over the workers.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from prometheus_client import Counter, Gauge
+
+DEPENDENCIES: Final = ("kafka", "redis", "s3")
+
+REQUESTS = Counter(
+    "crawler_requests",
+    "Image requests started (granted by pacing), per source.",
+    ["source"],
+)
+OUTCOMES = Counter(
+    "crawler_outcomes",
+    "Attempts ended, per source and status (an HTTP code or an error name).",
+    ["source", "status"],
+)
+DOWNLOADED_BYTES = Counter(
+    "crawler_downloaded_bytes",
+    "Bytes of image bodies downloaded, per source.",
+    ["source"],
+)
+URLS_LOST = Counter(
+    "crawler_urls_lost",
+    "URLs deleted from urls.{source} before any worker read them (committed offset "
+    "below the log start), per source.",
+    ["source"],
+)
+TASKS_IN_FLIGHT = Gauge("crawler_tasks_in_flight", "Task slots in use in this worker.")
+TASK_SLOTS = Gauge("crawler_task_slots", "Task slots of this worker (MAX_TASKS).")
+IMAGE_POOL_QUEUE = Gauge(
+    "crawler_image_pool_queue",
+    "Downloaded images waiting for, or in, the image-decoding pool.",
+)
+DEPENDENCY_UP = Gauge(
+    "crawler_dependency_up",
+    "1 while the dependency answers, 0 during an outage.",
+    ["dependency"],
+)
+DEPENDENCY_OUTAGES = Counter(
+    "crawler_dependency_outages",
+    "Outages of a dependency seen by this worker (each counted when it starts).",
+    ["dependency"],
+)
