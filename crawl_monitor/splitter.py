@@ -11,7 +11,13 @@ a Kafka topic name is logged (``malformed_message``), counted (``num_malformed``
 dead-lettered to ``crawl_errors``; it never stops the messages behind it.
 
 A source's topic is created (``SOURCE_TOPIC_PARTITIONS`` partitions) the first time the
-splitter sees the source, since a production cluster may not auto-create topics. When the
+splitter sees the source, since a production cluster may not auto-create topics, with
+``retention.ms`` = ``URL_TOPIC_RETENTION_MS`` (-1 by default: a backlog may wait longer
+than any broker default, and a URL the broker deletes unread is one the crawl never
+ends) and ``retention.bytes`` = -1. A topic that already exists keeps its own settings;
+the splitter reads them once and logs ``topic_retention_finite`` when they can delete
+sooner than configured (a topic made by an older version, or auto-created by the broker
+with its defaults). When the
 cluster refuses the name itself (``InvalidTopicError``: e.g. ``urls.a_b`` once
 ``urls.a.b`` exists, whose metric names collide), that batch's messages of the source are
 dead-lettered like malformed ones instead of being sent again forever, which would stop
@@ -29,6 +35,7 @@ from typing import Any, Final
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import InvalidTopicError, KafkaError
 from redis.exceptions import RedisError
 
@@ -40,6 +47,7 @@ from image_crawler.contract import (
     MAX_SOURCE_NAME_LENGTH,
     NUM_MALFORMED,
     NUM_SPLIT,
+    URL_TOPIC_RETENTION_MS,
     InboundImage,
     MalformedMessage,
     SourceTask,
@@ -54,6 +62,10 @@ log = get_logger(__name__)
 
 # Kafka's error code for "topic already exists".
 TOPIC_ALREADY_EXISTS: Final = 36
+# The topic settings that delete records, and the value that never does.
+RETENTION_MS: Final = "retention.ms"
+RETENTION_BYTES: Final = "retention.bytes"
+UNLIMITED: Final = -1
 # Waits between tries while Kafka or Redis is away (image_crawler.retry.Backoff).
 MIN_BACKOFF_S: Final = 0.1
 MAX_BACKOFF_S: Final = 5.0
@@ -90,15 +102,31 @@ def route(raw: bytes | None) -> Split | Rejected:
     return Split(message.source.lower(), message.to_source_task())
 
 
+def deletes_sooner(retention_ms: int | None, configured_ms: int) -> bool:
+    """Whether a topic's ``retention.ms`` (None: not reported) deletes records sooner
+    than ``configured_ms``; -1 (or any negative) is never."""
+    if retention_ms is None or retention_ms < 0:
+        return False
+    return configured_ms < 0 or retention_ms < configured_ms
+
+
 class TopicCreator:
-    """Creates ``urls.{source}`` topics once per process; an existing topic is fine."""
+    """Creates ``urls.{source}`` topics once per process; an existing topic is fine, and
+    its retention is checked once (see the module docstring)."""
 
     def __init__(
-        self, admin: AIOKafkaAdminClient, *, partitions: int, replication_factor: int
+        self,
+        admin: AIOKafkaAdminClient,
+        *,
+        partitions: int,
+        replication_factor: int,
+        retention_ms: int = URL_TOPIC_RETENTION_MS,
     ) -> None:
         self._admin = admin
         self._partitions = partitions
         self._replication_factor = replication_factor
+        self._retention_ms = retention_ms
+        self._configs = {RETENTION_MS: str(retention_ms), RETENTION_BYTES: str(UNLIMITED)}
         self._known: set[str] = set()
 
     async def ensure(self, topics: Iterable[str]) -> Mapping[str, str]:
@@ -110,13 +138,21 @@ class TopicCreator:
         if not missing:
             return {}
         response = await self._admin.create_topics(
-            [NewTopic(name, self._partitions, self._replication_factor) for name in missing]
+            [
+                NewTopic(
+                    name, self._partitions, self._replication_factor, topic_configs=self._configs
+                )
+                for name in missing
+            ]
         )
         failed: dict[str, int] = {}
         refused: dict[str, str] = {}
+        existing: list[str] = []
         for entry in getattr(response, "topic_errors", ()):
             topic, code = entry[0], entry[1]
-            if code not in (0, TOPIC_ALREADY_EXISTS):
+            if code == TOPIC_ALREADY_EXISTS:
+                existing.append(topic)
+            elif code != 0:
                 failed[topic] = code
                 # Only a name Kafka will never accept is final. Not, say, a missing
                 # CreateTopics permission: Kafka answers that for existing topics too,
@@ -124,14 +160,54 @@ class TopicCreator:
                 if code == InvalidTopicError.errno:
                     message = entry[2] if len(entry) > 2 and entry[2] else ""
                     refused[topic] = f"InvalidTopicError: {message}".rstrip(": ")
-            elif code == 0:
-                log.info("topic_created", topic=topic, partitions=self._partitions)
+            else:
+                log.info(
+                    "topic_created",
+                    topic=topic,
+                    partitions=self._partitions,
+                    retention_ms=self._retention_ms,
+                )
         if failed:
             # Producing may still work (an existing topic, auto-creation), and the next
             # batch asks again. A refused topic is asked for again when its source is.
             log.warning("topic_create_failed", errors=failed, refused=sorted(refused))
         self._known.update(t for t in missing if t not in failed)
+        if existing:
+            await self._check_retention(existing)
         return refused
+
+    async def _check_retention(self, topics: Sequence[str]) -> None:
+        """Log ``topic_retention_finite`` for each topic whose settings delete records
+        sooner than configured. Only a warning: the topic is the operator's to change,
+        and reading its settings may fail (not allowed, not supported) without harm."""
+        try:
+            # Every setting, not the two: tansu 0.6 cannot decode a request that names
+            # the settings it wants (and drops the connection).
+            responses = await self._admin.describe_configs(
+                [ConfigResource(ConfigResourceType.TOPIC, topic) for topic in topics]
+            )
+        except KafkaError as e:
+            log.warning("topic_config_unreadable", topics=len(topics), error=repr(e))
+            return
+        for response in responses:
+            for resource in getattr(response, "resources", ()):
+                code, topic, entries = resource[0], resource[3], resource[4]
+                if code != 0:
+                    log.warning("topic_config_unreadable", topic=topic, error_code=code)
+                    continue
+                values = {entry[0]: _as_int(entry[1]) for entry in entries}
+                retention_ms = values.get(RETENTION_MS)
+                retention_bytes = values.get(RETENTION_BYTES)
+                if deletes_sooner(retention_ms, self._retention_ms) or (
+                    retention_bytes is not None and retention_bytes >= 0
+                ):
+                    log.warning(
+                        "topic_retention_finite",
+                        topic=topic,
+                        retention_ms=retention_ms,
+                        retention_bytes=retention_bytes,
+                        configured_retention_ms=self._retention_ms,
+                    )
 
 
 class Splitter:
@@ -265,6 +341,13 @@ class Splitter:
         for tp, records in batch.items():
             if records and tp in assigned:
                 self._consumer.seek(tp, records[0].offset)
+
+
+def _as_int(value: str | None) -> int | None:
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
 
 
 def _unless_refused(result: Split | Rejected, refused: Mapping[str, str]) -> Split | Rejected:

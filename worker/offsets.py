@@ -1,4 +1,5 @@
-"""At-least-once bookkeeping: which offset of a partition may be committed.
+"""At-least-once bookkeeping: which offset of a partition may be committed, and how many
+messages the broker deleted before the group read them.
 
 Messages of one partition finish out of order; the committed offset may only move past a
 message once it and every message before it have finished.
@@ -51,3 +52,12 @@ class OffsetTracker:
     def committable(self) -> int | None:
         """The offset to commit (the next message to read), or None if nothing finished yet."""
         return self._next_commit
+
+
+def lost_before(next_offset: int | None, log_start: int) -> int:
+    """Messages of a partition deleted unread: from ``next_offset``, the next one the
+    group was to read (None or negative: it has none, and nothing can be said), up to
+    ``log_start``, the first one the partition still holds."""
+    if next_offset is None or next_offset < 0:
+        return 0
+    return max(0, log_start - next_offset)

@@ -6,6 +6,10 @@ source may hold at most ``fair_share`` unfinished tasks: a source at its share h
 partitions paused, and records fetched beyond a source's share are given back by seeking
 its partition to the first record not taken. A partition's offset is committed only up
 to its first unfinished message.
+
+URLs the broker deleted before they were read are not skipped in silence: partitions are
+checked when assigned, and whenever a partition's records jump past the offset the
+scheduler was to read next (worker.lost_urls).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from image_crawler.lifecycle import cancel_and_wait
 from image_crawler.logs import get_logger
 from image_crawler.retry import sleep_unless_stopped
 from worker.fair_share import fair_share, resume_threshold
+from worker.lost_urls import LostUrls
 from worker.offsets import OffsetTracker
 from worker.settings import WorkerSettings
 
@@ -67,6 +72,7 @@ class Scheduler:
         handler: Handler,
         on_failure: FailureHandler,
         settings: SchedulerSettings = SchedulerSettings(),
+        lost_urls: LostUrls | None = None,
     ) -> None:
         self._consumer = consumer
         self._redis = redis
@@ -77,6 +83,12 @@ class Scheduler:
         self._trackers: dict[TopicPartition, OffsetTracker] = {}
         self._in_flight: dict[TopicPartition, set[int]] = {}
         self._committed: dict[TopicPartition, int] = {}
+        # Per assigned partition: the offset of the first record read since the
+        # assignment, and of the next record to read (after a give-back, the one given
+        # back), which a record past it shows were skipped.
+        self._first_read: dict[TopicPartition, int] = {}
+        self._next_read: dict[TopicPartition, int] = {}
+        self._lost = lost_urls if lost_urls is not None else LostUrls(consumer, redis)
         self._unfinished: Counter[str] = Counter()
         self._tasks: set[asyncio.Task[None]] = set()
         self._topic_sources: dict[str, str | None] = {}  # source_of_topic, remembered
@@ -105,6 +117,11 @@ class Scheduler:
     def unfinished(self, source: str) -> int:
         return self._unfinished[source]
 
+    @property
+    def in_flight(self) -> int:
+        """Messages being handled now: the task slots in use (``crawler_tasks_in_flight``)."""
+        return len(self._tasks)
+
     def share(self) -> int:
         return fair_share(self._settings.max_tasks, len(self._sources))
 
@@ -120,6 +137,7 @@ class Scheduler:
                 await self._schedule_once()
         finally:
             await cancel_and_wait([watcher, committer])
+            await self._lost.close()
             await self._drain()
 
     async def _schedule_once(self) -> None:
@@ -136,16 +154,28 @@ class Scheduler:
             return
         for tp, records in batches.items():
             source = self._source_of(tp.topic)
-            if source is None:
+            if source is None or not records:
                 continue
+            self._note_read(source, tp, records[0].offset)
+            next_read = records[-1].offset + 1
             for record in records:
                 if self._unfinished[source] >= share:
                     # Over this source's share: give the rest back to the queue.
                     self._consumer.seek(tp, record.offset)
                     self._consumer.pause(tp)
                     self._paused.add(tp)
+                    next_read = record.offset
                     break
                 self._start(source, tp, record.offset, record.value)
+            self._next_read[tp] = next_read
+
+    def _note_read(self, source: str, tp: TopicPartition, first: int) -> None:
+        """Remember the first record read since the assignment; have a jump past the
+        next record to read checked for deleted records."""
+        self._first_read.setdefault(tp, first)
+        expected = self._next_read.get(tp)
+        if expected is not None and first > expected:
+            self._lost.skipped(source, tp, expected, first)
 
     def _source_of(self, topic: str) -> str | None:
         try:
@@ -330,6 +360,8 @@ class Scheduler:
         """Commit every finished prefix of the given (default: assigned) partitions."""
         assigned = self._consumer.assignment()
         chosen = assigned if partitions is None else set(partitions) & assigned
+        # Not while their check for deleted records runs: a commit first would hide a loss.
+        chosen = chosen - self._lost.held
         offsets: dict[TopicPartition, int] = {}
         for tp in chosen:
             tracker = self._trackers.get(tp)
@@ -369,12 +401,18 @@ class Scheduler:
             for tp in revoked:
                 self._trackers.pop(tp, None)
                 self._committed.pop(tp, None)
+                self._first_read.pop(tp, None)
+                self._next_read.pop(tp, None)
         if revoked:  # aiokafka also calls this, with nothing, before the first assignment
             log.info("partitions_revoked", partitions=len(revoked), **_names(revoked))
 
     async def on_assigned(self, assigned: Iterable[TopicPartition]) -> None:
         assigned = set(assigned)
         self._resync = True  # a new assignment starts unpaused, even if it is the same
+        self._lost.assigned(
+            {tp: s for tp in assigned if (s := self._source_of(tp.topic)) is not None},
+            self._first_read.get,
+        )
         log.info(
             "partitions_assigned",
             partitions=len(assigned),

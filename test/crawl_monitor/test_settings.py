@@ -157,3 +157,22 @@ def test_the_process_exits_2_on_a_bad_setting():
     assert done.returncode == 2
     assert "PACE_RATE_TTL_MS" in done.stderr
     assert done.stdout == ""
+
+
+@pytest.mark.parametrize(
+    ("env", "retention_ms"),
+    [
+        ({}, -1),
+        ({"URL_TOPIC_RETENTION_MS": "-1"}, -1),
+        ({"URL_TOPIC_RETENTION_MS": "604800000"}, 604800000),
+    ],
+)
+def test_url_topic_retention_is_unlimited_unless_chosen(env, retention_ms):
+    assert MonitorSettings.from_env(env).url_topic_retention_ms == retention_ms
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "-604800000", "7d", "1.5"])
+def test_url_topic_retention_is_minus_one_or_positive(value):
+    # 0 would delete every URL as soon as its segment rolls, read or not.
+    with pytest.raises(ConfigError, match=r"\bURL_TOPIC_RETENTION_MS\b"):
+        MonitorSettings.from_env({"URL_TOPIC_RETENTION_MS": value})

@@ -9,12 +9,20 @@ import signal
 import types
 from collections import Counter
 
+import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaTimeoutError
 from redis.asyncio import Redis
 from structlog.testing import capture_logs
 
-from crawl_monitor.splitter import Rejected, Split, Splitter, TopicCreator, route
+from crawl_monitor.splitter import (
+    TOPIC_ALREADY_EXISTS,
+    Rejected,
+    Split,
+    Splitter,
+    TopicCreator,
+    route,
+)
 from image_crawler import contract as c
 from test.harness.processes import CrawlerProcess, committed_offset
 from test.harness.services import create_topics, produce, read_records, wait_for
@@ -412,18 +420,38 @@ async def test_a_topic_kafka_refuses_for_good_dead_letters_its_messages(redis):
 
 
 class FakeAdmin:
-    """Answers CreateTopics with the given error code per topic (0 when not listed)."""
+    """Answers CreateTopics with the given error code per topic (0 when not listed), and
+    DescribeConfigs with the given settings per topic (an int: that error code)."""
 
-    def __init__(self, codes: dict[str, int]) -> None:
+    def __init__(self, codes: dict[str, int], configs=None, describe_error=None) -> None:
         self.codes = codes
+        self.configs: dict[str, dict[str, str] | int] = configs or {}
+        self.describe_error = describe_error
         self.asked: list[list[str]] = []
+        self.topic_configs: dict[str, dict[str, str]] = {}
+        self.described: list[tuple[str, object]] = []
 
     async def create_topics(self, new_topics):
         names = [t.name for t in new_topics]
         self.asked.append(names)
+        self.topic_configs.update({t.name: t.topic_configs for t in new_topics})
         return types.SimpleNamespace(
             topic_errors=[(n, self.codes.get(n, 0), f"code {self.codes.get(n, 0)}") for n in names]
         )
+
+    async def describe_configs(self, resources):
+        if self.describe_error is not None:
+            raise self.describe_error
+        self.described += [(r.name, r.configs) for r in resources]
+        answers = []
+        for r in resources:
+            configs = self.configs.get(r.name, {})
+            if isinstance(configs, int):
+                answers.append((configs, "refused", 2, r.name, []))
+            else:
+                entries = [(k, v, False, 1, False, []) for k, v in configs.items()]
+                answers.append((0, None, 2, r.name, entries))
+        return [types.SimpleNamespace(resources=answers)]
 
 
 async def test_only_a_name_kafka_refuses_is_final():
@@ -446,3 +474,65 @@ async def test_only_a_name_kafka_refuses_is_final():
     # Created or existing topics are not asked for again; the others are.
     await creator.ensure(topics)
     assert admin.asked[-1] == ["urls.a_b", "urls.busy", "urls.locked"]
+
+
+def creator(admin: FakeAdmin, **retention_ms: int) -> TopicCreator:
+    return TopicCreator(admin, partitions=2, replication_factor=1, **retention_ms)
+
+
+async def test_topics_are_created_with_the_configured_retention():
+    admin = FakeAdmin({})
+    await creator(admin).ensure(["urls.a"])
+    # The default never deletes: neither by age nor by size.
+    assert admin.topic_configs["urls.a"] == {"retention.ms": "-1", "retention.bytes": "-1"}
+    with capture_logs() as logs:
+        await creator(admin, retention_ms=86_400_000).ensure(["urls.b"])
+    assert admin.topic_configs["urls.b"] == {"retention.ms": "86400000", "retention.bytes": "-1"}
+    (created,) = [e for e in logs if e["event"] == "topic_created"]
+    assert (created["topic"], created["retention_ms"]) == ("urls.b", 86_400_000)
+    assert admin.described == []  # nothing existed: nothing to check
+
+
+@pytest.mark.parametrize(
+    ("configured_ms", "existing", "warned"),
+    [
+        (-1, {"retention.ms": "604800000"}, True),  # Apache Kafka's default, 7 days
+        (-1, {"retention.ms": "-1"}, False),
+        (-1, {"retention.ms": "-1", "retention.bytes": "1073741824"}, True),
+        (-1, {}, False),  # not reported (tansu reports only what was set): nothing to say
+        (86_400_000, {"retention.ms": "604800000"}, False),  # keeps longer than asked
+        (604_800_000, {"retention.ms": "86400000"}, True),
+    ],
+)
+async def test_an_existing_topic_that_deletes_sooner_is_a_warning(configured_ms, existing, warned):
+    admin = FakeAdmin({"urls.old": TOPIC_ALREADY_EXISTS}, {"urls.old": existing})
+    topics = creator(admin, retention_ms=configured_ms)
+    with capture_logs() as logs:
+        assert await topics.ensure(["urls.old"]) == {}
+    assert admin.described == [("urls.old", None)]  # every setting
+    found = [e for e in logs if e["event"] == "topic_retention_finite"]
+    assert bool(found) == warned
+    if warned:
+        (event,) = found
+        assert event["topic"] == "urls.old" and event["log_level"] == "warning"
+        assert event["configured_retention_ms"] == configured_ms
+        assert event["retention_ms"] == int(existing["retention.ms"])
+    # Checked once per process, like the creation.
+    await topics.ensure(["urls.old"])
+    assert len(admin.described) == 1
+
+
+async def test_settings_that_cannot_be_read_are_logged_and_splitting_goes_on():
+    admin = FakeAdmin(
+        {"urls.x": TOPIC_ALREADY_EXISTS, "urls.y": TOPIC_ALREADY_EXISTS},
+        {"urls.x": 29},  # TopicAuthorizationFailed
+    )
+    with capture_logs() as logs:
+        assert await creator(admin).ensure(["urls.x", "urls.y"]) == {}
+    unreadable = [e for e in logs if e["event"] == "topic_config_unreadable"]
+    assert [(e["topic"], e["error_code"]) for e in unreadable] == [("urls.x", 29)]
+
+    admin = FakeAdmin({"urls.z": TOPIC_ALREADY_EXISTS}, describe_error=KafkaTimeoutError())
+    with capture_logs() as logs:
+        assert await creator(admin).ensure(["urls.z"]) == {}
+    assert [e["event"] for e in logs] == ["topic_config_unreadable"]

@@ -1,6 +1,6 @@
 import pytest
 
-from worker.offsets import OffsetTracker
+from worker.offsets import OffsetTracker, lost_before
 
 
 def test_nothing_to_commit_until_the_first_message_finishes():
@@ -52,3 +52,18 @@ def test_offsets_must_be_taken_in_order():
     tracker.start(5)
     with pytest.raises(ValueError):
         tracker.start(4)
+
+
+@pytest.mark.parametrize(
+    ("next_offset", "log_start", "lost"),
+    [
+        (2, 6, 4),  # offsets 2..5 were deleted before the group read them
+        (6, 6, 0),
+        (9, 6, 0),  # read past the log start: nothing lost
+        (None, 6, 0),  # no committed offset: the group had not begun, nothing to say
+        (-1, 6, 0),  # Kafka's "no offset"
+        (0, 0, 0),
+    ],
+)
+def test_lost_before(next_offset, log_start, lost):
+    assert lost_before(next_offset, log_start) == lost

@@ -15,9 +15,10 @@ from aiokafka.errors import (
     KafkaError,
     RebalanceInProgressError,
 )
+from prometheus_client import REGISTRY
 from structlog.testing import capture_logs
 
-from image_crawler.contract import INBOUND_SOURCES_SET, source_of_topic
+from image_crawler.contract import INBOUND_SOURCES_SET, source_of_topic, urls_lost_key
 from worker.scheduler import Scheduler, SchedulerSettings
 
 
@@ -35,9 +36,13 @@ class FakeConsumer:
             tp: [f"{tp.topic}:{i}".encode() for i in range(n)] for tp, n in messages.items()
         }
         self.position = dict.fromkeys(messages, 0)
+        # Records before a partition's log start are deleted: a read from below it
+        # starts there, as tansu answers (Kafka answers OffsetOutOfRange, and aiokafka
+        # resets to the same place).
+        self.log_start = dict.fromkeys(messages, 0)
         self.assigned: set[TopicPartition] = set()
         self.paused_set: set[TopicPartition] = set()
-        self.committed: dict[TopicPartition, int] = {}
+        self.commits: dict[TopicPartition, int] = {}
         self.rebalance = None
 
     def subscribe(self, topics, listener):
@@ -54,7 +59,7 @@ class FakeConsumer:
         await listener.on_partitions_revoked(set(self.assigned))
         self.assigned, self.paused_set = assignment, set()
         for partition in assignment:
-            self.position[partition] = self.committed.get(partition, 0)
+            self.position[partition] = self.commits.get(partition, 0)
         await listener.on_partitions_assigned(set(assignment))
 
     def assignment(self):
@@ -76,11 +81,11 @@ class FakeConsumer:
         await self._rebalance()
         batches, budget = {}, max_records or 1_000_000
         for tp in sorted(self.assigned - self.paused_set):
-            start = self.position[tp]
+            start = max(self.position[tp], self.log_start[tp])
             values = self.log[tp][start : start + budget]
             if values:
                 batches[tp] = [Record(start + i, v) for i, v in enumerate(values)]
-                self.position[tp] += len(values)
+                self.position[tp] = start + len(values)
                 budget -= len(values)
             if not budget:
                 break
@@ -90,8 +95,14 @@ class FakeConsumer:
 
     async def commit(self, offsets):
         for tp, offset in offsets.items():
-            assert offset >= self.committed.get(tp, 0), "commits never move backwards"
-        self.committed.update(offsets)
+            assert offset >= self.commits.get(tp, 0), "commits never move backwards"
+        self.commits.update(offsets)
+
+    async def committed(self, partition):
+        return self.commits.get(partition)
+
+    async def beginning_offsets(self, partitions):
+        return {tp: self.log_start[tp] for tp in partitions}
 
 
 class Handler:
@@ -195,7 +206,7 @@ async def test_each_source_holds_at_most_its_fair_share(fake_redis):
     await wait(lambda: len(handler.done) == 30)
     assert Counter(handler.done) == Counter(v for values in consumer.log.values() for v in values)
     assert handler.peak == {"a": 2, "b": 2}
-    await wait(lambda: consumer.committed == {tp("a", 0): 10, tp("a", 1): 10, tp("b"): 10})
+    await wait(lambda: consumer.commits == {tp("a", 0): 10, tp("a", 1): 10, tp("b"): 10})
     stop.set()
     await task
 
@@ -209,10 +220,10 @@ async def test_a_slow_source_does_not_take_the_slots_of_a_fast_one(fake_redis):
     await wait(lambda: len(handler.done) == 50)
     assert {v.split(b":")[0] for v in handler.done} == {b"urls.fast"}
     assert handler.running["slow"] == 2
-    await wait(lambda: consumer.committed.get(tp("fast")) == 50)
-    assert tp("slow") not in consumer.committed
+    await wait(lambda: consumer.commits.get(tp("fast")) == 50)
+    assert tp("slow") not in consumer.commits
     handler.release.set()
-    await wait(lambda: consumer.committed.get(tp("slow")) == 50)
+    await wait(lambda: consumer.commits.get(tp("slow")) == 50)
     stop.set()
     await task
 
@@ -224,11 +235,11 @@ async def test_the_commit_never_passes_an_unfinished_message(fake_redis):
         fake_redis, {tp("a"): 10}, handler, max_tasks=400
     )
     await wait(lambda: len(handler.done) == 9)
-    await wait(lambda: consumer.committed.get(tp("a")) == 3)
+    await wait(lambda: consumer.commits.get(tp("a")) == 3)
     await asyncio.sleep(0.05)
-    assert consumer.committed[tp("a")] == 3
+    assert consumer.commits[tp("a")] == 3
     handler.release.set()
-    await wait(lambda: consumer.committed.get(tp("a")) == 10)
+    await wait(lambda: consumer.commits.get(tp("a")) == 10)
     stop.set()
     await task
 
@@ -237,7 +248,7 @@ async def test_a_handler_that_raises_is_dead_lettered_and_the_partition_moves_on
     handler = Handler()
     handler.failing = {b"urls.a:1"}
     consumer, _scheduler, stop, task = await start(fake_redis, {tp("a"): 4}, handler)
-    await wait(lambda: consumer.committed.get(tp("a")) == 4)
+    await wait(lambda: consumer.commits.get(tp("a")) == 4)
     assert handler.failed == [b"urls.a:1"]
     assert len(handler.done) == 3
     stop.set()
@@ -253,7 +264,7 @@ async def test_stop_drains_then_hands_back_and_commits_the_finished_prefix(fake_
     await wait(lambda: len(handler.done) == 4)
     stop.set()
     await asyncio.wait_for(task, 5)
-    assert consumer.committed == {tp("a"): 2}
+    assert consumer.commits == {tp("a"): 2}
     assert handler.running["a"] == 0  # the held one was cancelled, not left running
 
 
@@ -309,14 +320,14 @@ async def test_a_commit_refused_during_a_rebalance_is_logged_and_retried_not_fat
         )
         await wait(lambda: len(handler.done) == 9 and consumer.refused >= 3)
         assert not task.done()
-        assert consumer.committed == {}
+        assert consumer.commits == {}
         consumer.refusing = False
         # The next attempt commits, and only up to the unfinished message.
-        await wait(lambda: consumer.committed.get(tp("a")) == 3)
+        await wait(lambda: consumer.commits.get(tp("a")) == 3)
         await asyncio.sleep(0.05)
-        assert consumer.committed[tp("a")] == 3
+        assert consumer.commits[tp("a")] == 3
         handler.release.set()
-        await wait(lambda: consumer.committed.get(tp("a")) == 10)
+        await wait(lambda: consumer.commits.get(tp("a")) == 10)
         stop.set()
         await task
     failed = [e for e in logs if e["event"] == "commit_failed"]
@@ -341,11 +352,11 @@ async def test_a_revoke_whose_commit_is_refused_starts_over_from_the_committed_o
         assert not task.done()
         assert handler.running["a"] == 1  # offset 3 is not started a second time
         consumer.refusing = False
-        await wait(lambda: consumer.committed.get(tp("a")) == 3)
+        await wait(lambda: consumer.commits.get(tp("a")) == 3)
         await asyncio.sleep(0.05)
-        assert consumer.committed[tp("a")] == 3
+        assert consumer.commits[tp("a")] == 3
         handler.release.set()
-        await wait(lambda: consumer.committed.get(tp("a")) == 10)
+        await wait(lambda: consumer.commits.get(tp("a")) == 10)
         stop.set()
         await task
     assert Counter(handler.done)[b"urls.a:3"] == 1
@@ -425,7 +436,7 @@ async def test_a_rebalance_giving_back_the_same_partitions_unpaused_keeps_shares
     await wait(lambda: consumer.rebalance is None and tp("a") in consumer.paused_set)
     assert handler.peak["a"] == 2
     handler.release.set()
-    await wait(lambda: consumer.committed.get(tp("a")) == 10)
+    await wait(lambda: consumer.commits.get(tp("a")) == 10)
     assert handler.peak["a"] == 2
     stop.set()
     await task
@@ -542,3 +553,70 @@ async def test_a_source_swapped_for_another_in_one_poll_is_still_found(fake_redi
     await wait(lambda: len(handler.done) == 6)
     stop.set()
     await asyncio.wait_for(task, 10)
+
+
+def urls_lost_total(source):
+    return REGISTRY.get_sample_value("crawler_urls_lost_total", {"source": source}) or 0.0
+
+
+async def test_a_committed_offset_below_the_log_start_is_logged_counted_and_acknowledged(
+    fake_redis,
+):
+    handler = Handler()
+    consumer = FakeConsumer({tp("sched_lost"): 10})
+    consumer.commits[tp("sched_lost")] = 2
+    consumer.log_start[tp("sched_lost")] = 6
+    before = urls_lost_total("sched_lost")
+    with capture_logs() as logs:
+        consumer, _scheduler, stop, task = await start(
+            fake_redis, {tp("sched_lost"): 10}, handler, consumer=consumer
+        )
+        await wait(lambda: consumer.commits.get(tp("sched_lost")) == 10)
+        stop.set()
+        await task
+    (lost,) = [e for e in logs if e["event"] == "urls_lost"]
+    assert lost["source"] == "sched_lost" and lost["topic"] == "urls.sched_lost"
+    assert (lost["partition"], lost["count"]) == (0, 4)
+    assert (lost["committed"], lost["log_start"]) == (2, 6)
+    assert await fake_redis.get(urls_lost_key("sched_lost")) == "4"
+    assert urls_lost_total("sched_lost") - before == 4
+    assert sorted(handler.done) == [f"urls.sched_lost:{i}".encode() for i in range(6, 10)]
+
+
+async def test_records_deleted_while_a_paused_source_waits_are_found_when_it_reads_again(
+    fake_redis,
+):
+    handler = Handler()
+    handler.held = {"sched_gap"}
+    with capture_logs() as logs:
+        consumer, _scheduler, stop, task = await start(
+            fake_redis, {tp("sched_gap"): 10}, handler, max_tasks=8
+        )
+        await wait(lambda: handler.running["sched_gap"] == 2)
+        # Taken: 0 and 1; 2 is the next to read when the source has room again.
+        consumer.log_start[tp("sched_gap")] = 7
+        handler.release.set()
+        await wait(lambda: consumer.commits.get(tp("sched_gap")) == 10)
+        await wait(lambda: any(e["event"] == "urls_lost" for e in logs))
+        stop.set()
+        await task
+    (lost,) = [e for e in logs if e["event"] == "urls_lost"]
+    assert (lost["count"], lost["position"], lost["log_start"]) == (5, 2, 7)
+    assert await fake_redis.get(urls_lost_key("sched_gap")) == "5"
+    assert len(handler.done) == 5  # 0, 1, then 7, 8, 9
+
+
+async def test_nothing_is_lost_without_a_commit_or_above_the_log_start(fake_redis):
+    handler = Handler()
+    consumer = FakeConsumer({tp("sched_ok"): 5, tp("sched_new"): 5})
+    consumer.commits[tp("sched_ok")] = 3
+    consumer.log_start[tp("sched_ok")] = 3
+    consumer.log_start[tp("sched_new")] = 2  # never committed: the group had not begun
+    with capture_logs() as logs:
+        consumer, _scheduler, stop, task = await start(
+            fake_redis, consumer.log, handler, consumer=consumer
+        )
+        await wait(lambda: consumer.commits == {tp("sched_ok"): 5, tp("sched_new"): 5})
+        stop.set()
+        await task
+    assert [e for e in logs if e["event"] == "urls_lost"] == []
