@@ -46,9 +46,7 @@ def build_app(
         problems = list(health())
         status = 503 if problems else 200
         body = {"ok": not problems, "problems": problems}
-        return web.Response(
-            status=status, text=json.dumps(body), content_type="application/json"
-        )
+        return web.Response(status=status, text=json.dumps(body), content_type="application/json")
 
     app = web.Application()
     app.add_routes([web.get("/metrics", metrics), web.get("/healthz", healthz), *routes])
@@ -74,10 +72,9 @@ async def serving(
     try:
         site = web.TCPSite(runner, host, port)
         await site.start()
-        bound = port
-        server = site._server
-        if server is not None and getattr(server, "sockets", None):
-            bound = server.sockets[0].getsockname()[1]
+        # The bound port (port 0 picks one): only the server's sockets know it.
+        sockets = getattr(site._server, "sockets", None)
+        bound = sockets[0].getsockname()[1] if sockets else port
         log.info("metrics_serving", host=host, port=bound)
         yield bound
     finally:

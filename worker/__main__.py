@@ -3,6 +3,9 @@
 Every client is built here, once, entered through one ``AsyncExitStack`` and passed to the
 parts that use it. SIGTERM or SIGINT stops taking work, lets in-flight work finish for
 ``SHUTDOWN_GRACE_S`` (handing back the rest), commits, flushes and exits 0.
+
+With ``METRICS_PORT`` set, ``/metrics`` and ``/healthz`` (worker/health.py) are served
+from the start to the end of the process, its drain included.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import dataclasses
 from collections.abc import AsyncIterator, Coroutine
 from typing import Any, Final
 
+import prometheus_client
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from redis.asyncio import Redis
 
@@ -25,16 +29,19 @@ from image_crawler.contract import (
 )
 from image_crawler.lifecycle import cancel_and_wait, serve, start_kafka_clients
 from image_crawler.logs import get_logger
+from image_crawler.metrics import serving
 from image_crawler.retry import sleep_unless_stopped
 from worker.download.budget import ByteBudget
 from worker.download.fetch import Fetcher, close_session, new_session
+from worker.health import WorkerHealth
 from worker.images.pool import PoolProcessor
+from worker.metrics import IMAGE_POOL_QUEUE, TASK_SLOTS, TASKS_IN_FLIGHT
 from worker.pipeline import Pipeline, RetryPolicy
 from worker.politeness.pacing import PacingSettings, RedisPacer
 from worker.politeness.robots import RobotsGuard
 from worker.scheduler import Scheduler, SchedulerSettings
 from worker.settings import WorkerSettings
-from worker.sinks.base import ThumbnailStore
+from worker.sinks.base import DEPENDENCY_STATES, ThumbnailStore
 from worker.sinks.kafka import KafkaSink
 from worker.sinks.local import LocalThumbnailStore
 from worker.sinks.s3 import SignedS3Store
@@ -74,6 +81,10 @@ async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
     background loops stop, then each client closes, the Kafka producer and Redis last.
     """
     async with contextlib.AsyncExitStack() as stack:
+        health = WorkerHealth(stop)
+        await stack.enter_async_context(
+            serving(settings.metrics.port, settings.metrics.host, health=health.problems)
+        )
         redis = settings.redis.client(decode_responses=True)
         stack.push_async_callback(redis.aclose)
         producer, consumer = _kafka_clients(settings, stack)
@@ -85,7 +96,9 @@ async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
         store, destination = await _thumbnail_store(settings, stack)
         parts = _build_pipeline(settings, stack, redis, producer, store)
         scheduler = _build_scheduler(settings, consumer, redis, parts.pipeline)
+        _export_gauges(settings, scheduler, parts.processor)
         _log_started(settings, destination)
+        health.running()
         async with _background(parts.pacer.run(), parts.stats.run(), _report(scheduler, stop)):
             await scheduler.run(stop)
     log.info("worker_stopped", finished=scheduler.finished)
@@ -132,6 +145,7 @@ class _Parts:
     pipeline: Pipeline
     pacer: RedisPacer
     stats: RedisStats
+    processor: PoolProcessor
 
 
 def _build_pipeline(
@@ -166,7 +180,7 @@ def _build_pipeline(
         rate_limit_timeout_s=settings.rate_limit_timeout_s,
         robots=robots,
     )
-    return _Parts(pipeline, pacer, stats)
+    return _Parts(pipeline, pacer, stats, processor)
 
 
 def _build_scheduler(
@@ -194,6 +208,18 @@ def _build_scheduler(
             shutdown_grace_s=settings.shutdown_grace_s,
         ),
     )
+
+
+def _export_gauges(
+    settings: WorkerSettings, scheduler: Scheduler, processor: PoolProcessor
+) -> None:
+    """The gauges read from the parts at scrape time (nothing to keep up to date), and
+    the dependencies exported as up before any outage."""
+    TASK_SLOTS.set(settings.max_tasks)
+    TASKS_IN_FLIGHT.set_function(lambda: scheduler.in_flight)
+    IMAGE_POOL_QUEUE.set_function(lambda: processor.queued)
+    store = "local_store" if settings.thumbnails.store == "local" else "s3"
+    DEPENDENCY_STATES.known("kafka", "redis", store)
 
 
 def _log_started(settings: WorkerSettings, destination: str) -> None:
@@ -230,6 +256,10 @@ async def _report(scheduler: Scheduler, stop: asyncio.Event, interval_s: float =
 
 
 def main() -> None:
+    # No ``*_created`` series: in the text format each would be one more series per
+    # source and status, for a timestamp nobody queries (counters reset at a restart
+    # anyway, which Prometheus' rate() handles).
+    prometheus_client.disable_created_metrics()
     serve("worker", WorkerSettings.from_env, run)
 
 

@@ -3,7 +3,8 @@
 Names follow Prometheus's conventions: counters end in ``_total``, units are base units
 (``_bytes``, ``_seconds``). The only unbounded label is ``source``, which the crawl
 has a known, configured set of; ``status`` takes the contract's statuses (HTTP codes and
-error names) and ``dependency`` one of ``DEPENDENCIES``. Each worker process exports
+error names) and ``dependency`` one of ``DEPENDENCIES`` (``local_store`` is the thumbnail
+folder of THUMBNAIL_STORE=local). Each worker process exports
 its own counts; Prometheus sums them over the workers.
 """
 
@@ -13,7 +14,7 @@ from typing import Final
 
 from prometheus_client import Counter, Gauge
 
-DEPENDENCIES: Final = ("kafka", "redis", "s3")
+DEPENDENCIES: Final = ("kafka", "redis", "s3", "local_store")
 
 REQUESTS = Counter(
     "crawler_requests",

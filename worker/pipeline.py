@@ -16,6 +16,10 @@ the source's usual): the monitor cuts the source's rate on those.
 Before any of that, the URL's host's robots.txt is asked (``RobotsGuard``; so is each
 redirect hop's): a URL it disallows ends as ``RobotsDisallowed`` without a request, and
 a URL whose host's robots.txt cannot be fetched waits for it.
+
+The worker's per-source metrics (worker/metrics.py) are counted here: a request once
+pacing grants its slot, the bytes of each body downloaded, and each recorded status as
+the statistics get it (an outcome).
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 from typing import Final
+
+import prometheus_client
 
 from image_crawler.contract import (
     BACKOFF_STATUSES,
@@ -51,12 +57,13 @@ from image_crawler.retry import Backoff, backoff_delay
 from worker.download.fetch import FetchResult, UrlFetcher
 from worker.images.kernel import ImageFailure
 from worker.images.pool import ImageProcessor, body_size
+from worker.metrics import DOWNLOADED_BYTES, OUTCOMES, REQUESTS
 from worker.politeness.latency import LatencyWatch
 from worker.politeness.pacing import Pacer
 from worker.politeness.retry_after import obey_retry_after
 from worker.politeness.robots import ROBOTS_PENDING, RobotsGuard
 from worker.settings import WorkerSettings
-from worker.sinks.base import DependencyError, MetadataSink, ThumbnailStore
+from worker.sinks.base import DependencyError, MetadataSink, Outage, ThumbnailStore
 from worker.stats import StatsRecorder
 
 log = get_logger(__name__)
@@ -81,6 +88,25 @@ class Ending:
     status: str
     destination: str
     attempts: int = 1
+
+
+class SourceMetrics:
+    """One source's children of the per-source metrics, each looked up once: ``labels()``
+    (a lock and a lookup by a tuple of label values) costs more than the increment."""
+
+    __slots__ = ("_outcomes", "_source", "downloaded_bytes", "requests")
+
+    def __init__(self, source: str) -> None:
+        self._source = source
+        self.requests = REQUESTS.labels(source)
+        self.downloaded_bytes = DOWNLOADED_BYTES.labels(source)
+        self._outcomes: dict[str, prometheus_client.Counter] = {}
+
+    def outcome(self, status: str) -> prometheus_client.Counter:
+        child = self._outcomes.get(status)
+        if child is None:
+            child = self._outcomes[status] = OUTCOMES.labels(self._source, status)
+        return child
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -122,6 +148,8 @@ class Pipeline:
         self._rate_limit_timeout_s = rate_limit_timeout_s
         self._max_backoff_s = max_backoff_s
         self._rng = rng or random.Random()
+        self._metrics: dict[str, SourceMetrics] = {}
+        self._outages: dict[str, Outage] = {}
 
     async def handle(self, source: str, raw: bytes | None, topic: str) -> Ending:
         """Process one message of ``urls.{source}``; returns once it is finished."""
@@ -172,7 +200,7 @@ class Pipeline:
     async def _refuse(self, source: str, task: SourceTask, status: str) -> Ending:
         """End a URL robots.txt keeps us from requesting: counted, and dead-lettered."""
         log.debug("robots_refused", source=source, identifier=task.uuid, status=status)
-        await self._reliably("record_stats", lambda: self._stats.record(source, status))
+        await self._record(source, status)
         await self.dead_letter(source, task, status, task.attempts)
         return Ending(status, DEAD_LETTERED, task.attempts)
 
@@ -183,9 +211,13 @@ class Pipeline:
         could not be fetched; it has been waited for, and the URL may be tried again.
         """
         await self._take_slot(source, task)
+        metrics = self._source_metrics(source)
+        metrics.requests.inc()
         robots = self._robots
         permit = None if robots is None else functools.partial(robots.hop_status, source)
         fetched = await self._fetcher.fetch(task.url, permit)
+        if fetched.body is not None:
+            metrics.downloaded_bytes.inc(body_size(fetched.body))
         if fetched.status == ROBOTS_PENDING and robots is not None:
             status = await robots.verdict(source, fetched.detail) or ROBOTS_PENDING
             if status == ROBOTS_PENDING:
@@ -207,10 +239,21 @@ class Pipeline:
                     status=status,
                     detail=fetched.detail,
                 )
+        await self._record(source, status, backoff=backoff)
+        return status
+
+    def _source_metrics(self, source: str) -> SourceMetrics:
+        metrics = self._metrics.get(source)
+        if metrics is None:
+            metrics = self._metrics[source] = SourceMetrics(source)
+        return metrics
+
+    async def _record(self, source: str, status: str, *, backoff: bool = False) -> None:
+        """An attempt's end: its outcome counted, and stored in the statistics."""
+        self._source_metrics(source).outcome(status).inc()
         await self._reliably(
             "record_stats", lambda: self._stats.record(source, status, backoff=backoff)
         )
-        return status
 
     async def _heed(self, source: str, fetched: FetchResult) -> bool:
         """Act on what a response says of its server's load: obey a Retry-After. True
@@ -307,22 +350,37 @@ class Pipeline:
         await self._reliably("publish", lambda: self._sink.publish(topic, value, key))
 
     async def _reliably(self, op: str, action: Callable[[], Awaitable[None]]) -> None:
-        """Run ``action`` until it succeeds: a dependency that is away stalls, never loses."""
+        """Run ``action`` until it succeeds: a dependency that is away stalls, never loses.
+
+        A failure begins an outage of its service (``dependency_unavailable``), which the
+        first success of a call that saw it fail ends (``dependency_recovered``)."""
         cap_s = self._max_backoff_s
         retry = Backoff(base_s=min(DEPENDENCY_RETRY_BASE_S, cap_s), cap_s=cap_s, rng=self._rng)
+        outage: Outage | None = None
         while True:
             try:
                 await action()
-                return
             except DependencyError as e:
                 if not e.retriable:
+                    if outage is not None:  # it answered, with a refusal: it is back
+                        outage.end(op=op)
                     raise
                 wait_s = retry.next_s()
-                log.warning(
-                    "dependency_unavailable",
-                    service=e.service,
-                    op=op,
-                    error=str(e),
-                    retry_in_s=round(wait_s, 3),
-                )
+                outage = self._outage(e.service)
+                outage.report(op=op, error=str(e), retry_in_s=round(wait_s, 3))
+            else:
+                if outage is not None:
+                    outage.end(op=op)
+                return
             await asyncio.sleep(wait_s)
+
+    def _outage(self, service: str) -> Outage:
+        outage = self._outages.get(service)
+        if outage is None:
+            outage = self._outages[service] = Outage(
+                "dependency_unavailable",
+                "dependency_recovered",
+                dependency=service,
+                service=service,
+            )
+        return outage

@@ -16,6 +16,7 @@ from image_crawler.config import (
     ConfigError,
     DeprecatedSetting,
     KafkaSettings,
+    MetricsSettings,
     RedisSettings,
     S3Settings,
     deprecated_settings,
@@ -131,6 +132,8 @@ class WorkerSettings:
     thumbnails: ThumbnailSettings = dataclasses.field(default_factory=ThumbnailSettings)
     fetch: FetchSettings = dataclasses.field(default_factory=FetchSettings)
     robots: RobotsSettings = dataclasses.field(default_factory=RobotsSettings)
+    # Where /metrics and /healthz are served (METRICS_PORT unset: not at all).
+    metrics: MetricsSettings = dataclasses.field(default_factory=MetricsSettings)
     # Task slots of this process, shared fairly among sources.
     max_tasks: int = 3000
     # Processes decoding and thumbnailing images; 0 means one per CPU.
@@ -188,6 +191,7 @@ class WorkerSettings:
             redis=RedisSettings.from_env(env),
             s3=S3Settings.from_env(env),
             thumbnails=ThumbnailSettings.from_env(env),
+            metrics=MetricsSettings.from_env(env),
             fetch=fetch,
             max_tasks=env_int(env, "MAX_TASKS", default.max_tasks, minimum=1),
             image_processes=env_int(env, "IMAGE_PROCESSES", default.image_processes),

@@ -147,7 +147,9 @@ class RedisStats:
         self._wake = asyncio.Event()
         self._last_time = 0.0
         self._retry = Backoff(base_s=REDIS_RETRY_BASE_S, cap_s=REDIS_RETRY_CAP_S)
-        self._outage = Outage("redis_unavailable", "redis_recovered", op="record_stats")
+        self._outage = Outage(
+            "redis_unavailable", "redis_recovered", dependency="redis", op="record_stats"
+        )
 
     async def record(self, source: str, status: str, *, backoff: bool = False) -> None:
         await self._enqueue(source, status, backoff)

@@ -401,6 +401,12 @@ class PoolProcessor:
         self._waiting: deque[asyncio.Future[_Lane]] = deque()
         self._all: set[_PoolProcess] = set()
         self._closed = False
+        self._queued = 0
+
+    @property
+    def queued(self) -> int:
+        """Images waiting for a pool process, or in one, now (``crawler_image_pool_queue``)."""
+        return self._queued
 
     @property
     def pids(self) -> list[int]:
@@ -408,6 +414,13 @@ class PoolProcessor:
         return [p.process.pid for p in self._all if p.process.pid is not None]
 
     async def process(self, body: Body) -> ImageOutcome:
+        self._queued += 1
+        try:
+            return await self._process(body)
+        finally:
+            self._queued -= 1
+
+    async def _process(self, body: Body) -> ImageOutcome:
         while True:
             try:
                 lane = await self._acquire()

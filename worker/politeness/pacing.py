@@ -195,7 +195,13 @@ class RedisPacer:
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         retry = Backoff(base_s=REDIS_RETRY_BASE_S, cap_s=REDIS_RETRY_CAP_S)
-        outage = Outage("redis_unavailable", "redis_recovered", clock=loop.time, op="take_slots")
+        outage = Outage(
+            "redis_unavailable",
+            "redis_recovered",
+            clock=loop.time,
+            dependency="redis",
+            op="take_slots",
+        )
         while True:
             # Sources due within a fraction of the horizon are asked together.
             due, soonest = self._due(loop.time() + self._settings.horizon_s / 5)

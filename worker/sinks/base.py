@@ -14,17 +14,23 @@ Kafka adapters keep waiting, and ``Stalls`` makes the outage visible instead: on
 ``dependency_recovered`` event (with how long it lasted) when the last stuck call ends.
 
 ``Outage`` is that pair of events for any service: ``Stalls`` reports with one, and so do
-the loops that retry Redis (the pacer's asks, the statistics' flushes).
+the loops that retry Redis (the pacer's asks, the statistics' flushes) and the pipeline's
+retries of a store or broker that fails. An outage that names its ``dependency`` is also
+counted in ``DependencyStates`` (the metrics ``crawler_dependency_up`` and
+``crawler_dependency_outages_total``, and ``/healthz``): several parts watch the same
+service, and one service's overlapping outages are one outage there.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Protocol, TypeVar
 
 from image_crawler.logs import get_logger
+from worker.metrics import DEPENDENCY_OUTAGES, DEPENDENCY_UP
 
 log = get_logger(__name__)
 
@@ -45,10 +51,64 @@ class DependencyError(Exception):
         self.retriable = retriable
 
 
+class DependencyStates:
+    """Which dependencies are away now, and since when, over every ``Outage`` naming them.
+
+    A dependency is away from the start of the first of its ongoing outages to the end of
+    the last one. Each time it goes away ``crawler_dependency_outages_total`` counts one,
+    and ``crawler_dependency_up`` is 0 until it is back. Times are ``clock``'s (seconds).
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._ongoing: Counter[str] = Counter()
+        self._since: dict[str, float] = {}
+
+    def known(self, *dependencies: str) -> None:
+        """Export ``dependencies`` before any outage: up, and none counted yet (a counter
+        that appears only at its first increment hides that increment from ``rate()``)."""
+        for dependency in dependencies:
+            DEPENDENCY_OUTAGES.labels(dependency)
+            if dependency not in self._since:
+                DEPENDENCY_UP.labels(dependency).set(1)
+
+    def began(self, dependency: str, ago_s: float = 0.0) -> None:
+        """An outage of ``dependency`` began ``ago_s`` seconds ago."""
+        since = self._clock() - ago_s
+        self._ongoing[dependency] += 1
+        if self._ongoing[dependency] == 1:
+            self._since[dependency] = since
+            DEPENDENCY_UP.labels(dependency).set(0)
+            DEPENDENCY_OUTAGES.labels(dependency).inc()
+        else:
+            self._since[dependency] = min(self._since[dependency], since)
+
+    def ended(self, dependency: str) -> None:
+        """One outage of ``dependency`` ended; it is back once none is ongoing."""
+        self._ongoing[dependency] -= 1
+        if self._ongoing[dependency] <= 0:
+            del self._ongoing[dependency]
+            self._since.pop(dependency, None)
+            DEPENDENCY_UP.labels(dependency).set(1)
+
+    def away_s(self) -> dict[str, float]:
+        """The dependencies away now, with how long each has been away (seconds)."""
+        now = self._clock()
+        return {dependency: now - since for dependency, since in self._since.items()}
+
+
+# The process's dependencies: its metrics are the process's too.
+DEPENDENCY_STATES = DependencyStates()
+
+
 class Outage:
     """One service's outage, as two log events: ``unavailable`` (a warning) each time the
     caller reports a failure, and ``recovered`` (info) once when it ends, both with how
-    long the service has been away (``unavailable_s``). ``context`` goes on both."""
+    long the service has been away (``unavailable_s``). ``context`` goes on both.
+
+    With a ``dependency`` (kafka, redis, s3, local_store), the outage is also counted in
+    ``states`` (the process's ``DEPENDENCY_STATES`` by default).
+    """
 
     def __init__(
         self,
@@ -56,11 +116,15 @@ class Outage:
         recovered: str,
         *,
         clock: Callable[[], float] = time.monotonic,
+        dependency: str | None = None,
+        states: DependencyStates | None = None,
         **context: object,
     ) -> None:
         self.unavailable = unavailable
         self.recovered = recovered
         self._clock = clock
+        self._dependency = dependency
+        self._states = DEPENDENCY_STATES if states is None else states
         self._context = context
         self._since: float | None = None
 
@@ -72,7 +136,10 @@ class Outage:
         """The service is away since ``since`` (clock time; default now), unless an
         outage is already ongoing."""
         if self._since is None:
-            self._since = self._clock() if since is None else since
+            now = self._clock()
+            self._since = now if since is None else since
+            if self._dependency is not None:
+                self._states.began(self._dependency, ago_s=now - self._since)
 
     def report(self, **fields: object) -> None:
         """Log ``unavailable`` with ``fields``; begins the outage if none is ongoing."""
@@ -87,6 +154,8 @@ class Outage:
             return
         lasted_s = round(self._clock() - self._since, 2)
         self._since = None
+        if self._dependency is not None:
+            self._states.ended(self._dependency)
         log.info(self.recovered, **self._context, **fields, unavailable_s=lasted_s)
 
 
@@ -113,7 +182,11 @@ class Stalls:
         self._stuck_total = 0
         self._reported_at = 0.0
         self._outage = Outage(
-            "dependency_unavailable", "dependency_recovered", clock=clock, service=service
+            "dependency_unavailable",
+            "dependency_recovered",
+            clock=clock,
+            dependency=service,
+            service=service,
         )
 
     @property
