@@ -9,7 +9,9 @@ per-source queues and regulates the crawl through per-source rates in Redis and 
 - ``sources``: the known sources, from ``SOURCES_FILE`` / ``SOURCES_URL``
 - ``store``: the regulator's Redis reads and writes (one round trip each, ``lua/``)
 - ``regulator``: the 1 s loop: read, decide, write; the leader lease
+- ``backlog``: each source's backlog (consumer lag of the workers on ``urls.{source}``)
 - ``monitoring``: the ``monitoring_update`` event
+- ``metrics``: the Prometheus metrics and ``/healthz``'s problems
 - ``splitter``: ``inbound_images`` -> ``urls.{source}``
 
 ``bench/regulator.py`` (beside the package) times the regulator's loop with many sources.

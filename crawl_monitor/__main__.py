@@ -1,10 +1,18 @@
 """``python -m crawl_monitor``: the crawl monitor.
 
-Runs four loops concurrently: the source list refresher, the regulator (each source's
+Runs five loops concurrently: the source list refresher, the regulator (each source's
 rate and circuit breakers, every second, while this monitor holds the leader lease), the
-monitoring log, and the splitter (in every monitor: the consumer group shares the
-partitions). Every client is
-built here, once, entered through one ``AsyncExitStack`` and passed to the loops.
+monitoring log, the backlog measurement (every ``LOG_FREQUENCY_S``, once Kafka's clients
+have started), and the splitter (in every monitor: the consumer group shares the
+partitions). Every client is built here, once, entered through one ``AsyncExitStack``
+and passed to the loops.
+
+With ``METRICS_PORT`` set, the monitor serves ``/metrics`` (``crawl_monitor.metrics``,
+read from the loops' latest state: a scrape costs no Redis or Kafka request), its
+dashboard at ``/`` (``crawl_monitor.dashboard``) and ``/healthz``, which answers 503 when
+no regulator loop has completed for ``REGULATOR_STALE_S`` (Redis away or the loop stuck:
+no source has a rate) or the backlog has not been measured for ten ``LOG_FREQUENCY_S``
+and at least ``BACKLOG_STALE_MIN_S`` (Kafka away), counted from the start.
 
 Kafka and Redis may be away at start or later: each loop logs it and retries with
 backoff; the regulator keeps ticking without Kafka, and without Redis no source keeps a
@@ -18,14 +26,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import Coroutine
+import time
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 import aiohttp
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
+from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
 
+from crawl_monitor import dashboard
+from crawl_monitor.backlog import BacklogMonitor, KafkaOffsets
+from crawl_monitor.metrics import (
+    HealthLimits,
+    MonitorCollector,
+    MonitorView,
+    health_problems,
+    loop_histogram,
+)
 from crawl_monitor.monitoring import MonitoringLog
 from crawl_monitor.regulator import Regulator, RegulatorSettings
 from crawl_monitor.settings import MonitorSettings
@@ -35,22 +54,38 @@ from crawl_monitor.store import LeaderLease, RedisRegulatorStore, new_lease_toke
 from image_crawler.contract import INBOUND_TOPIC, MONITOR_STOP_GRACE_S, SPLITTER_GROUP
 from image_crawler.lifecycle import cancel_and_wait, serve, start_kafka_clients
 from image_crawler.logs import get_logger
+from image_crawler.metrics import serving
 
 log = get_logger("crawl_monitor")
 
 
 async def run(settings: MonitorSettings, stop: asyncio.Event) -> int:
     """Run the monitor until ``stop`` is set (0) or a loop crashes (1)."""
+    started_at = time.monotonic()
     async with contextlib.AsyncExitStack() as stack:
         clients = _open_clients(settings, stack)
-        loops = _build_loops(settings, clients)
+        registry = _registry()
+        loops = _build_loops(settings, clients, loop_histogram(registry).observe)
+        registry.register(MonitorCollector(lambda: _view(loops)))
+        limits = HealthLimits.for_interval(settings.log_frequency_s)
+        await stack.enter_async_context(
+            serving(
+                settings.metrics.port,
+                settings.metrics.host,
+                registry,
+                health=lambda: _health(loops, started_at, limits),
+                routes=dashboard.routes(),
+            )
+        )
         _log_started(settings, loops.lease)
+        kafka_started = asyncio.Event()
         status = await _supervise(
             {
                 "sources": loops.catalog.run(stop),
                 "regulator": loops.regulator.run(stop),
                 "monitoring": loops.monitoring.run(stop),
-                "splitter": _split(clients, loops.splitter, stop),
+                "backlog": loops.backlog.run(stop, kafka_started),
+                "splitter": _split(clients, loops.splitter, stop, kafka_started),
             },
             stop,
         )
@@ -106,11 +141,15 @@ class _Loops:
     lease: LeaderLease
     regulator: Regulator
     monitoring: MonitoringLog
+    backlog: BacklogMonitor
     splitter: Splitter
 
 
-def _build_loops(settings: MonitorSettings, clients: _Clients) -> _Loops:
-    """The four loops, on ``clients``."""
+def _build_loops(
+    settings: MonitorSettings, clients: _Clients, observe_loop: Callable[[float], None]
+) -> _Loops:
+    """The five loops, on ``clients``; ``observe_loop`` gets each regulator loop's
+    duration (s)."""
     catalog = SourceCatalog(
         file=settings.sources_file,
         url=settings.sources_url,
@@ -127,8 +166,16 @@ def _build_loops(settings: MonitorSettings, clients: _Clients) -> _Loops:
             adaptive=settings.backoff,
         ),
         lease=lease,
+        observe_loop=observe_loop,
     )
-    monitoring = MonitoringLog(clients.redis, lambda: regulator.snapshot, settings.log_frequency_s)
+    backlog = BacklogMonitor(KafkaOffsets(clients.admin), clients.redis, settings.log_frequency_s)
+    monitoring = MonitoringLog(
+        clients.redis,
+        lambda: regulator.snapshot,
+        settings.log_frequency_s,
+        backlog=lambda: backlog.latest,
+        top_sources=settings.monitoring_top_sources,
+    )
     splitter = Splitter(
         clients.consumer,
         clients.producer,
@@ -137,14 +184,47 @@ def _build_loops(settings: MonitorSettings, clients: _Clients) -> _Loops:
             clients.admin,
             partitions=settings.source_topic_partitions,
             replication_factor=settings.source_topic_replication_factor,
+            retention_ms=settings.url_topic_retention_ms,
         ),
         batch_size=settings.splitter_batch_size,
     )
-    return _Loops(catalog, lease, regulator, monitoring, splitter)
+    return _Loops(catalog, lease, regulator, monitoring, backlog, splitter)
 
 
-async def _split(clients: _Clients, splitter: Splitter, stop: asyncio.Event) -> None:
-    """Start the Kafka clients (retrying while Kafka is away), then split until ``stop``."""
+def _registry() -> CollectorRegistry:
+    """The registry ``/metrics`` serves: the monitor's own metrics are added to it, with
+    the process's (CPU, memory, open files) and Python's version."""
+    registry = CollectorRegistry()
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    return registry
+
+
+def _view(loops: _Loops) -> MonitorView:
+    return MonitorView(
+        known=loops.catalog.rates.keys(),
+        snapshot=loops.regulator.snapshot,
+        backlog=loops.backlog.latest,
+        counters=loops.monitoring.counters,
+        leading=loops.regulator.leading,
+    )
+
+
+def _health(loops: _Loops, started_at: float, limits: HealthLimits) -> Sequence[str]:
+    return health_problems(
+        time.monotonic(),
+        started_at,
+        loops.regulator.completed_at,
+        loops.backlog.measured_at_monotonic,
+        limits,
+    )
+
+
+async def _split(
+    clients: _Clients, splitter: Splitter, stop: asyncio.Event, kafka_started: asyncio.Event
+) -> None:
+    """Start the Kafka clients (retrying while Kafka is away), set ``kafka_started``, then
+    split until ``stop``."""
     started = await start_kafka_clients(
         [
             ("admin", clients.admin.start),
@@ -154,6 +234,7 @@ async def _split(clients: _Clients, splitter: Splitter, stop: asyncio.Event) -> 
         stop,
     )
     if started:
+        kafka_started.set()
         log.info("splitter_started", topic=INBOUND_TOPIC, group=SPLITTER_GROUP)
         await splitter.run(stop)
     log.info("splitter_stopped", split=splitter.split, malformed=splitter.malformed)
@@ -170,6 +251,9 @@ def _log_started(settings: MonitorSettings, lease: LeaderLease) -> None:
         leader_token=lease.token,
         leader_lease_ms=lease.ttl_ms,
         log_frequency_s=settings.log_frequency_s,
+        url_topic_retention_ms=settings.url_topic_retention_ms,
+        monitoring_top_sources=settings.monitoring_top_sources,
+        metrics_port=settings.metrics.port,
     )
 
 

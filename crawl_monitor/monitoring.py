@@ -3,9 +3,10 @@
 Its keys are those of the original README's example, and the pacing of each source::
 
     general:  global_max_rps, error_rps, processing_rate, success_rps,
-              circuit_breaker_tripped, num_resized, resize_errors, split_rate
+              circuit_breaker_tripped, num_resized, resize_errors, split_rate,
+              backlog, eta_s, specific_omitted
     specific: {source: {successful, error, last_50_statuses, rate_limit,
-                        effective_rate, pacing, pacing_why}}
+                        effective_rate, pacing, pacing_why, backlog, eta_s}}
 
 Counters come from Redis (one pipelined round trip); rates, pacing, halts and the
 last-50 histograms from the regulator's latest snapshot. ``*_rps`` and ``*_rate`` values
@@ -15,8 +16,21 @@ Crawl-delay, ``pacing_why`` then says so), ``effective_rate`` the rate its
 requests are paced at now (lower while its server pushes back, 0 while halted),
 ``pacing`` its state (``image_crawler.contract.PACE_STATES``) and ``pacing_why`` why.
 ``global_max_rps`` sums the effective rates of the known sources that are not halted.
-``specific`` lists the sources with any success, error or recent status, every halted
-one, and every one held below its configured rate.
+
+``backlog`` is a source's URLs split and not yet taken by a worker, and ``eta_s`` the
+seconds to crawl them at its effective rate (``crawl_monitor.backlog``), from the latest
+backlog measurement; in ``general`` the sum, and the crawl's ETA
+(``crawl_monitor.backlog.crawl_eta_s``: the largest ETA of the known sources being
+crawled). Both are null until a first measurement, and ``eta_s`` is null when infinite:
+a source with a backlog and no rate (halted, stopped, or not a known source). Rates are
+rounded to six significant digits and ETAs to the second.
+
+``specific`` lists the sources with any success, error, recent status or backlog, every
+halted one, and every one held below its configured rate; with ``top_sources`` > 0 at
+most that many (``MONITORING_TOP_SOURCES``): first the halted ones, then the busiest
+(most URLs finished since the last event), then the largest backlogs.
+``specific_omitted`` counts the sources left out; ``/metrics`` and ``image-crawler
+status`` have every source.
 """
 
 from __future__ import annotations
@@ -24,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import math
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -31,6 +46,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from crawl_monitor.backlog import Backlog, crawl_eta_s, eta_s
 from crawl_monitor.policy.decision import RegulatorSnapshot
 from crawl_monitor.policy.rates import next_tick_at
 from image_crawler.contract import (
@@ -82,8 +98,12 @@ def build_update(
     before: Counters | None,
     elapsed_s: float,
     snapshot: RegulatorSnapshot | None,
+    backlog: Backlog | None = None,
+    *,
+    top_sources: int = 0,
 ) -> MonitoringUpdate:
-    """The event's contents from two readings ``elapsed_s`` apart and the regulator's view.
+    """The event's contents from two readings ``elapsed_s`` apart, the regulator's view and
+    the latest backlog measurement (None: none yet); ``top_sources`` > 0 caps ``specific``.
 
     Without an earlier reading, rates are 0.
     """
@@ -94,6 +114,39 @@ def build_update(
     pacing: Mapping[str, PacingInfo] = snapshot.pacing if snapshot else {}
     tripped = (snapshot.halted | snapshot.temp_halted) if snapshot else frozenset()
     last_statuses: Mapping[str, Mapping[str, int]] = snapshot.last_statuses if snapshot else {}
+    waiting: Mapping[str, int] = backlog.sources if backlog else {}
+    specific: dict[str, dict[str, Any]] = {}
+    for source in sorted(
+        set(rates) | tripped | set(now.successful) | set(now.errors) | set(waiting)
+    ):
+        successful = now.successful.get(source, 0)
+        error = now.errors.get(source, 0)
+        last = dict(sorted(last_statuses.get(source, {}).items()))
+        paced = pacing.get(source)
+        adapted = paced is not None and paced.state in _CUT
+        urls = waiting.get(source, 0)
+        if not (successful or error or last or urls or source in tripped or adapted):
+            continue
+        effective_rps = paced.rate_rps if paced else 0.0
+        specific[source] = {
+            "successful": successful,
+            "error": error,
+            "last_50_statuses": last,
+            "rate_limit": _rate(rates.get(source, 0.0)),
+            "effective_rate": _rate(effective_rps),
+            "pacing": paced.state if paced else None,
+            "pacing_why": paced.why if paced else None,
+            "backlog": urls if backlog else None,
+            "eta_s": _seconds(eta_s(urls, effective_rps)) if backlog else None,
+        }
+    omitted = 0
+    if 0 < top_sources < len(specific):
+        kept = sorted(specific, key=lambda s: _rank(s, specific[s], before, tripped))[:top_sources]
+        omitted = len(specific) - len(kept)
+        specific = {source: specific[source] for source in sorted(kept)}
+    crawl_eta = None
+    if backlog is not None and snapshot is not None:
+        crawl_eta = _seconds(crawl_eta_s(waiting, {s: p.rate_rps for s, p in pacing.items()}))
     general = {
         "global_max_rps": round(
             sum((p.rate_rps for source, p in pacing.items() if source not in tripped), 0.0), 6
@@ -105,26 +158,33 @@ def build_update(
         "num_resized": now.num_resized,
         "resize_errors": now.resize_errors,
         "split_rate": split_rate,
+        "backlog": backlog.total if backlog else None,
+        "eta_s": crawl_eta,
+        "specific_omitted": omitted,
     }
-    specific: dict[str, dict[str, Any]] = {}
-    for source in sorted(set(rates) | tripped | set(now.successful) | set(now.errors)):
-        successful = now.successful.get(source, 0)
-        error = now.errors.get(source, 0)
-        last = dict(sorted(last_statuses.get(source, {}).items()))
-        paced = pacing.get(source)
-        adapted = paced is not None and paced.state in _CUT
-        if not (successful or error or last or source in tripped or adapted):
-            continue
-        specific[source] = {
-            "successful": successful,
-            "error": error,
-            "last_50_statuses": last,
-            "rate_limit": rates.get(source, 0.0),
-            "effective_rate": paced.rate_rps if paced else 0.0,
-            "pacing": paced.state if paced else None,
-            "pacing_why": paced.why if paced else None,
-        }
     return MonitoringUpdate(general=general, specific=specific)
+
+
+def _rate(rate_rps: float) -> float:
+    """Six significant digits: a rate computed from an image count has sixteen, and an
+    override of one request an hour still reads as one."""
+    return float(f"{rate_rps:.6g}")
+
+
+def _seconds(value_s: float) -> int | None:
+    """Whole seconds for the log; None for an infinite ETA."""
+    return round(value_s) if math.isfinite(value_s) else None
+
+
+def _rank(
+    source: str, entry: Mapping[str, Any], before: Counters | None, tripped: frozenset[str]
+) -> tuple[bool, int, int, str]:
+    """Sort key of the sources kept under ``top_sources``: the halted ones first, then the
+    most URLs finished since ``before``, then the largest backlog."""
+    finished = entry["successful"] + entry["error"]
+    if before is not None:
+        finished -= before.successful.get(source, 0) + before.errors.get(source, 0)
+    return (source not in tripped, -finished, -(entry["backlog"] or 0), source)
 
 
 def _int(value: object) -> int:
@@ -161,7 +221,8 @@ async def read_counters(redis: aioredis.Redis, sources: list[str]) -> Counters:
 
 
 class MonitoringLog:
-    """Logs ``monitoring_update`` every ``interval_s`` until stopped."""
+    """Logs ``monitoring_update`` every ``interval_s`` until stopped; ``counters`` is the
+    latest reading (read by the metrics, which thus cost Redis nothing)."""
 
     def __init__(
         self,
@@ -169,31 +230,45 @@ class MonitoringLog:
         snapshot: Callable[[], RegulatorSnapshot | None],
         interval_s: float,
         *,
+        backlog: Callable[[], Backlog | None] = lambda: None,
+        top_sources: int = 0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._redis = redis
         self._snapshot = snapshot
+        self._backlog = backlog
         self._interval_s = interval_s
+        self._top_sources = top_sources
         self._clock = clock
         self._before: Counters | None = None
         self._before_at = 0.0
+        self.counters: Counters | None = None
 
     async def report(self) -> MonitoringUpdate:
         """Read the counters, log one ``monitoring_update`` and return its contents."""
         snapshot = self._snapshot()
-        sources: set[str] = set()
+        backlog = self._backlog()
+        sources: set[str] = set(backlog.sources) if backlog else set()
         if snapshot is not None:
-            sources = set(snapshot.rates) | snapshot.halted | snapshot.temp_halted
+            sources |= set(snapshot.rates) | snapshot.halted | snapshot.temp_halted
         now = await read_counters(self._redis, sorted(sources))
         at = self._clock()
-        update = build_update(now, self._before, at - self._before_at, snapshot)
+        update = build_update(
+            now,
+            self._before,
+            at - self._before_at,
+            snapshot,
+            backlog,
+            top_sources=self._top_sources,
+        )
         self._before, self._before_at = now, at
+        self.counters = now
         log.info("monitoring_update", general=update.general, specific=update.specific)
         return update
 
     async def baseline(self) -> None:
         """Take the first reading, so that the first event's rates cover one interval."""
-        self._before = await read_counters(self._redis, [])
+        self._before = self.counters = await read_counters(self._redis, [])
         self._before_at = self._clock()
 
     async def run(self, stop: asyncio.Event) -> None:

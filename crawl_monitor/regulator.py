@@ -77,6 +77,7 @@ class Regulator:
         *,
         lease: LeaderLease | None = None,
         clock: Callable[[], float] = time.time,
+        observe_loop: Callable[[float], None] = lambda _: None,
     ) -> None:
         self._store = store
         # None: this regulator leads unconditionally (one monitor, tests, the bench).
@@ -88,7 +89,11 @@ class Regulator:
         # Wall clock: window scores are Unix times written by every worker host.
         self._clock = clock
         self._memory = Memory()
+        # Called with each loop's duration (s), failed or not (the metrics' histogram).
+        self._observe_loop = observe_loop
         self.snapshot: RegulatorSnapshot | None = None
+        # time.monotonic() when the last loop that raised nothing ended (None: none yet).
+        self.completed_at: float | None = None
 
     @property
     def leading(self) -> bool:
@@ -193,7 +198,9 @@ class Regulator:
             else:
                 backoff.reset()
                 wait_s = 0.0
+                self.completed_at = time.monotonic()
             took_s = time.monotonic() - started
+            self._observe_loop(took_s)
             if took_s > period_s:
                 log.warning("regulator_slow", took_s=round(took_s, 3), period_s=period_s)
             # The next tick of the grid, skipping those within ``wait_s - period_s`` from

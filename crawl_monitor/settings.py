@@ -18,6 +18,7 @@ from image_crawler.config import (
     ConfigError,
     DeprecatedSetting,
     KafkaSettings,
+    MetricsSettings,
     RedisSettings,
     deprecated_settings,
     env_float,
@@ -40,8 +41,15 @@ class MonitorSettings:
     sources_refresh_s: float = 1800.0
     sources_timeout_s: float = 30.0
     log_frequency_s: float = contract.LOG_FREQUENCY_S
+    # Sources listed in monitoring_update's ``specific`` (0: every active one); /metrics
+    # and `image-crawler status` have them all.
+    monitoring_top_sources: int = 100
+    # Where /metrics, /healthz and the dashboard are served (METRICS_PORT unset: nowhere).
+    metrics: MetricsSettings = dataclasses.field(default_factory=MetricsSettings)
     source_topic_partitions: int = 4
     source_topic_replication_factor: int = 1
+    # retention.ms of the urls.{source} topics the splitter creates; -1: never delete.
+    url_topic_retention_ms: int = contract.URL_TOPIC_RETENTION_MS
     splitter_batch_size: int = 500
     # A pace_rate SET expires after this; it must outlive one refill period.
     pace_rate_ttl_ms: int = 1500
@@ -79,6 +87,16 @@ class MonitorSettings:
                 f"refill periods), or the leader loses its lease between two of its own "
                 f"loops; got {leader_lease_ms}"
             )
+        url_topic_retention_ms = env_int(
+            env, "URL_TOPIC_RETENTION_MS", default.url_topic_retention_ms, minimum=-(2**63)
+        )
+        if url_topic_retention_ms != -1 and url_topic_retention_ms < 1:
+            # Kafka takes 0 as "delete each segment once it rolls", unread or not, and
+            # refuses other negatives when the topic is created.
+            raise ConfigError(
+                "URL_TOPIC_RETENTION_MS must be -1 (never delete unread URLs) or a positive "
+                f"number of milliseconds, got {url_topic_retention_ms}"
+            )
         log_level = env_str(env, "LOG_LEVEL", default.log_level).upper()
         if log_level not in logging.getLevelNamesMapping():
             raise ConfigError(f"LOG_LEVEL is not a log level: {log_level!r}")
@@ -96,6 +114,10 @@ class MonitorSettings:
             log_frequency_s=env_float(
                 env, "LOG_FREQUENCY_S", default.log_frequency_s, minimum=0.05
             ),
+            monitoring_top_sources=env_int(
+                env, "MONITORING_TOP_SOURCES", default.monitoring_top_sources, minimum=0
+            ),
+            metrics=MetricsSettings.from_env(env),
             source_topic_partitions=env_int(
                 env, "SOURCE_TOPIC_PARTITIONS", default.source_topic_partitions, minimum=1
             ),
@@ -105,6 +127,7 @@ class MonitorSettings:
                 default.source_topic_replication_factor,
                 minimum=1,
             ),
+            url_topic_retention_ms=url_topic_retention_ms,
             splitter_batch_size=env_int(
                 env, "SPLITTER_BATCH_SIZE", default.splitter_batch_size, minimum=1
             ),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from structlog.testing import capture_logs
 
+from crawl_monitor.backlog import Backlog
 from crawl_monitor.monitoring import Counters, MonitoringLog, build_update
 from crawl_monitor.policy.decision import RegulatorSnapshot
 from crawl_monitor.regulator import Regulator
@@ -14,6 +15,10 @@ from test.harness.crawl import GENERAL_KEYS, PACING_KEYS, SPECIFIC_KEYS
 
 AT_RATE = "at its configured rate"
 CUT = "3 backoff signals in the last second: cut to 0.7 x"
+# Beyond the original (issue 18): the backlog and the ETA, in general and per source, and
+# how many sources ``specific`` left out.
+BACKLOG_KEYS = {"backlog", "eta_s"}
+GENERAL_BACKLOG_KEYS = BACKLOG_KEYS | {"specific_omitted"}
 
 
 def snapshot(**overrides) -> RegulatorSnapshot:
@@ -53,7 +58,12 @@ def test_build_update():
         "num_resized": 150,
         "resize_errors": 20,
         "split_rate": 400.0,
+        # No backlog measured yet.
+        "backlog": None,
+        "eta_s": None,
+        "specific_omitted": 0,
     }
+    unmeasured = {"backlog": None, "eta_s": None}
     assert update.specific == {
         "flickr": {
             "successful": 140,
@@ -63,6 +73,7 @@ def test_build_update():
             "effective_rate": 178.5,
             "pacing": c.PACE_CONFIGURED,
             "pacing_why": AT_RATE,
+            **unmeasured,
         },
         "met": {
             "successful": 0,
@@ -72,6 +83,7 @@ def test_build_update():
             "effective_rate": 0.0,
             "pacing": c.PACE_HALTED,
             "pacing_why": "halted",
+            **unmeasured,
         },
         "phylopic": {
             "successful": 10,
@@ -81,6 +93,7 @@ def test_build_update():
             "effective_rate": 0.0,
             "pacing": c.PACE_HALTED,
             "pacing_why": "temporarily",
+            **unmeasured,
         },
         # Held below its rate: listed, though it has done nothing since the last event.
         "slow": {
@@ -91,6 +104,7 @@ def test_build_update():
             "effective_rate": 5.6,
             "pacing": c.PACE_BACKOFF,
             "pacing_why": CUT,
+            **unmeasured,
         },
     }  # "idle" has done nothing and is left out
 
@@ -143,7 +157,11 @@ async def test_a_seeded_redis_is_reported(redis):
     await redis.incrby(c.backoff_signals_key("quiet"), 2)  # its server pushed back
     await regulator.tick()
     clock = Monotonic()
-    monitoring = MonitoringLog(redis, lambda: regulator.snapshot, 5.0, clock=clock)
+    # "queued" is no known source: the splitter made its topic, nothing crawls it.
+    backlog = Backlog({"flickr": 3000, "broken": 40, "queued": 12}, 1_700_000_000.0)
+    monitoring = MonitoringLog(
+        redis, lambda: regulator.snapshot, 5.0, backlog=lambda: backlog, clock=clock
+    )
     await monitoring.baseline()
     await redis.incrby(c.NUM_RESIZED, 50)
     await redis.incrby(c.RESIZE_ERRORS, 5)
@@ -155,8 +173,10 @@ async def test_a_seeded_redis_is_reported(redis):
     (event,) = [e for e in logs if e["event"] == "monitoring_update"]
     assert event["general"] == update.general
     assert event["specific"] == update.specific
-    assert set(event["general"]) == GENERAL_KEYS
-    assert all(set(v) == SPECIFIC_KEYS | PACING_KEYS for v in event["specific"].values())
+    assert set(event["general"]) == GENERAL_KEYS | GENERAL_BACKLOG_KEYS
+    assert all(
+        set(v) == SPECIFIC_KEYS | PACING_KEYS | BACKLOG_KEYS for v in event["specific"].values()
+    )
     assert event["general"] == {
         "global_max_rps": 152.6,  # overridden flickr, animaldiversity and quiet as cut
         "error_rps": 1.0,
@@ -166,6 +186,9 @@ async def test_a_seeded_redis_is_reported(redis):
         "num_resized": 1050,
         "resize_errors": 36,
         "split_rate": 400.0,
+        "backlog": 3052,
+        "eta_s": 20,  # flickr's; halted broken and unknown queued wait outside it
+        "specific_omitted": 0,
     }
     assert event["specific"] == {
         "animaldiversity": {
@@ -176,6 +199,8 @@ async def test_a_seeded_redis_is_reported(redis):
             "effective_rate": 0.5,
             "pacing": c.PACE_CONFIGURED,
             "pacing_why": AT_RATE,
+            "backlog": 0,
+            "eta_s": 0,
         },
         "broken": {
             "successful": 0,
@@ -185,6 +210,8 @@ async def test_a_seeded_redis_is_reported(redis):
             "effective_rate": 0.0,
             "pacing": c.PACE_HALTED,
             "pacing_why": "halted: an operator must resume it",
+            "backlog": 40,
+            "eta_s": None,  # never, unless an operator resumes it
         },
         "flickr": {
             "successful": 982,
@@ -194,6 +221,19 @@ async def test_a_seeded_redis_is_reported(redis):
             "effective_rate": 150.0,
             "pacing": c.PACE_CONFIGURED,
             "pacing_why": AT_RATE,
+            "backlog": 3000,
+            "eta_s": 20,
+        },
+        "queued": {
+            "successful": 0,
+            "error": 0,
+            "last_50_statuses": {},
+            "rate_limit": 0.0,
+            "effective_rate": 0.0,
+            "pacing": None,
+            "pacing_why": None,
+            "backlog": 12,
+            "eta_s": None,
         },
         "quiet": {
             "successful": 0,
@@ -203,5 +243,77 @@ async def test_a_seeded_redis_is_reported(redis):
             "effective_rate": 2.1,
             "pacing": c.PACE_BACKOFF,
             "pacing_why": "2 backoff signals in the last second: cut to 0.7 x",
+            "backlog": 0,
+            "eta_s": 0,
         },
     }
+    # The metrics read this reading instead of Redis.
+    assert monitoring.counters is not None
+    assert monitoring.counters.successful == {"flickr": 982, "animaldiversity": 18}
+
+
+def busy(successful: dict[str, int]) -> Counters:
+    return Counters(successful=successful)
+
+
+def test_top_sources_keeps_the_halted_then_the_busiest_then_the_largest_backlogs():
+    before = busy({"flickr": 100, "met": 50, "idle": 7})
+    now = busy({"flickr": 110, "met": 80, "idle": 7, "phylopic": 1})
+    backlog = Backlog({"idle": 900, "slow": 10, "flickr": 5, "met": 5}, 0.0)
+    cases = {
+        # phylopic (temporarily halted) and met (halted), then met's 30 and flickr's 10
+        # URLs since the last event, then idle's and slow's backlogs.
+        2: ["met", "phylopic"],
+        3: ["flickr", "met", "phylopic"],
+        4: ["flickr", "idle", "met", "phylopic"],
+        5: ["flickr", "idle", "met", "phylopic", "slow"],
+    }
+    for top, kept in cases.items():
+        update = build_update(now, before, 5.0, snapshot(), backlog, top_sources=top)
+        assert sorted(update.specific) == kept, top
+        assert update.general["specific_omitted"] == 5 - len(kept)
+    # 0: no cap; a cap above the count changes nothing.
+    for top in (0, 5, 100):
+        update = build_update(now, before, 5.0, snapshot(), backlog, top_sources=top)
+        assert len(update.specific) == 5
+        assert update.general["specific_omitted"] == 0
+
+
+@pytest.mark.parametrize(
+    ("waiting", "eta_s"),
+    [
+        ({}, 0),  # measured, nothing waits
+        ({"flickr": 357}, 2),  # 357 / 178.5
+        ({"flickr": 357, "slow": 56}, 10),  # slow's 56 / 5.6 is the longest
+        ({"met": 1000, "phylopic": 10}, None),  # only halted sources wait: never
+        ({"met": 1000, "idle": 3}, 3),  # the halted source waits outside it
+        ({"unknown": 50}, 0),  # not a known source: not crawled, outside the ETA
+    ],
+)
+def test_backlog_and_eta_in_general(waiting, eta_s):
+    update = build_update(Counters(), None, 5.0, snapshot(), Backlog(waiting, 0.0))
+    assert update.general["backlog"] == sum(waiting.values())
+    assert update.general["eta_s"] == eta_s
+
+
+def test_no_regulator_snapshot_no_eta():
+    """A standby monitor (no snapshot) still reports the backlog, not an ETA it cannot know."""
+    update = build_update(Counters(), None, 5.0, None, Backlog({"flickr": 10}, 0.0))
+    assert update.general["backlog"] == 10
+    assert update.general["eta_s"] is None
+    assert update.specific["flickr"]["backlog"] == 10
+    assert update.specific["flickr"]["eta_s"] is None
+
+
+def test_rates_are_rounded_for_the_log():
+    rates = {"flickr": 17.123456789, "tiny": 1 / 3600}
+    pacing = {
+        "flickr": c.PacingInfo(11.9864297, 17.123456789, "computed", c.PACE_BACKOFF, CUT),
+        "tiny": c.PacingInfo(1 / 3600, 1 / 3600, "override_rate:", c.PACE_BACKOFF, CUT),
+    }
+    update = build_update(
+        Counters(), None, 5.0, snapshot(rates=rates, pacing=pacing, last_statuses={})
+    )
+    assert update.specific["flickr"]["rate_limit"] == 17.1235
+    assert update.specific["flickr"]["effective_rate"] == 11.9864
+    assert update.specific["tiny"]["rate_limit"] == 0.000277778

@@ -1,0 +1,260 @@
+"""The monitor's Prometheus metrics, and what its ``/healthz`` calls a problem.
+
+A custom collector (``MonitorCollector``) turns the monitor's latest state into metrics
+at scrape time, so a scrape costs no Redis or Kafka request: the regulator's snapshot
+(every second), the backlog measurement and the counters the monitoring log reads (every
+``LOG_FREQUENCY_S``). Per source (label ``source``; every known source, and every source
+with a ``urls.{source}`` topic for the backlog):
+
+- ``crawler_source_configured_requests_per_second``: its configured rate (computed, its
+  override, or its robots.txt Crawl-delay's cap);
+- ``crawler_source_effective_requests_per_second``: the rate it is paced at now (lower
+  while its server pushes back, 0 while halted);
+- ``crawler_source_backlog_urls``: URLs split into ``urls.{source}`` and not yet taken
+  by a worker (``crawl_monitor.backlog``);
+- ``crawler_source_eta_seconds``: that backlog at its effective rate (0 without a
+  backlog, +Inf with a backlog and no rate);
+- ``crawler_source_halted`` (in ``halted`` or ``temp_halted``) and
+  ``crawler_source_permanently_halted`` (in ``halted``), 1 or 0;
+- ``crawler_source_successes_total``, ``crawler_source_errors_total``
+  (``num_resized:{source}``, ``resize_errors:{source}``).
+
+Totals: ``crawler_successes_total``, ``crawler_errors_total`` (``num_resized``,
+``resize_errors``), ``crawler_split_total`` (``num_split``), ``crawler_backlog_urls``,
+``crawler_eta_seconds`` (the largest ETA of the known sources being crawled, see
+``crawl_monitor.backlog.crawl_eta_s``), ``crawler_sources`` (known sources),
+``crawler_backlog_measured_timestamp_seconds``, ``crawler_monitor_leading`` (1 while this
+monitor holds the leader lease) and ``crawler_monitor_loop_seconds`` (a histogram of the
+regulator loop's duration, observed by the loop).
+
+A metric whose input the monitor does not have yet is left out of the scrape rather
+than shown as 0: the rates, pacing and halts before the first regulator loop (and on a
+standby monitor, which decides nothing), the backlog before the first measurement, the
+counters before the first Redis reading.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Collection, Iterator, Sequence
+from typing import Final
+
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from crawl_monitor.backlog import Backlog, crawl_eta_s, eta_s
+from crawl_monitor.monitoring import Counters
+from crawl_monitor.policy.decision import RegulatorSnapshot
+
+# The regulator loop takes tens of milliseconds with thousands of sources; its period is
+# one second, and a loop waiting on an unreachable Redis takes REDIS_TIMEOUT_S.
+LOOP_BUCKETS_S: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MonitorView:
+    """What the monitor knows at one instant (None: not yet)."""
+
+    # The known sources (the source list).
+    known: Collection[str]
+    snapshot: RegulatorSnapshot | None
+    backlog: Backlog | None
+    counters: Counters | None
+    leading: bool
+
+
+def monitor_metrics(view: MonitorView) -> list[Metric]:
+    """The metrics of ``view`` (see the module)."""
+    metrics = _totals(view)
+    if view.snapshot is not None:
+        metrics += _pacing(view.snapshot)
+    if view.backlog is not None:
+        metrics += _backlog(view.backlog, view.snapshot, view.known)
+    if view.counters is not None:
+        metrics += _counters(view.counters, view.known)
+    return metrics
+
+
+def _totals(view: MonitorView) -> list[Metric]:
+    sources = GaugeMetricFamily("crawler_sources", "Known sources (the source list).")
+    sources.add_metric([], len(view.known))
+    leading = GaugeMetricFamily(
+        "crawler_monitor_leading",
+        "1 while this monitor holds the leader lease (sets rates, runs breakers), else 0.",
+    )
+    leading.add_metric([], 1.0 if view.leading else 0.0)
+    return [sources, leading]
+
+
+def _pacing(snapshot: RegulatorSnapshot) -> list[Metric]:
+    configured = GaugeMetricFamily(
+        "crawler_source_configured_requests_per_second",
+        "Configured rate of a source (computed from its image count, its override, or its "
+        "robots.txt Crawl-delay's cap), requests/s.",
+        labels=["source"],
+    )
+    effective = GaugeMetricFamily(
+        "crawler_source_effective_requests_per_second",
+        "Rate a source's requests are paced at now (lower while its server pushes back, "
+        "0 while halted), requests/s.",
+        labels=["source"],
+    )
+    halted = GaugeMetricFamily(
+        "crawler_source_halted",
+        "1 while a source is halted, temporarily or permanently (it gets no request).",
+        labels=["source"],
+    )
+    permanent = GaugeMetricFamily(
+        "crawler_source_permanently_halted",
+        "1 while a source is permanently halted (an operator must resume it).",
+        labels=["source"],
+    )
+    tripped = snapshot.halted | snapshot.temp_halted
+    for source in sorted(snapshot.rates.keys() | tripped):
+        labels = [source]
+        if source in snapshot.rates:
+            configured.add_metric(labels, snapshot.rates[source])
+            paced = snapshot.pacing.get(source)
+            effective.add_metric(labels, paced.rate_rps if paced else 0.0)
+        halted.add_metric(labels, 1.0 if source in tripped else 0.0)
+        permanent.add_metric(labels, 1.0 if source in snapshot.halted else 0.0)
+    return [configured, effective, halted, permanent]
+
+
+def _backlog(
+    backlog: Backlog, snapshot: RegulatorSnapshot | None, known: Collection[str]
+) -> list[Metric]:
+    per_source = GaugeMetricFamily(
+        "crawler_source_backlog_urls",
+        "URLs split into urls.{source} that no worker has taken yet (consumer lag of "
+        "image_handlers).",
+        labels=["source"],
+    )
+    eta = GaugeMetricFamily(
+        "crawler_source_eta_seconds",
+        "Seconds to crawl a source's backlog at its effective rate (+Inf: a backlog and no rate).",
+        labels=["source"],
+    )
+    rates = {s: p.rate_rps for s, p in snapshot.pacing.items()} if snapshot else {}
+    for source in sorted(backlog.sources.keys() | set(known)):
+        urls = backlog.sources.get(source, 0)
+        per_source.add_metric([source], urls)
+        if snapshot is not None:
+            eta.add_metric([source], eta_s(urls, rates.get(source, 0.0)))
+    total = GaugeMetricFamily(
+        "crawler_backlog_urls", "URLs split and not yet taken by a worker, all sources."
+    )
+    total.add_metric([], backlog.total)
+    measured = GaugeMetricFamily(
+        "crawler_backlog_measured_timestamp_seconds",
+        "Unix time of the backlog measurement these figures come from.",
+    )
+    measured.add_metric([], backlog.measured_at_s)
+    metrics: list[Metric] = [per_source, total, measured]
+    if snapshot is not None:
+        crawl = GaugeMetricFamily(
+            "crawler_eta_seconds",
+            "Seconds until the sources being crawled have crawled their backlogs at their "
+            "effective rates (the largest of their ETAs).",
+        )
+        crawl.add_metric([], crawl_eta_s(backlog.sources, rates))
+        metrics += [eta, crawl]
+    return metrics
+
+
+def _counters(counters: Counters, known: Collection[str]) -> list[Metric]:
+    successes = CounterMetricFamily(
+        "crawler_source_successes",
+        "Images of a source crawled and stored (num_resized:{source}).",
+        labels=["source"],
+    )
+    errors = CounterMetricFamily(
+        "crawler_source_errors",
+        "URLs of a source that failed for good (resize_errors:{source}).",
+        labels=["source"],
+    )
+    for source in sorted(set(known) | counters.successful.keys() | counters.errors.keys()):
+        successes.add_metric([source], counters.successful.get(source, 0))
+        errors.add_metric([source], counters.errors.get(source, 0))
+    total_successes = CounterMetricFamily(
+        "crawler_successes", "Images crawled and stored, all sources (num_resized)."
+    )
+    total_successes.add_metric([], counters.num_resized)
+    total_errors = CounterMetricFamily(
+        "crawler_errors", "URLs that failed for good, all sources (resize_errors)."
+    )
+    total_errors.add_metric([], counters.resize_errors)
+    split = CounterMetricFamily(
+        "crawler_split", "Messages split from inbound_images into urls.{source} (num_split)."
+    )
+    split.add_metric([], counters.num_split)
+    return [successes, errors, total_successes, total_errors, split]
+
+
+class MonitorCollector(Collector):
+    """Collects ``monitor_metrics(view())`` at each scrape."""
+
+    def __init__(self, view: Callable[[], MonitorView]) -> None:
+        self._view = view
+
+    def collect(self) -> Iterator[Metric]:
+        yield from monitor_metrics(self._view())
+
+
+def loop_histogram(registry: CollectorRegistry) -> Histogram:
+    """``crawler_monitor_loop_seconds`` on ``registry``, for the regulator to observe."""
+    return Histogram(
+        "crawler_monitor_loop_seconds",
+        "Duration of the regulator's loop (read, decide, write), seconds.",
+        buckets=LOOP_BUCKETS_S,
+        registry=registry,
+    )
+
+
+# /healthz: how long without a completed regulator loop, and without a backlog
+# measurement, before the monitor reports a problem.
+REGULATOR_STALE_S: Final = 30.0
+BACKLOG_STALE_MIN_S: Final = 120.0
+# In LOG_FREQUENCY_S periods, when that is longer.
+BACKLOG_STALE_PERIODS: Final = 10
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class HealthLimits:
+    """How old the last completed regulator loop and the last backlog measurement may be
+    (s) before ``/healthz`` reports a problem."""
+
+    regulator_s: float = REGULATOR_STALE_S
+    backlog_s: float = BACKLOG_STALE_MIN_S
+
+    @classmethod
+    def for_interval(cls, log_frequency_s: float) -> HealthLimits:
+        return cls(backlog_s=max(BACKLOG_STALE_MIN_S, BACKLOG_STALE_PERIODS * log_frequency_s))
+
+
+def health_problems(
+    now_s: float,
+    started_s: float,
+    regulator_done_s: float | None,
+    backlog_done_s: float | None,
+    limits: HealthLimits = HealthLimits(),
+) -> Sequence[str]:
+    """The monitor's problems (empty: healthy), from monotonic times: its start, its
+    regulator's last completed loop and its last backlog measurement (None: none yet).
+
+    The regulator completes a loop every second unless Redis is away (or the loop is
+    stuck): then no source has a rate and the crawl stands still. The backlog is measured
+    every ``LOG_FREQUENCY_S`` unless Kafka is away, which also stops the splitter. A
+    monitor just started has the same time to get there.
+    """
+    problems = []
+    regulator_age_s = now_s - (regulator_done_s if regulator_done_s is not None else started_s)
+    if regulator_age_s > limits.regulator_s:
+        problems.append(
+            f"regulator: no loop completed for {regulator_age_s:.0f} s (is Redis reachable?)"
+        )
+    backlog_age_s = now_s - (backlog_done_s if backlog_done_s is not None else started_s)
+    if backlog_age_s > limits.backlog_s:
+        problems.append(f"backlog: not measured for {backlog_age_s:.0f} s (is Kafka reachable?)")
+    return problems
