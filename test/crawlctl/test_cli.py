@@ -207,12 +207,13 @@ async def test_produce_sends_good_jsonl_rows_and_reports_bad_ones_by_line(
         "line 4: not JSON: Expecting value (column 1)",
         "line 5: invalid source name 'no such/source' (at most 244 of the letters a-z, A-Z, "
         "digits, '.', '_' and '-')",
-        "line 8: unknown field(s) 'tags'",
+        # A field the crawler does not use is no reason to lose the row: named once.
+        "line 8: ignored field(s) 'tags' (used: url, uuid (or identifier), source)",
     ]
-    assert result.stdout.splitlines() == ["sent 3, bad 4 (1 without uuid got a new uuid4)"]
+    assert result.stdout.splitlines() == ["sent 4, bad 3 (1 without uuid got a new uuid4)"]
 
     sent = await inbound(kafka)
-    assert len(sent) == 3  # the good rows, and nothing else
+    assert len(sent) == 4  # the good rows, and nothing else
     messages = {m.url: m for m in sent}
     assert messages["https://a.example/1.jpg"] == c.InboundImage(
         "https://a.example/1.jpg", "u1", "flickr"
@@ -221,6 +222,9 @@ async def test_produce_sends_good_jsonl_rows_and_reports_bad_ones_by_line(
     assert generated.source == "flickr"
     assert uuidlib.UUID(generated.uuid).version == 4
     assert messages["https://a.example/7.jpg"].source == "met"  # from --source
+    assert messages["https://a.example/8.jpg"] == c.InboundImage(
+        "https://a.example/8.jpg", "u8", "s"
+    )
 
 
 @pytest.mark.parametrize(("suffix", "sep"), [(".csv", ","), (".tsv", "\t")])

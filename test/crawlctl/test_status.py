@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
+import math
 import re
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -13,16 +15,37 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 from rich.console import Console
 
+from crawlctl import cli
 from crawlctl.commands.status import (
+    ETA_DRAINING,
+    ETA_EMPTY,
+    ETA_HALTED,
+    ETA_STOPPED,
+    ETA_UNKNOWN,
+    SCAN_COUNT,
     CrawlStatus,
+    Eta,
+    FittedTable,
     SourceStatus,
+    Totals,
+    View,
+    backlog_line,
+    eta,
+    eta_cell,
+    eta_text,
     next_slot_text,
     parse_status,
     paused_by_server,
     read_status,
+    reasons_by_source,
     robots_text,
+    sort_sources,
+    source_eta,
+    status_json,
     status_table,
+    totals,
 )
+from crawlctl.console import EXIT_OK, EXIT_USAGE
 from image_crawler import contract as c
 
 FLICKR = c.PacingInfo(178.4, 178.4, "computed", c.PACE_CONFIGURED, "at its configured rate")
@@ -67,7 +90,7 @@ async def seed(redis: Redis) -> None:
     await redis.set(c.NUM_MALFORMED, 2)
 
 
-async def test_read_status_gathers_every_source_in_one_round_trip(
+async def test_read_status_gathers_every_source_in_one_scan_and_one_script(
     redis: Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     await seed(redis)
@@ -80,7 +103,7 @@ async def test_read_status_gathers_every_source_in_one_round_trip(
 
     monkeypatch.setattr(redis, "execute_command", counting)
     status = await read_status(redis)
-    assert commands == ["EVAL"]
+    assert commands == ["SCAN", "EVAL"]  # the error counters' keys, then every value
     by_name = {s.name: s for s in status.sources}
     assert list(by_name) == ["broken", "busy", "flickr", "met", "phylopic"]
     flickr = by_name["flickr"]
@@ -152,6 +175,23 @@ async def seed_robots(redis: Redis) -> None:
     await redis.set(c.crawl_delay_key("met"), "5")  # left over: expires, binds nothing
 
 
+async def seed_backlog(redis: Redis) -> None:
+    """``seed`` plus a backlog measured 7 s ago, error reasons and lost URLs."""
+    await seed(redis)
+    await redis.hset(
+        c.BACKLOG_HASH,
+        mapping={"flickr": 2_055_000, "busy": 50_400, "met": 0, "broken": 300, "orphan": 12},
+    )
+    await redis.set(c.BACKLOG_AT, f"{await redis_now(redis) - 7:.3f}")
+    await redis.set(c.resize_errors_key("flickr", "500"), 2)
+    await redis.set(c.resize_errors_key("flickr", "404"), 1)
+    await redis.set(c.resize_errors_key("busy", "503"), 40)
+    await redis.set(c.resize_errors_key("busy", "Timeout"), 9)
+    await redis.set(c.resize_errors_key("busy", "500"), 9)
+    await redis.set(c.resize_errors_key("busy", "ConnectionError"), 1)
+    await redis.set(c.urls_lost_key("busy"), 120)
+
+
 async def test_read_status_reads_robots_keys_in_the_same_round_trip(
     redis: Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -165,7 +205,7 @@ async def test_read_status_reads_robots_keys_in_the_same_round_trip(
 
     monkeypatch.setattr(redis, "execute_command", counting)
     status = await read_status(redis)
-    assert commands == ["EVAL"]
+    assert commands == ["SCAN", "EVAL"]
     robots = {
         s.name: (s.robots_disallowed, s.robots_exempt, s.crawl_delay_s) for s in status.sources
     }
@@ -200,8 +240,9 @@ async def read_plainly(redis: Redis) -> CrawlStatus:
     exempt = members(await ask("SMEMBERS", c.ROBOTS_EXEMPT_SET, absent=set()))
     inbound = members(await ask("SMEMBERS", c.INBOUND_SOURCES_SET, absent=set()))
     rates = await ask("HGETALL", c.RATES_HASH, absent={})
+    backlog = await ask("HGETALL", c.BACKLOG_HASH, absent={})
     sources = {}
-    for name in {*inbound, *halted, *temp_halted, *exempt, *rates}:
+    for name in {*inbound, *halted, *temp_halted, *exempt, *rates, *backlog}:
         sources[name] = {
             "rate": rates.get(name, False),
             "pace_rate": await ask("GET", c.pace_rate_key(name)),
@@ -213,7 +254,11 @@ async def read_plainly(redis: Redis) -> CrawlStatus:
             "alias": await ask("GET", f"{c.OVERRIDE_RATE_ALIAS_PREFIX}{name}"),
             "disallowed": await ask("GET", c.resize_errors_key(name, c.Status.ROBOTS_DISALLOWED)),
             "crawl_delay": await ask("GET", c.crawl_delay_key(name)),
+            "backlog": backlog.get(name, False),
+            "lost": await ask("GET", c.urls_lost_key(name)),
         }
+    reason_keys = sorted(str(key) for key in await redis.keys(f"{c.RESIZE_ERRORS}:*:*"))
+    reasons = [await ask("GET", key) for key in reason_keys]
     totals = {
         key: await ask("GET", key)
         for key in (c.NUM_RESIZED, c.RESIZE_ERRORS, c.NUM_SPLIT, c.NUM_MALFORMED)
@@ -224,10 +269,12 @@ async def read_plainly(redis: Redis) -> CrawlStatus:
         "halted": halted,
         "temp_halted": temp_halted,
         "robots_exempt": exempt,
+        "reasons": reasons,
+        "backlog_at": await ask("GET", c.BACKLOG_AT),
         "totals": totals,
         "now": [str(seconds), str(microseconds)],
     }
-    return parse_status(json.dumps(answer))
+    return parse_status(json.dumps(answer), reason_keys)
 
 
 def commands(*each: tuple[Any, ...]) -> Callable[[Redis], Awaitable[None]]:
@@ -301,6 +348,23 @@ LATER = "4102444800.500000"  # a pace_next far ahead of any clock the test runs 
         ),
         pytest.param(seed, id="seeded"),
         pytest.param(seed_robots, id="seeded-robots"),
+        pytest.param(seed_backlog, id="seeded-backlog"),
+        pytest.param(
+            commands(
+                ("HSET", c.BACKLOG_HASH, "only-a-topic", "12", "odd", "lots"),
+                ("SET", c.BACKLOG_AT, "1700000000.5"),
+                ("SET", c.resize_errors_key("nowhere", "503"), "4"),  # a source in no set
+                ("SET", c.resize_errors_key("odd", "500"), "many"),
+                ("SADD", c.resize_errors_key("odd", "404"), "a-set"),
+                ("SET", f"{c.RESIZE_ERRORS}:odd:", "3"),  # no status
+                ("SET", c.urls_lost_key("odd"), "-2"),
+            ),
+            id="backlog-and-reasons-oddities",
+        ),
+        pytest.param(
+            commands(("SET", c.BACKLOG_HASH, "not-a-hash"), ("SADD", c.BACKLOG_AT, "x")),
+            id="backlog-wrong-types",
+        ),
     ],
 )
 async def test_the_lua_read_answers_as_the_plain_read_of_the_same_keys(
@@ -310,14 +374,19 @@ async def test_the_lua_read_answers_as_the_plain_read_of_the_same_keys(
     fast = await read_status(redis)
     plain = await read_plainly(redis)
 
-    # Each read takes Redis's clock itself, a moment apart: the next slot may differ by it.
+    # Each read takes Redis's clock itself, a moment apart: the next slot and the backlog's
+    # age may differ by it.
     def untimed(status: CrawlStatus) -> CrawlStatus:
         return dataclasses.replace(
             status,
             sources=tuple(dataclasses.replace(s, next_slot_in_s=None) for s in status.sources),
+            backlog_age_s=None,
         )
 
     assert untimed(fast) == untimed(plain)
+    assert (fast.backlog_age_s is None) == (plain.backlog_age_s is None)
+    if fast.backlog_age_s is not None and plain.backlog_age_s is not None:
+        assert fast.backlog_age_s == pytest.approx(plain.backlog_age_s, abs=1.0)
     for a, b in zip(fast.sources, plain.sources, strict=True):
         assert (a.next_slot_in_s is None) == (b.next_slot_in_s is None), a.name
         if a.next_slot_in_s is not None and b.next_slot_in_s is not None:
@@ -561,3 +630,549 @@ async def test_the_table_has_a_robots_column(redis: Redis) -> None:
     assert re.search(r"running\s+-$", row(text, "nasa")[0].rstrip())
     assert row(text, "typo")[0].rstrip().endswith("exempt")
     assert "robots: URLs its robots.txt disallowed, its Crawl-delay; exempt: " in text
+
+
+# --- backlog, ETA and errors by reason ---------------------------------------------------
+
+
+async def test_read_status_reads_the_backlog_the_reasons_and_the_lost_urls(redis: Redis) -> None:
+    await seed_backlog(redis)
+    status = await read_status(redis)
+    by_name = {s.name: s for s in status.sources}
+    assert {name: s.backlog for name, s in by_name.items()} == {
+        "broken": 300,
+        "busy": 50_400,
+        "flickr": 2_055_000,
+        "met": 0,
+        "orphan": 12,  # in no set, but its topic has URLs waiting: shown
+        "phylopic": None,  # not measured
+    }
+    assert by_name["flickr"].errors_by_reason == {"500": 2, "404": 1}
+    # Most frequent first, ties by name.
+    assert list(by_name["busy"].errors_by_reason.items()) == [
+        ("503", 40),
+        ("500", 9),
+        ("Timeout", 9),
+        ("ConnectionError", 1),
+    ]
+    assert by_name["busy"].urls_lost == 120 and by_name["flickr"].urls_lost == 0
+    assert status.errors_by_reason == {
+        "503": 40,
+        "500": 11,
+        "Timeout": 9,
+        "404": 1,
+        "ConnectionError": 1,
+    }
+    assert status.backlog_age_s is not None and 7 <= status.backlog_age_s < 9
+
+
+async def test_a_thousand_sources_of_ten_reasons_are_read_in_scan_steps(
+    redis: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reasons = ["404", "500", "503", "Timeout", "ConnectionError", "403", "429", "TooLarge",
+               "UnidentifiedImageError", "RobotsDisallowed"]  # fmt: skip
+    pipe = redis.pipeline(transaction=False)
+    for i in range(1000):
+        source = f"source{i:04d}"
+        pipe.sadd(c.INBOUND_SOURCES_SET, source)
+        pipe.hset(c.BACKLOG_HASH, source, i)
+        pipe.set(c.resize_errors_key(source), 55)
+        for n, reason in enumerate(reasons, start=1):
+            pipe.set(c.resize_errors_key(source, reason), n)
+        pipe.set(c.last50_key(source), "x")  # other keys the scan walks past
+    await pipe.execute()
+    commands: list[str] = []
+    execute = redis.execute_command
+
+    async def counting(*args: Any, **options: Any) -> Any:
+        commands.append(str(args[0]))
+        return await execute(*args, **options)
+
+    monkeypatch.setattr(redis, "execute_command", counting)
+    status = await read_status(redis)
+    # Redis answers others between the steps: none walks more than SCAN_COUNT keys.
+    assert commands[-1] == "EVAL" and set(commands[:-1]) == {"SCAN"}
+    assert len(commands) - 1 >= (await redis.dbsize()) // SCAN_COUNT
+    assert len(status.sources) == 1000
+    assert all(len(s.errors_by_reason) == 10 for s in status.sources)
+    assert status.errors_by_reason["RobotsDisallowed"] == 10 * 1000
+    assert sort_sources(status.sources, "backlog")[0].name == "source0999"
+
+
+@pytest.mark.parametrize(
+    ("counts", "expected"),
+    [
+        ({"resize_errors:a:503": "2", "resize_errors:a:404": "5"}, {"a": {"404": 5, "503": 2}}),
+        ({"resize_errors:a:503": "0"}, {}),  # nothing to show
+        ({"resize_errors:a:503": "x", "resize_errors:a:500": "-1"}, {}),
+        ({"resize_errors:a:": "3", "resize_errors::503": "3", "other:a:503": "3"}, {}),
+        ({"resize_errors:a:b:c": "3"}, {"a": {"b:c": 3}}),
+    ],
+)
+def test_reasons_by_source(counts: dict[str, Any], expected: dict[str, dict[str, int]]) -> None:
+    assert reasons_by_source(counts) == expected
+
+
+@pytest.mark.parametrize(
+    ("backlog", "rate_rps", "halted", "expected"),
+    [
+        (None, 10.0, False, Eta(None, ETA_UNKNOWN)),
+        (0, 10.0, False, Eta(0.0, ETA_EMPTY)),
+        (0, 0.0, True, Eta(0.0, ETA_EMPTY)),  # halted, but nothing waits
+        (0, None, False, Eta(0.0, ETA_EMPTY)),
+        (36_000, 10.0, False, Eta(3600.0, ETA_DRAINING)),
+        (1, 0.2, False, Eta(5.0, ETA_DRAINING)),
+        (5, 0.0, True, Eta(None, ETA_HALTED)),
+        (5, 0.0, False, Eta(None, ETA_STOPPED)),
+        (5, None, False, Eta(None, ETA_UNKNOWN)),
+        (5, math.nan, False, Eta(None, ETA_UNKNOWN)),
+        (5, -1.0, False, Eta(None, ETA_UNKNOWN)),
+    ],
+)
+def test_eta_is_the_backlog_over_the_effective_rate(
+    backlog: int | None, rate_rps: float | None, halted: bool, expected: Eta
+) -> None:
+    assert eta(backlog, rate_rps, halted=halted) == expected
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [
+        (0, "0s"),
+        (0.2, "1s"),  # never "0s" while something waits
+        (42.4, "42s"),
+        (60, "1m"),
+        (750, "12m30s"),
+        (3599.6, "1h"),  # rounded into the next unit
+        (3600, "1h"),
+        (11_520, "3h12m"),
+        (11_549, "3h12m"),
+        (11_550, "3h13m"),
+        (86_399.9, "1d"),
+        (86_400 * 4, "4d"),
+        (86_400 * 4 + 3 * 3600 + 59, "4d3h"),
+        (86_400 * 4 + 3 * 3600 + 1800, "4d4h"),
+        (86_400 * 9.99, "10d"),
+        (86_400 * 10, "10d"),
+        (86_400 * 27.5, "28d"),
+    ],
+)
+def test_eta_text(seconds: float, text: str) -> None:
+    assert eta_text(seconds) == text
+
+
+def source(name: str, **fields: Any) -> SourceStatus:
+    defaults: dict[str, Any] = {
+        "rate_rps": None,
+        "pacing": None,
+        "pace_rate_rps": None,
+        "next_slot_in_s": None,
+        "successes": 0,
+        "errors": 0,
+        "last_statuses": {},
+        "halted": False,
+        "temp_halted": False,
+        "override": None,
+    }
+    return SourceStatus(name=name, **{**defaults, **fields})
+
+
+HALTED_PACING = c.PacingInfo(0.0, 5.0, "computed", c.PACE_HALTED, "in halted")
+
+
+@pytest.mark.parametrize(
+    ("fields", "cell"),
+    [
+        ({"backlog": 7200, "rate_rps": 2.0}, "1h"),
+        ({"backlog": 0, "rate_rps": 2.0}, "—"),
+        ({"backlog": 10, "rate_rps": 2.0, "halted": True}, "halted"),  # whatever rate was set
+        ({"backlog": 10, "rate_rps": 2.0, "temp_halted": True}, "halted"),
+        ({"backlog": 10, "rate_rps": 0.0, "pacing": HALTED_PACING}, "halted"),
+        ({"backlog": 10, "rate_rps": 0.0}, "never"),  # an override of 0
+        ({"backlog": 10}, "?"),  # no rate published
+    ],
+)
+def test_a_sources_eta_cell(fields: dict[str, Any], cell: str) -> None:
+    assert eta_cell(source_eta(source("s", **fields))) == cell
+
+
+def test_totals_take_the_slowest_draining_source_and_count_the_stalled() -> None:
+    sources = [
+        source("fast", backlog=1000, rate_rps=100.0),
+        source("slow", backlog=1000, rate_rps=0.5, pacing=c.PacingInfo(
+            0.5, 2.0, "computed", c.PACE_BACKOFF, "cut")),
+        source("halted", backlog=300, rate_rps=0.0, halted=True),
+        source("stopped", backlog=20, rate_rps=0.0),
+        source("new", backlog=5),
+        source("unmeasured", rate_rps=3.0, urls_lost=4),
+        source("empty", backlog=0, rate_rps=1.0, urls_lost=1),
+    ]  # fmt: skip
+    assert totals(sources) == Totals(
+        backlog=2325,
+        eta_s=2000.0,
+        eta_source="slow",
+        stalled_sources=2,
+        stalled_backlog=320,
+        unknown_sources=1,
+        effective_rps=104.5,
+        configured_rps=106.0,
+        urls_lost=5,
+    )
+    assert totals([source("a", rate_rps=1.0)]).backlog is None  # nothing measured
+
+
+SORTABLE = [
+    source("b", backlog=10, rate_rps=1.0, errors=5, successes=1),
+    source("a", backlog=10, rate_rps=10.0, errors=0, successes=9),
+    source("c", backlog=None, rate_rps=None, errors=7, successes=0),
+    source("d", backlog=3, rate_rps=0.0, halted=True, errors=1, successes=3),
+    source("e", backlog=0, rate_rps=2.0, errors=1, successes=2),
+]
+
+
+@pytest.mark.parametrize(
+    ("by", "order"),
+    [
+        ("name", "abcde"),
+        ("backlog", "abdec"),  # largest first, ties by name, unmeasured last
+        ("eta", "dbaec"),  # never first (10 s, 1 s, 0 s), unknown last
+        ("rate", "aebdc"),
+        ("errors", "cbdea"),
+        ("successes", "adebc"),
+    ],
+)
+def test_sort_sources(by: str, order: str) -> None:
+    assert "".join(s.name for s in sort_sources(SORTABLE, by)) == order
+
+
+@pytest.mark.parametrize(
+    ("age_s", "fragment"),
+    [
+        (None, "backlog: not measured (backlog_measured_at is not set"),
+        (7.0, "backlog: 20 URLs, measured 7.0 s ago; ETA 10s (the slowest source: b)"),
+        (59.0, "measured 59 s ago; ETA"),
+        (61.0, "measured 61 s ago (stale: is the monitor running?); ETA"),
+        (3600.0, "measured 60 min 0 s ago (stale: is the monitor running?)"),
+    ],
+)
+def test_the_backlog_line_says_how_old_the_measurement_is(
+    age_s: float | None, fragment: str
+) -> None:
+    status = CrawlStatus(
+        sources=tuple(SORTABLE[:2]),
+        num_resized=0,
+        resize_errors=0,
+        num_split=0,
+        num_malformed=0,
+        backlog_age_s=age_s,
+    )
+    assert fragment in backlog_line(status, totals(status.sources))
+
+
+def test_the_backlog_line_names_what_never_drains() -> None:
+    status = CrawlStatus(tuple(SORTABLE), 0, 0, 0, 0, backlog_age_s=1.0)
+    assert backlog_line(status, totals(status.sources)) == (
+        "backlog: 23 URLs, measured 1.0 s ago; ETA 10s (the slowest source: b); 3 URLs of 1 "
+        "source(s) at rate 0 (halted or stopped) never drain until resumed"
+    )
+
+
+def row_names(text: str) -> list[str]:
+    """The sources of the rows, in order (the header and caption lines left out)."""
+    lines = text.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("source "))
+    return [m.group(1) for line in lines[header + 1 :] if (m := re.match(r"^(\S+)\s{2,}", line))]
+
+
+async def test_the_table_shows_backlog_eta_reasons_and_lost_urls(redis: Redis) -> None:
+    await seed_backlog(redis)
+    text = render(await read_status(redis), width=200)
+    header = next(line for line in text.splitlines() if line.startswith("source "))
+    assert re.match(r"source\s+backlog\s+ETA\s+rate/s\s+pace_rate\s+pacing\s+ok\s+errors", header)
+    flickr = row(text, "flickr")
+    assert re.match(r"flickr\s+2055000\s+3h12m\s+178 of 178\s", flickr[0]), flickr
+    assert "500=2 404=1" in flickr[1]
+    busy = row(text, "busy")
+    assert re.match(r"busy\s+50400\s+1h\s+14 of 50\s", busy[0]), busy
+    assert re.match(r"\s+lost 120\s", busy[1]) and "503=40 500=9 Timeout=9" in busy[1]
+    assert re.match(r"broken\s+300\s+halted\s", row(text, "broken")[0])
+    assert re.match(r"met\s+0\s+—\s", row(text, "met")[0])
+    assert re.match(r"orphan\s+12\s+\?\s", row(text, "orphan")[0])
+    assert re.match(r"phylopic\s+0.2\s", row(text, "phylopic")[0])  # not measured: blank
+    # The rows come by backlog, largest first.
+    assert row_names(text) == ["flickr", "busy", "broken", "orphan", "met", "phylopic"]
+    assert "backlog: 2105712 URLs, measured 7" in text
+    assert "ETA 3h12m (the slowest source: flickr); 300 URLs of 1 source(s) at rate 0" in text
+    assert "errors by reason: 503=40 500=11 Timeout=9 404=1 ConnectionError=1" in text
+    assert "lost: 120 URLs deleted from urls.* topics before a worker read them" in text
+
+
+async def test_top_shows_the_first_n_and_says_how_many_are_hidden(redis: Redis) -> None:
+    await seed_backlog(redis)
+    status = await read_status(redis)
+    console = Console(width=200, record=True, color_system=None)
+    console.print(status_table(status, sort="errors", top=2))
+    text = console.export_text()
+    assert row_names(text) == ["flickr", "broken"]  # 3 errors, then 0 each: by name
+    assert "showing 2 of 6 sources by errors (4 more hidden: --top, --sort)" in text
+    # The totals are the whole crawl's, not the rows'.
+    assert "backlog: 2105712 URLs" in text
+
+
+# --- a table that fits the terminal ------------------------------------------------------
+
+
+def render_fitted(status: CrawlStatus, width: int) -> str:
+    console = Console(width=width, record=True, color_system=None)
+    console.print(FittedTable(status))
+    return console.export_text()
+
+
+async def test_a_narrow_terminal_hides_the_least_useful_columns_not_words(redis: Redis) -> None:
+    await seed_backlog(redis)
+    await seed_robots(redis)
+    long_why = c.PacingInfo(
+        0.1, 200.0, "computed", c.PACE_FLOOR, "held at its floor: " + "why " * 40
+    )
+    await redis.hset(c.RATES_HASH, "wikimedia_commons", long_why.to_json())
+    await redis.hset(c.BACKLOG_HASH, "wikimedia_commons", 123_456_789)
+    status = await read_status(redis)
+
+    wide = render_fitted(status, 200)
+    assert "too narrow" not in wide and "last 50 statuses" in wide
+    assert wide == render(status, width=200)  # as status_table draws it
+
+    narrow = render_fitted(status, 100)
+    assert "too narrow for: last 50 statuses, pace_rate, robots (a wider terminal or " in narrow
+    header = next(line for line in narrow.splitlines() if line.startswith("source "))
+    assert "pace_rate" not in header and "robots" not in header
+    for width in range(100, 201, 10):
+        text = render_fitted(status, width)
+        assert max(len(line.rstrip()) for line in text.splitlines()) <= width
+        # Every word whole: names, counts, states; only the reasons' lines are cut.
+        wikimedia = row(text, "wikimedia_commons")
+        assert re.match(
+            r"wikimedia_commons\s+123456789\s+14289d\s+0.1 of 200\s+(none\s+)?floor\s", wikimedia[0]
+        )
+        assert re.search(r"\sconfigured\s+13188\s+3\s", row(text, "flickr")[0])
+        assert {"backoff", "Retry-After:", "running,", "override", "50/s"} <= words(text, "busy")
+        assert {"temp", "halted,", "override", "5/s"} <= words(text, "met")
+
+
+def words(text: str, name: str) -> set[str]:
+    return {word for line in row(text, name) for word in line.split()}
+
+
+def many_sources(count: int) -> CrawlStatus:
+    backoff = c.PacingInfo(1.5, 2.0, "computed", c.PACE_BACKOFF, "cut to 1.5/s: 3 signals (503)")
+    return CrawlStatus(
+        tuple(
+            source(f"s{i:04d}", backlog=i * 10, rate_rps=1.5, pacing=backoff, errors=i)
+            for i in range(count)
+        ),
+        0,
+        0,
+        0,
+        0,
+        backlog_age_s=3.0,
+    )
+
+
+@pytest.mark.parametrize("height", [12, 24, 50])
+def test_the_live_table_shows_the_rows_that_leave_its_totals_on_the_screen(height: int) -> None:
+    status = many_sources(1000)
+    console = Console(width=120, height=height, record=True, color_system=None)
+    console.print(FittedTable(status, fit_height=True))
+    lines = console.export_text().splitlines()
+    names = row_names("\n".join(lines))
+    assert len(lines) <= height or len(names) == 1  # one row at least
+    assert names == [f"s{i:04d}" for i in range(999, 999 - len(names), -1)]  # by backlog
+    text = "\n".join(lines)
+    assert "backlog: 4995000 URLs, measured 3.0 s ago" in text
+    assert f"showing {len(names)} of 1000 sources by backlog" in text
+    if height >= 24:
+        assert len(names) >= (height - 14) // 2  # not needlessly few
+
+
+def test_a_top_is_kept_in_the_live_table() -> None:
+    console = Console(width=120, height=20, record=True, color_system=None)
+    console.print(FittedTable(many_sources(100), View(top=30), fit_height=True))
+    assert len(row_names(console.export_text())) == 30  # asked for: cropped by Live
+
+
+def test_parse_status_pairs_the_counts_with_the_keys_it_gave_the_script() -> None:
+    keys = ["resize_errors:a:503", "resize_errors:a:404", "resize_errors:b:503"]
+    raw = json.dumps({"sources": {"a": {}, "b": {}}, "reasons": ["4", False, "1"], "now": NOW})
+    status = parse_status(raw, keys)
+    assert [dict(s.errors_by_reason) for s in status.sources] == [{"503": 4}, {"503": 1}]
+    assert status.errors_by_reason == {"503": 5}
+    # cjson's empty table, and an answer shorter than the keys: no count where none is.
+    empty = parse_status(json.dumps({"sources": {"a": {}}, "reasons": {}}), keys)
+    assert empty.errors_by_reason == {}
+    short = parse_status(json.dumps({"sources": {"a": {}}, "reasons": ["2"]}), keys)
+    assert short.errors_by_reason == {"503": 2}
+
+
+def test_an_empty_status_fits_anywhere() -> None:
+    empty = CrawlStatus((), 0, 0, 0, 0)
+    text = render_fitted(empty, 80)
+    assert "(no source yet)" in text and "backlog: not measured" in text
+
+
+# --- --json --------------------------------------------------------------------------------
+
+
+async def test_the_json_has_every_field_with_numbers_as_numbers(redis: Redis) -> None:
+    await seed_backlog(redis)
+    document = status_json(await read_status(redis))
+    # Strict JSON: no NaN or Infinity anywhere (an endless ETA is null).
+    document = json.loads(json.dumps(document, allow_nan=False))
+    assert document["version"] == 1
+    general = document["general"]
+    assert set(general) == {
+        "sources", "sources_shown", "sort", "successes", "errors", "split", "malformed",
+        "effective_rps", "configured_rps", "backlog", "backlog_age_s", "backlog_stale",
+        "eta_s", "eta_source", "stalled_sources", "stalled_backlog", "unknown_eta_sources",
+        "errors_by_reason", "urls_lost",
+    }  # fmt: skip
+    assert general["sources"] == general["sources_shown"] == 6 and general["sort"] == "backlog"
+    assert (general["successes"], general["errors"], general["split"]) == (13224, 9, 20000)
+    assert general["backlog"] == 2_105_712 and 7 <= general["backlog_age_s"] < 9
+    assert general["backlog_stale"] is False
+    assert general["eta_s"] == pytest.approx(2_055_000 / 178.4)
+    assert general["eta_source"] == "flickr"
+    assert (general["stalled_sources"], general["stalled_backlog"]) == (1, 300)
+    assert general["unknown_eta_sources"] == 1  # orphan: no rate
+    assert general["errors_by_reason"] == {
+        "503": 40, "500": 11, "Timeout": 9, "404": 1, "ConnectionError": 1}  # fmt: skip
+    assert general["urls_lost"] == 120
+    assert [s["name"] for s in document["sources"]] == [
+        "flickr", "busy", "broken", "orphan", "met", "phylopic"]  # fmt: skip
+    by_name = {s["name"]: s for s in document["sources"]}
+    assert by_name["busy"] == {
+        "name": "busy",
+        "backlog": 50400,
+        "eta_s": 3600.0,
+        "eta_state": "draining",
+        "effective_rps": 14.0,
+        "configured_rps": 50.0,
+        "rate_origin": "override_rate:",
+        "pacing_state": "backoff",
+        "pacing_why": "cut to 14/s: 3 backoff signals (503)",
+        "pace_rate_rps": 14.0,
+        "next_slot_in_s": by_name["busy"]["next_slot_in_s"],
+        "successes": 0,
+        "errors": 0,
+        "errors_by_reason": {"503": 40, "500": 9, "Timeout": 9, "ConnectionError": 1},
+        "last_statuses": {},
+        "urls_lost": 120,
+        "halted": False,
+        "temp_halted": False,
+        "override_rps": 50.0,
+        "robots_disallowed": 0,
+        "robots_exempt": False,
+        "crawl_delay_s": None,
+    }
+    assert 40 < by_name["busy"]["next_slot_in_s"] <= 42
+    assert (by_name["broken"]["eta_s"], by_name["broken"]["eta_state"]) == (None, "halted")
+    assert (by_name["met"]["eta_s"], by_name["met"]["eta_state"]) == (0.0, "empty")
+    assert (by_name["orphan"]["eta_s"], by_name["orphan"]["eta_state"]) == (None, "unknown")
+    phylopic = by_name["phylopic"]
+    assert (phylopic["backlog"], phylopic["eta_state"], phylopic["configured_rps"]) == (
+        None, "unknown", 0.2)  # fmt: skip
+    assert phylopic["pacing_state"] is None  # an older monitor's plain rate
+
+
+def test_the_json_of_an_unmeasured_crawl_says_so() -> None:
+    general = status_json(CrawlStatus((source("a", rate_rps=1.0),), 0, 0, 0, 0))["general"]
+    assert general["backlog"] is None and general["backlog_age_s"] is None
+    assert general["backlog_stale"] is True and general["eta_s"] is None
+
+
+def test_the_json_has_no_nan_or_infinity_whatever_redis_holds() -> None:
+    raw = {
+        "rate": json.dumps(
+            {"rate_rps": "nan", "configured_rps": "inf", "origin": "", "state": "", "why": ""}
+        ),
+        "pace_rate": "inf",
+        "pace_next": "inf",
+        "override": "-inf",
+        "backlog": "12",
+    }
+    document = status_json(parse_status(payload(raw)))
+    (only,) = document["sources"]
+    assert json.loads(json.dumps(document, allow_nan=False))["sources"] == [only]
+    assert only["effective_rps"] is None and only["configured_rps"] is None
+    assert only["pace_rate_rps"] is None and only["next_slot_in_s"] is None
+    assert only["override_rps"] is None and only["eta_s"] is None
+
+
+def test_the_json_follows_sort_and_top() -> None:
+    document = status_json(CrawlStatus(tuple(SORTABLE), 0, 0, 0, 0), sort="eta", top=2)
+    assert [s["name"] for s in document["sources"]] == ["d", "b"]
+    assert (document["general"]["sources"], document["general"]["sources_shown"]) == (5, 2)
+
+
+# --- the command ---------------------------------------------------------------------------
+
+
+async def test_the_command_prints_json_sorted_and_cut(
+    redis: Redis, redis_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    await seed_backlog(redis)
+    argv = ["status", "--json", "--sort", "errors", "--top", "1", "--redis", redis_url]
+    assert await asyncio.to_thread(cli.run, argv) == EXIT_OK
+    document = json.loads(capsys.readouterr().out)
+    assert [s["name"] for s in document["sources"]] == ["flickr"]
+    assert document["general"]["sources"] == 6
+
+
+async def test_the_command_prints_the_table_once(
+    redis: Redis,
+    redis_url: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    await seed_backlog(redis)
+    monkeypatch.setenv("COLUMNS", "100")
+    argv = ["status", "--once", "--top", "3", "--redis", redis_url]
+    assert await asyncio.to_thread(cli.run, argv) == EXIT_OK
+    text = capsys.readouterr().out
+    assert row_names(text) == ["flickr", "busy", "broken"]
+    assert "showing 3 of 6 sources by backlog (3 more hidden: --top, --sort)" in text
+    assert max(len(line) for line in text.splitlines()) <= 100
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["status", "--top", "0"], "--top must be at least 1"),
+        (["status", "--sort", "speed"], "invalid choice: 'speed'"),
+    ],
+)
+def test_bad_options(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    try:
+        code = cli.run(argv)
+    except SystemExit as e:
+        code = int(e.code or 0)
+    assert code == EXIT_USAGE
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("sources", "eta_s", "fragment"),
+    [
+        ([source("a", backlog=0, rate_rps=1.0)], 0.0, "ETA —"),
+        ([source("a", backlog=0, rate_rps=1.0), source("x", backlog=4)], 0.0, "ETA —; 1 source"),
+        ([source("a", backlog=5, rate_rps=0.0, halted=True)], None, "ETA never; 5 URLs of 1"),
+        ([source("a", backlog=5, rate_rps=0.0), source("b", backlog=10, rate_rps=5.0)], 2.0,
+         "ETA 2s (the slowest source: b); 5 URLs of 1 source(s) at rate 0"),
+    ],
+)  # fmt: skip
+def test_the_crawls_eta_leaves_out_what_never_drains(
+    sources: list[SourceStatus], eta_s: float | None, fragment: str
+) -> None:
+    total = totals(sources)
+    assert total.eta_s == eta_s
+    status = CrawlStatus(tuple(sources), 0, 0, 0, 0, backlog_age_s=1.0)
+    assert fragment in backlog_line(status, total)

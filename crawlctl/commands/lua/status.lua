@@ -1,9 +1,12 @@
 -- The fast path of `image-crawler status`'s read (crawlctl/commands/status.py): every
 -- source's keys in one call, timed by Redis' clock.
 --
+-- KEYS: the per-status error counters (resize_errors:{source}:{status}) the caller found
+-- with SCAN: a SCAN here would hold Redis for the whole walk of its keyspace.
 -- ARGV: the set and hash names, then key prefixes and counters, in the order of _ARGV.
 -- Answers JSON {"sources": {name: {...}}, "halted": [...], "temp_halted": [...],
--- "robots_exempt": [...],
+-- "robots_exempt": [...], "reasons": [the count of each of KEYS, in order, or false],
+-- "backlog_at": ...,
 -- "totals": {...}, "now": [seconds, microseconds]}. A key of the wrong type reads as
 -- absent rather than failing the view. "now" is Redis's clock, not the operator's: the
 -- workers write pace_next from Redis's TIME, so only that clock compares with it.
@@ -11,7 +14,8 @@ local inbound, halted_set, temp_set, rates_hash = ARGV[1], ARGV[2], ARGV[3], ARG
 local pace_rate_prefix, resized, errors, last_prefix = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
 local override_prefix, alias_prefix, split, malformed = ARGV[9], ARGV[10], ARGV[11], ARGV[12]
 local pace_next_prefix, exempt_set, crawl_delay_prefix = ARGV[13], ARGV[14], ARGV[15]
-local disallowed_status = ARGV[16]
+local disallowed_status, backlog_hash, backlog_at = ARGV[16], ARGV[17], ARGV[18]
+local lost_prefix = ARGV[19]
 
 local function call(...)
   local reply = redis.pcall(...)
@@ -39,6 +43,13 @@ for i = 1, #flat, 2 do
   rates[flat[i]] = flat[i + 1]
   add({flat[i]})
 end
+-- A topic with URLs waiting shows even when its source is in no set (Redis lost them).
+local backlog = {}
+flat = call('HGETALL', backlog_hash) or {}
+for i = 1, #flat, 2 do
+  backlog[flat[i]] = flat[i + 1]
+  add({flat[i]})
+end
 
 local sources = {}
 for _, s in ipairs(names) do
@@ -53,11 +64,22 @@ for _, s in ipairs(names) do
     alias = call('GET', alias_prefix .. s),
     disallowed = call('GET', errors .. ':' .. s .. ':' .. disallowed_status),
     crawl_delay = call('GET', crawl_delay_prefix .. s),
+    backlog = backlog[s] or false,
+    lost = call('GET', lost_prefix .. ':' .. s),
   }
+end
+-- MGET in slices: one call a key costs more than the read, and unpack has a stack limit.
+local reasons = {}
+for first = 1, #KEYS, 1000 do
+  local last = math.min(first + 999, #KEYS)
+  local counts = redis.call('MGET', unpack(KEYS, first, last))
+  for i = first, last do
+    reasons[i] = counts[i - first + 1]
+  end
 end
 return cjson.encode({
   sources = sources, halted = halted, temp_halted = temp, robots_exempt = exempt,
-  now = redis.call('TIME'),
+  reasons = reasons, backlog_at = call('GET', backlog_at), now = redis.call('TIME'),
   totals = {
     num_resized = call('GET', resized), resize_errors = call('GET', errors),
     num_split = call('GET', split), num_malformed = call('GET', malformed),
