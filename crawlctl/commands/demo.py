@@ -314,7 +314,8 @@ def run(args: argparse.Namespace) -> int:
     data_dir.mkdir(parents=True, exist_ok=True)
     sources_path = data_dir / "demo-sources.json"
     sources_path.write_text(json.dumps(plan.sources_file(), indent=2) + "\n")
-    settings = stack_settings(args, sources_path)
+    # A demo starts afresh: an earlier demo's queue or breaker state would only get in its way.
+    settings = dataclasses.replace(stack_settings(args, sources_path), persistent=False)
     out_path = Path(args.out).expanduser().resolve()
 
     def body(stack: LocalStack) -> int:

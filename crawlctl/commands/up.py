@@ -48,7 +48,10 @@ def register(subcommands: Subcommands) -> None:
             "127.0.0.1, print where they listen and how to feed them, and wait. Ctrl-C or "
             "SIGTERM stops them in order (workers, monitor, broker and redis-server) and "
             "exits 0; a process that dies meanwhile stops everything with exit status 1. "
-            "Thumbnails go to a local folder (THUMBNAIL_STORE=local)."
+            "Thumbnails go to a local folder (THUMBNAIL_STORE=local). The data folder "
+            "keeps the work across a clean stop and a restart: Redis's state (append-only "
+            "file), the URLs still queued (saved at stop, restored at start) and the "
+            "outputs (DATA/outputs/TOPIC.jsonl). A SIGKILL saves no queued URL."
         ),
     )
     up.add_argument(
@@ -74,7 +77,8 @@ def stack_options() -> Parser:
         "--data-dir",
         default=DEFAULT_DATA_DIR,
         metavar="DIR",
-        help=f"logs and working files (default: ./{DEFAULT_DATA_DIR})",
+        help="logs, Redis's state, queued URLs and outputs, kept across restarts"
+        f" (default: ./{DEFAULT_DATA_DIR})",
     )
     stack.add_argument(
         "--log-frequency",
@@ -135,7 +139,7 @@ def with_stack(
     Returns ``body``'s exit status (``interrupted`` after Ctrl-C or SIGTERM), or
     ``EXIT_FAILED`` when the stack did not start or a crawler process did not stop cleanly.
     """
-    stack = LocalStack(settings)
+    stack = LocalStack(settings, notify=note)
     code = EXIT_OK
     statuses: dict[str, int | None] = {}
     with signals_to(raise_interrupt):
@@ -178,8 +182,14 @@ def describe(stack: LocalStack) -> None:
     bootstrap, redis_url = stack.broker.bootstrap, stack.redis.url
     processes = ", ".join(f"{p.name} (pid {p.pid})" for p in stack.crawler_processes)
     out(f"{PROG}: a local crawl is running; Ctrl-C stops it")
-    out(f"  broker      {bootstrap}    (KAFKA_HOSTS, tansu, in memory)")
-    out(f"  redis       {redis_url}    (REDIS_URL)")
+    if settings.persistent:
+        out(f"  broker      {bootstrap}    (KAFKA_HOSTS, tansu, in memory; queued URLs are")
+        out(f"              saved to {settings.spool_path} at a clean stop, not at a SIGKILL)")
+        out(f"  redis       {redis_url}    (REDIS_URL, append-only file in {settings.redis_dir})")
+        out(f"  outputs     {settings.outputs_dir}    (TOPIC.jsonl, appended as they come)")
+    else:
+        out(f"  broker      {bootstrap}    (KAFKA_HOSTS, tansu, in memory)")
+        out(f"  redis       {redis_url}    (REDIS_URL)")
     out(f"  thumbnails  {settings.thumbnails_dir}")
     out(f"  logs        {settings.log_dir}")
     out(f"  sources     {settings.sources_file or '(none: nothing will be crawled)'}")

@@ -103,6 +103,8 @@ class Child:
 
     def __init__(self, log_path: Path) -> None:
         self.log_path = log_path
+        # Descriptors the process inherits (the stack's data-folder lock).
+        self.pass_fds: tuple[int, ...] = ()
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -137,6 +139,7 @@ class Child:
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,
+                pass_fds=self.pass_fds,
             )
         _RUNNING.add(self)
 

