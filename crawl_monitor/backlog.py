@@ -4,7 +4,8 @@ Per partition of ``urls.{source}``, the backlog is its end offset minus the offs
 workers' group (``image_handlers``) committed there, or minus the partition's log start
 when the group committed nothing there or its offset is below the log start (those URLs
 are gone: the workers count them as ``urls_lost``); never below 0. A source's backlog is
-the sum over its partitions, and its ETA that backlog at its effective rate (``eta_s``).
+the sum over its partitions, and its ETA that backlog at its effective rate
+(``image_crawler.contract.eta_s``).
 
 Every ``LOG_FREQUENCY_S`` the monitor measures every ``urls.*`` topic of the cluster,
 known source or not, in the same few requests whatever the number of sources
@@ -28,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import math
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Final, Protocol
@@ -83,30 +83,6 @@ def backlog_by_source(offsets: Mapping[TopicPartition, PartitionOffsets]) -> dic
         if source is not None:
             backlog[source] = backlog.get(source, 0) + partition_backlog(partition)
     return backlog
-
-
-def eta_s(backlog: int, rate_rps: float) -> float:
-    """Seconds to crawl ``backlog`` URLs at ``rate_rps`` requests/s: 0 when nothing waits,
-    infinite when URLs wait and the rate is 0 (halted, stopped, or not a known source)."""
-    if backlog <= 0:
-        return 0.0
-    if rate_rps <= 0:
-        return math.inf
-    return backlog / rate_rps
-
-
-def crawl_eta_s(backlog: Mapping[str, int], rates: Mapping[str, float]) -> float:
-    """The crawl's ETA: the largest ETA of the known sources (``rates``: each one's
-    effective rate, requests/s) that are being crawled, since sources are crawled in
-    parallel. A source without a rate (halted, stopped) waits outside it, or the crawl's
-    ETA would be infinite for as long as any one source is halted; it is infinite only
-    when such sources are all that has a backlog. A source that is not known is never
-    crawled until it is: its backlog is outside the ETA."""
-    crawled = [eta_s(backlog.get(s, 0), rate) for s, rate in rates.items() if rate > 0]
-    eta = max(crawled, default=0.0)
-    if eta == 0.0 and any(backlog.get(s, 0) > 0 for s in rates):
-        return math.inf
-    return eta
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -22,7 +22,7 @@ with a ``urls.{source}`` topic for the backlog):
 Totals: ``crawler_successes_total``, ``crawler_errors_total`` (``num_resized``,
 ``resize_errors``), ``crawler_split_total`` (``num_split``), ``crawler_backlog_urls``,
 ``crawler_eta_seconds`` (the largest ETA of the known sources being crawled, see
-``crawl_monitor.backlog.crawl_eta_s``), ``crawler_sources`` (known sources),
+``image_crawler.contract.crawl_eta_s``), ``crawler_sources`` (known sources),
 ``crawler_backlog_measured_timestamp_seconds``, ``crawler_monitor_leading`` (1 while this
 monitor holds the leader lease) and ``crawler_monitor_loop_seconds`` (a histogram of the
 regulator loop's duration, observed by the loop).
@@ -43,9 +43,10 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from crawl_monitor.backlog import Backlog, crawl_eta_s, eta_s
+from crawl_monitor.backlog import Backlog
 from crawl_monitor.monitoring import Counters
 from crawl_monitor.policy.decision import RegulatorSnapshot
+from image_crawler.contract import crawl_eta_s, eta_s
 
 # The regulator loop takes tens of milliseconds with thousands of sources; its period is
 # one second, and a loop waiting on an unreachable Redis takes REDIS_TIMEOUT_S.

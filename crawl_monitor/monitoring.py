@@ -20,7 +20,7 @@ requests are paced at now (lower while its server pushes back, 0 while halted),
 ``backlog`` is a source's URLs split and not yet taken by a worker, and ``eta_s`` the
 seconds to crawl them at its effective rate (``crawl_monitor.backlog``), from the latest
 backlog measurement; in ``general`` the sum, and the crawl's ETA
-(``crawl_monitor.backlog.crawl_eta_s``: the largest ETA of the known sources being
+(``image_crawler.contract.crawl_eta_s``: the largest ETA of the known sources being
 crawled). Both are null until a first measurement, and ``eta_s`` is null when infinite:
 a source with a backlog and no rate (halted, stopped, or not a known source). Rates are
 rounded to six significant digits and ETAs to the second.
@@ -46,7 +46,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from crawl_monitor.backlog import Backlog, crawl_eta_s, eta_s
+from crawl_monitor.backlog import Backlog
 from crawl_monitor.policy.decision import RegulatorSnapshot
 from crawl_monitor.policy.rates import next_tick_at
 from image_crawler.contract import (
@@ -57,6 +57,8 @@ from image_crawler.contract import (
     PACE_RECOVERING,
     RESIZE_ERRORS,
     PacingInfo,
+    crawl_eta_s,
+    eta_s,
     num_resized_key,
     resize_errors_key,
 )

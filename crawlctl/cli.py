@@ -4,8 +4,8 @@ Subcommands (each has ``--help``)::
 
     up        start broker, redis-server, monitor and workers on loopback; Ctrl-C stops them
     demo      ``up`` plus a local origin of bundled samples, crawled end to end
-    produce   feed inbound_images from a JSON Lines, CSV or TSV file
-    status    a live table of every source's pacing, counters and halt state
+    produce   feed inbound_images from a JSON Lines, CSV, TSV or Parquet file
+    status    a live table of every source's backlog, ETA, pacing, counters and halt state
     halt      halt a source now (the permanent breaker, set by hand)
     resume    resume a halted source (the README's redis-cli procedure, done right)
     override  set or clear a source's rate override

@@ -11,7 +11,9 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import math
 import re
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -544,6 +546,34 @@ PACE_STOPPED: Final = "stopped"  # configured at 0 (an override of 0)
 PACE_STATES: Final = frozenset(
     {PACE_CONFIGURED, PACE_BACKOFF, PACE_RECOVERING, PACE_FLOOR, PACE_HALTED, PACE_STOPPED}
 )
+
+
+# --- Backlog and ETA -------------------------------------------------------------------
+# One rule for the monitor (monitoring_update, /metrics) and `image-crawler status`.
+
+
+def eta_s(backlog: int, rate_rps: float) -> float:
+    """Seconds to crawl ``backlog`` URLs at ``rate_rps`` requests/s: 0 when nothing waits,
+    infinite when URLs wait and the rate is 0 (halted, stopped, or not a known source)."""
+    if backlog <= 0:
+        return 0.0
+    if rate_rps <= 0:
+        return math.inf
+    return backlog / rate_rps
+
+
+def crawl_eta_s(backlog: Mapping[str, int], rates: Mapping[str, float]) -> float:
+    """The crawl's ETA: the largest ETA of the known sources (``rates``: each one's
+    effective rate, requests/s) that are being crawled, since sources are crawled in
+    parallel. A source without a rate (halted, stopped) waits outside it, or the crawl's
+    ETA would be infinite for as long as any one source is halted; it is infinite only
+    when such sources are all that has a backlog. A source that is not known is never
+    crawled until it is: its backlog is outside the ETA."""
+    crawled = [eta_s(backlog.get(s, 0), rate) for s, rate in rates.items() if rate > 0]
+    eta = max(crawled, default=0.0)
+    if eta == 0.0 and any(backlog.get(s, 0) > 0 for s in rates):
+        return math.inf
+    return eta
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

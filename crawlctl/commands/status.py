@@ -76,6 +76,7 @@ from image_crawler.contract import (
     MalformedMessage,
     PacingInfo,
     Status,
+    eta_s,
 )
 from image_crawler.lua import lua_script
 
@@ -367,7 +368,7 @@ def eta(backlog: int | None, rate_rps: float | None, *, halted: bool = False) ->
         return Eta(None, ETA_UNKNOWN)
     if rate_rps == 0:
         return Eta(None, ETA_HALTED if halted else ETA_STOPPED)
-    return Eta(backlog / rate_rps, ETA_DRAINING)
+    return Eta(eta_s(backlog, rate_rps), ETA_DRAINING)
 
 
 def source_eta(source: SourceStatus) -> Eta:

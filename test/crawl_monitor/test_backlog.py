@@ -26,12 +26,11 @@ from crawl_monitor.backlog import (
     KafkaOffsets,
     PartitionOffsets,
     backlog_by_source,
-    crawl_eta_s,
-    eta_s,
     partition_backlog,
     write_backlog,
 )
 from image_crawler import contract as c
+from image_crawler.contract import crawl_eta_s, eta_s
 from test.harness.services import create_topics, free_port, wait_for
 
 
