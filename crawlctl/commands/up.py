@@ -28,7 +28,7 @@ from crawlctl.console import (
     out,
 )
 from crawlctl.localstack.processes import ServiceError
-from crawlctl.localstack.services import redis_cli_binary
+from crawlctl.localstack.services import LOOPBACK, redis_cli_binary
 from crawlctl.localstack.stack import LocalStack, StackSettings
 from crawlctl.signals import raise_interrupt, signals_to
 from image_crawler.contract import INBOUND_TOPIC, LOG_FREQUENCY_S, RATES_HASH
@@ -194,6 +194,11 @@ def describe(stack: LocalStack) -> None:
     out(f"  logs        {settings.log_dir}")
     out(f"  sources     {settings.sources_file or '(none: nothing will be crawled)'}")
     out(f"  processes   {processes}")
+    if stack.monitor is not None:
+        port = stack.monitor.env["METRICS_PORT"]
+        out(f"  dashboard   http://{LOOPBACK}:{port}/    (and its /metrics)")
+    workers = ", ".join(w.env["METRICS_PORT"] for w in stack.workers)
+    out(f"  metrics     workers' /metrics on {LOOPBACK} ports {workers}")
     redis_cli = redis_cli_binary() or "redis-cli"
     out("feed it (JSON lines of url, uuid, source; the source must be in the sources file):")
     out(f"  {PROG} produce urls.jsonl --kafka {bootstrap}")

@@ -32,6 +32,16 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def port_free(port: int) -> bool:
+    """True when ``port`` on 127.0.0.1 can be bound now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((LOOPBACK, port))
+        except OSError:
+            return False
+        return True
+
+
 def port_answers(port: int) -> bool:
     """True when something accepts TCP connections on 127.0.0.1:``port``."""
     try:

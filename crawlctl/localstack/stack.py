@@ -29,7 +29,13 @@ from crawlctl.localstack import spool
 from crawlctl.localstack.archive import Archived, OutputArchive
 from crawlctl.localstack.lock import DataDirLock
 from crawlctl.localstack.processes import Child, ModuleProcess, ServiceError, wait_until
-from crawlctl.localstack.services import KafkaBroker, RedisServer
+from crawlctl.localstack.services import (
+    LOOPBACK,
+    KafkaBroker,
+    RedisServer,
+    free_port,
+    port_free,
+)
 from image_crawler import contract
 from image_crawler.config import env_optional
 
@@ -41,6 +47,7 @@ STOP_MARGIN_S: Final = 15.0
 # after Ctrl-C and pick up a new source within a second.
 DEFAULT_SHUTDOWN_GRACE_S: Final = 10.0
 DEFAULT_SOURCES_POLL_S: Final = 1.0
+DEFAULT_MONITOR_METRICS_PORT: Final = 9100
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -117,6 +124,21 @@ def crawler_env(
     if settings.sources_file is not None:
         env["SOURCES_FILE"] = str(settings.sources_file)
     return env
+
+
+def monitor_metrics_port(environ: Mapping[str, str]) -> int:
+    """The monitor's METRICS_PORT: the operator's, else 9100 (the compose file's, so that
+    the dashboard has the same address) while it is free, else any free port."""
+    chosen = env_optional(environ, "METRICS_PORT")
+    if chosen is not None and chosen.isdigit():
+        return int(chosen)
+    return DEFAULT_MONITOR_METRICS_PORT if port_free(DEFAULT_MONITOR_METRICS_PORT) else free_port()
+
+
+def metrics_env(port: int) -> dict[str, str]:
+    """/metrics, /healthz (and the monitor's dashboard) on loopback only: the stack is one
+    machine's, and what it serves is for its operator."""
+    return {"METRICS_PORT": str(port), "METRICS_HOST": LOOPBACK}
 
 
 def shutdown_grace_s(env: Mapping[str, str]) -> float:
@@ -197,11 +219,17 @@ class LocalStack:
                 self._start_archive()
             self.env = crawler_env(settings, self.broker.bootstrap, self.redis.url, os.environ)
             self.monitor = ModuleProcess(
-                "monitor", "crawl_monitor", self.env, settings.log_dir / "monitor.log"
+                "monitor",
+                "crawl_monitor",
+                {**self.env, **metrics_env(monitor_metrics_port(os.environ))},
+                settings.log_dir / "monitor.log",
             )
             self.workers = [
                 ModuleProcess(
-                    f"worker-{i}", "worker", self.env, settings.log_dir / f"worker-{i}.log"
+                    f"worker-{i}",
+                    "worker",
+                    {**self.env, **metrics_env(free_port())},
+                    settings.log_dir / f"worker-{i}.log",
                 )
                 for i in range(1, settings.workers + 1)
             ]

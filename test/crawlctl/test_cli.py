@@ -19,6 +19,7 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
+import aiohttp
 import psutil
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
@@ -658,6 +659,8 @@ async def test_up_runs_a_crawl_end_to_end_and_ctrl_c_stops_everything(
     assert up.wait_for_line(r"^\s+logs\s+(\S+)", 1).group(1) == str(data / "logs")
     assert up.wait_for_line(r"image-crawler produce urls.jsonl --kafka (\S+)", 1).group(1) == broker
     assert up.wait_for_line(r"kcat -P -b (\S+) -t inbound_images", 1).group(1) == broker
+    dashboard = up.wait_for_line(r"^\s+dashboard\s+(http://127\.0\.0\.1:\d+/)", 1).group(1)
+    worker_port = up.wait_for_line(r"workers' /metrics on 127\.0\.0\.1 ports (\d+)", 1).group(1)
     children = up.descendants = descendants(up.process.pid)
     names = " ".join(" ".join(p.cmdline()) for p in children)
     assert "crawl_monitor" in names and "-m worker" in names and "redis-server" in names
@@ -701,6 +704,16 @@ async def test_up_runs_a_crawl_end_to_end_and_ctrl_c_stops_everything(
     assert status.returncode == 0, status.stderr
     row = re.compile(rf"^upsrc\s.*\s{len(images)}\s+0\s+200={len(images)}\s", re.MULTILINE)
     assert row.search(status.stdout), status.stdout
+    # up serves the dashboard and every process's metrics, on loopback.
+    async with aiohttp.ClientSession() as http:
+        async with http.get(dashboard) as page:
+            assert page.status == 200 and "text/html" in page.headers["Content-Type"]
+        async with http.get(f"{dashboard}metrics") as metrics:
+            assert "crawler_successes_total" in await metrics.text()
+        worker_metrics = f"http://127.0.0.1:{worker_port}/metrics"
+        async with http.get(worker_metrics) as metrics:
+            sent = f'crawler_outcomes_total{{source="upsrc",status="200"}} {len(images)}.0'
+            assert sent in await metrics.text()
 
     up.process.send_signal(signal.SIGINT)  # Ctrl-C
     assert await asyncio.to_thread(up.wait, 120) == 0, up.stderr
