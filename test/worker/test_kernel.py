@@ -8,6 +8,7 @@ import pytest
 from PIL import Image, ImageChops, ImageStat, JpegImagePlugin
 
 from test.harness.corpus import CorpusImage, broken_images, build, good_images
+from worker.images import kernel
 from worker.images.exif import ExifLimits
 from worker.images.kernel import (
     DEFAULT_LIMITS,
@@ -329,14 +330,45 @@ def test_animation_gives_first_frame() -> None:
         assert to_first < 10 < to_second, fmt
 
 
-# --- JPEG draft decoding -------------------------------------------------------------
+# --- JPEG decoding at a reduced scale -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("size", "decoded"),
+    [
+        ((2048, 1536), (768, 576)),  # 3/8 is the smallest scale that covers 640x480
+        ((1281, 961), (641, 481)),  # 4/8
+        ((1024, 768), (640, 480)),  # 5/8: nothing left for the resize
+        ((640, 480), (640, 480)),
+        ((50, 40), (50, 40)),
+    ],
+)
+def test_ycbcr_and_grey_jpegs_decode_at_the_smallest_covering_scale(
+    monkeypatch: pytest.MonkeyPatch, size: tuple[int, int], decoded: tuple[int, int]
+) -> None:
+    shapes: list[tuple[int, int]] = []
+    decode = kernel.simplejpeg.decode_jpeg
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        pixels = decode(*args, **kwargs)
+        shapes.append((pixels.shape[1], pixels.shape[0]))
+        return pixels
+
+    monkeypatch.setattr(kernel.simplejpeg, "decode_jpeg", spy)
+    for mode in ("RGB", "L"):
+        shapes.clear()
+        body = _encode(Image.new(mode, size, 90), "JPEG")
+        thumbnail = _thumbnail(_processed(body))
+        assert shapes == [decoded], mode
+        assert thumbnail.size == thumbnail_size(*size, 640)
+        assert thumbnail.mode == mode
 
 
 @pytest.mark.parametrize(
     ("size", "drafted"),
     [((2048, 1536), (640, 480)), ((1281, 961), (640, 480)), ((640, 480), None), ((50, 40), None)],
 )
-def test_big_jpegs_are_drafted(
+def test_cmyk_jpegs_are_drafted_by_pillow(
     monkeypatch: pytest.MonkeyPatch, size: tuple[int, int], drafted: tuple[int, int] | None
 ) -> None:
     calls: list[tuple[str | None, tuple[int, int] | None]] = []
@@ -349,10 +381,25 @@ def test_big_jpegs_are_drafted(
         return draft(self, mode, size)
 
     monkeypatch.setattr(JpegImagePlugin.JpegImageFile, "draft", spy)
-    body = _encode(Image.new("RGB", size, (90, 90, 90)), "JPEG")
+    body = _encode(Image.new("CMYK", size, (10, 20, 30, 40)), "JPEG")
     result = _processed(body)
     assert calls == ([] if drafted is None else [("RGB", drafted)])
-    assert _thumbnail(result).size == thumbnail_size(*size, 640)
+    thumbnail = _thumbnail(result)
+    assert thumbnail.size == thumbnail_size(*size, 640)
+    assert thumbnail.mode == "RGB"
+
+
+def test_a_jpeg_libjpeg_turbo_refuses_gets_pillows_verdict(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise ValueError("Corrupt JPEG data: 3 extraneous bytes before marker 0xd9")
+
+    monkeypatch.setattr(kernel.simplejpeg, "decode_jpeg", refuse)
+    body = _encode(Image.new("RGB", (1600, 1200), (200, 30, 60)), "JPEG")
+    thumbnail = _thumbnail(_processed(body))
+    assert thumbnail.size == (640, 480)
+    assert thumbnail.getpixel((320, 240)) == pytest.approx((200, 30, 60), abs=3)
 
 
 # --- values --------------------------------------------------------------------------
