@@ -1,14 +1,17 @@
 """``python -m bench``: the crawler's benchmark (see bench/README.md).
 
 Builds (or reuses) the corpus, times the image kernel, starts the origin, runs one crawl
-per ``--sources`` count on a fresh local stack, times the monitor's loop, then prints a
-table and writes ``--out`` (JSON) and the same table as markdown next to it.
+per ``--sources`` count on a fresh local stack, then compares the worker with img2dataset
+and with a bare Pillow pipeline on the corpus's "mixed" files, measures the thumbnails'
+PSNR, times the monitor's loop, then prints a table and writes ``--out`` (JSON) and the
+same table as markdown next to it.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import datetime
 import json
 import logging
@@ -22,10 +25,13 @@ from typing import Any
 import structlog
 from PIL import features
 
+from bench import peer as img2dataset
+from bench.bare import measure_bare
 from bench.corpus import DEFAULT_DIR, Corpus, ensure_corpus
 from bench.crawl import RunConfig, run_crawl
 from bench.kernel import measure_kernel
 from bench.monitor_loop import measure_monitor
+from bench.quality import measure_quality
 from bench.report import render_markdown, render_text, verdicts
 from bench.services import ROOT, Origin
 from worker.settings import WorkerSettings
@@ -86,6 +92,34 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
         help="source counts of the monitor loop ('' to skip)",
     )
     parser.add_argument(
+        "--compare-images",
+        type=int,
+        default=3000,
+        help="images of the comparison on the mixed files: the worker's crawl and each "
+        "img2dataset run (0 skips the comparison)",
+    )
+    parser.add_argument(
+        "--no-peer", action="store_true", help="compare without img2dataset (no venv, no runs)"
+    )
+    parser.add_argument(
+        "--peer-repeats", type=int, default=3, help="img2dataset run pairs (1 and N images)"
+    )
+    parser.add_argument(
+        "--peer-cache",
+        type=Path,
+        default=img2dataset.DEFAULT_CACHE,
+        help="img2dataset's virtual environment (made there when missing)",
+    )
+    parser.add_argument(
+        "--bare-rounds",
+        type=int,
+        default=5,
+        help="timed rounds of the bare Pillow pipeline and the kernel over the mixed files",
+    )
+    parser.add_argument(
+        "--no-quality", action="store_true", help="skip the thumbnails' PSNR over the corpus"
+    )
+    parser.add_argument(
         "--profile",
         action="store_true",
         help="py-spy the first worker (main + pool) during each crawl",
@@ -97,7 +131,12 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
         default=None,
         help="service and worker logs (default: a new temporary folder)",
     )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.compare_images == 1 or args.compare_images < 0:
+        parser.error("--compare-images must be 0 (no comparison) or at least 2")
+    if args.peer_repeats < 1 or args.bare_rounds < 1:
+        parser.error("--peer-repeats and --bare-rounds must be at least 1")
+    return args
 
 
 def _machine() -> dict[str, Any]:
@@ -126,6 +165,95 @@ def _kernel(corpus: Corpus, rounds: int) -> dict[str, Any]:
     return measure_kernel(bodies, rounds=rounds)
 
 
+def _crawl_config(args: argparse.Namespace, sources: int, images: int, log_dir: Path) -> RunConfig:
+    return RunConfig(
+        images=images,
+        workers=args.workers,
+        image_processes=args.image_processes,
+        sources=sources,
+        partitions=args.partitions or (4 if sources == 1 else 1),
+        max_tasks=args.max_tasks,
+        rate_rps=args.rate,
+        warmup=args.warmup,
+        timeout_s=args.timeout or 600 + images / 5,
+        profile=args.profile,
+        s3=args.s3,
+        log_dir=log_dir,
+    )
+
+
+def _mean_of(measured: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "cpu_s_per_image": sum(m["cpu_s_per_image"] for m in measured) / len(measured),
+        "measurements": measured,
+    }
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a and b else None
+
+
+async def _comparison(
+    args: argparse.Namespace, mixed: Corpus, log_dir: Path, venv: dict[str, Any] | None
+) -> dict[str, Any]:
+    """The worker, img2dataset, the bare Pillow pipeline and the kernel on the mixed
+    files: the pipeline and the kernel before and after, img2dataset then the worker's
+    crawl in between, both fed by the same origin (``bench.origin --kind mixed``)."""
+    bodies = mixed.bodies()
+    load_before = [round(x, 2) for x in os.getloadavg()]
+    print(f"comparison: bare Pillow and kernel over {len(bodies)} mixed bodies", file=sys.stderr)
+    bare = [measure_bare(bodies, rounds=args.bare_rounds)]
+    kernel = [measure_kernel(bodies, rounds=args.bare_rounds)]
+    peer: dict[str, Any] | None = None
+    with Origin(mixed.directory, log_dir, kind="mixed") as origin:
+        if venv is not None:
+            print(
+                f"comparison: img2dataset, {args.peer_repeats} x (1 + {args.compare_images}) "
+                "images",
+                file=sys.stderr,
+            )
+            peer = await asyncio.to_thread(
+                img2dataset.measure_img2dataset,
+                Path(venv["venv"]),
+                origin.url,
+                images=args.compare_images,
+                repeats=args.peer_repeats,
+                work_dir=log_dir / "img2dataset",
+            )
+            peer["venv"] = venv
+            peer["packages"] = img2dataset.venv_packages(Path(venv["venv"]))
+        print(f"comparison: crawl of {args.compare_images} mixed images", file=sys.stderr)
+        config = dataclasses.replace(
+            _crawl_config(args, 1, args.compare_images, log_dir / "run-mixed"),
+            workers=1,
+            profile=False,
+        )
+        crawl = await run_crawl(config, origin.url, len(mixed.files))
+    bare.append(measure_bare(bodies, rounds=args.bare_rounds))
+    kernel.append(measure_kernel(bodies, rounds=args.bare_rounds))
+    worker = crawl["worker_cpu_s_per_image"]
+    bare_mean, kernel_mean = _mean_of(bare), _mean_of(kernel)
+    return {
+        "corpus": {"kind": "mixed", **mixed.summary()},
+        "load_average": [load_before, [round(x, 2) for x in os.getloadavg()]],
+        "worker_cpu_s_per_image": worker,
+        "crawl": crawl,
+        "peer": peer,
+        "bare": bare_mean,
+        "kernel_on_mixed": kernel_mean,
+        "ratios": {
+            "worker_over_peer": _ratio(worker, peer["cpu_s_per_image"] if peer else None),
+            "worker_over_bare": _ratio(worker, bare_mean["cpu_s_per_image"]),
+            "kernel_over_bare": _ratio(
+                kernel_mean["cpu_s_per_image"], bare_mean["cpu_s_per_image"]
+            ),
+            "peer_over_bare": _ratio(
+                peer["cpu_s_per_image"] if peer else None, bare_mean["cpu_s_per_image"]
+            ),
+        },
+    }
+
+
 def _quiet_logs() -> None:
     # The monitor's regulator runs in this process for the loop measurement: its halts
     # of the seeded failing sources are expected, not news.
@@ -140,6 +268,18 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
     print(f"logs in {log_dir}", file=sys.stderr)
     corpus = ensure_corpus(args.corpus_dir, args.corpus_files, args.photos)
     print(f"corpus: {corpus.summary()}", file=sys.stderr)
+    venv = None
+    if args.compare_images and not args.no_peer:
+        # First, so that an install failure shows before any crawl.
+        print(f"img2dataset: venv {args.peer_cache}", file=sys.stderr)
+        try:
+            venv = await asyncio.to_thread(
+                img2dataset.ensure_img2dataset,
+                args.peer_cache,
+                log=log_dir / "img2dataset-install.log",
+            )
+        except img2dataset.PeerError as err:
+            raise SystemExit(f"{err}\n(--no-peer runs the benchmark without img2dataset)") from err
     # The kernel is measured before each crawl and after the last, and each crawl is
     # compared with the mean of the two measurements around it: the machine's speed
     # drifts over minutes (19.1, 18.4 and 17.8 ms within 15 minutes).
@@ -147,21 +287,7 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
     runs = []
     with Origin(corpus.directory, log_dir) as origin:
         for count in [int(s) for s in args.sources.split(",") if s.strip()]:
-            partitions = args.partitions or (4 if count == 1 else 1)
-            config = RunConfig(
-                images=args.images,
-                workers=args.workers,
-                image_processes=args.image_processes,
-                sources=count,
-                partitions=partitions,
-                max_tasks=args.max_tasks,
-                rate_rps=args.rate,
-                warmup=args.warmup,
-                timeout_s=args.timeout or 600 + args.images / 5,
-                profile=args.profile,
-                s3=args.s3,
-                log_dir=log_dir / f"run-{count}-sources",
-            )
+            config = _crawl_config(args, count, args.images, log_dir / f"run-{count}-sources")
             print(f"crawl: {count} source(s), {args.images} images", file=sys.stderr)
             run = await run_crawl(config, origin.url, len(corpus.files))
             kernels.append(_kernel(corpus, args.kernel_rounds))
@@ -169,6 +295,15 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
             run["kernel_cpu_s_per_image_around"] = list(around)
             run["kernel_cpu_s_per_image"] = sum(around) / 2
             runs.append(run)
+    comparison = (
+        await _comparison(args, corpus.of_kind("mixed"), log_dir, venv)
+        if args.compare_images
+        else None
+    )
+    quality = None
+    if not args.no_quality:
+        print(f"quality: PSNR of {len(corpus.files)} thumbnails", file=sys.stderr)
+        quality = measure_quality(corpus)
     monitor_sizes = [int(s) for s in args.monitor_sources.split(",") if s.strip()]
     print(f"monitor loop: {monitor_sizes}", file=sys.stderr)
     monitor = await measure_monitor(monitor_sizes, log_dir) if monitor_sizes else []
@@ -183,6 +318,8 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
         "kernel_measurements": kernels,
         "runs": runs,
         "monitor": monitor,
+        "comparison": comparison,
+        "quality": quality,
         "log_dir": str(log_dir),
     }
     result["verdicts"] = verdicts(result)

@@ -134,6 +134,11 @@ class Corpus:
     directory: Path
     files: tuple[CorpusFile, ...]
 
+    def of_kind(self, kind: str) -> Corpus:
+        """The files of one kind ("large" or "mixed"), in manifest order: what
+        ``bench.origin --kind`` serves."""
+        return Corpus(self.directory, tuple(f for f in self.files if f.kind == kind))
+
     def bodies(self) -> list[bytes]:
         """Every file's bytes, in manifest order (a few hundred MB)."""
         return [(self.directory / f.name).read_bytes() for f in self.files]

@@ -1,17 +1,18 @@
-"""The benchmark's image origin: ``python -m bench.origin CORPUS_DIR PORT``.
+"""The benchmark's image origin: ``python -m bench.origin CORPUS_DIR [--kind KIND] PORT``.
 
 A separate process, so that its CPU is neither counted as the worker's nor competes
 inside the worker's event loop. Every corpus file is read into memory at start;
 ``GET /{index}/{anything}.jpg`` answers file ``index % files`` with keep-alive (aiohttp's
 default), so distinct URLs can share a few hundred bodies. ``GET /health`` answers the
 number of files once the corpus is loaded. No access log: it would cost more CPU than the
-requests.
+requests. ``--kind mixed`` serves only the manifest's files of that kind (in manifest
+order), so ``index % files`` walks that subset: the comparison with img2dataset.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 from pathlib import Path
 
 from aiohttp import web
@@ -34,17 +35,25 @@ def make_app(bodies: list[bytes]) -> web.Application:
     return app
 
 
-def load(directory: Path) -> list[bytes]:
+def load(directory: Path, kind: str | None = None) -> list[bytes]:
+    """The bodies of the manifest's files (only those of ``kind`` when given)."""
     manifest = json.loads((directory / "manifest.json").read_text())
-    return [(directory / f["name"]).read_bytes() for f in manifest["files"]]
+    files = [f for f in manifest["files"] if kind is None or f["kind"] == kind]
+    if not files:
+        raise SystemExit(f"no corpus file of kind {kind!r} in {directory}")
+    return [(directory / f["name"]).read_bytes() for f in files]
 
 
 def main() -> None:
-    directory, port = Path(sys.argv[1]), int(sys.argv[2])
+    parser = argparse.ArgumentParser(prog="python -m bench.origin")
+    parser.add_argument("directory", type=Path)
+    parser.add_argument("port", type=int)
+    parser.add_argument("--kind", default=None, help="serve only the files of this kind")
+    args = parser.parse_args()
     web.run_app(
-        make_app(load(directory)),
+        make_app(load(args.directory, args.kind)),
         host="127.0.0.1",
-        port=port,
+        port=args.port,
         access_log=None,
         print=None,
         # Up to MAX_TASKS x workers connections at once.

@@ -7,13 +7,21 @@ from typing import Any
 GIB = 1024**3
 MIB = 1024**2
 
-# The targets of issue 6.
-WORKER_OVER_KERNEL_MAX = 1.3
+# The targets of issue 6. Its worker / kernel <= 1.3 is a figure now, no longer a verdict:
+# issue 19 halved the kernel, so the main process's own cost per image (downloads, S3,
+# Kafka, Redis: 1.6-3.9 ms) became a larger share of a smaller whole. The bound on the
+# whole worker is now issue 19's, against the bare Pillow pipeline timed in the same run.
 PEAK_RSS_MAX_BYTES = GIB
 RSS_GROWTH_MAX = 1.10  # RSS at 100 % over RSS at 50 % of the run
 SCALE_THROUGHPUT_MIN = 0.90  # many sources over one source
 MONITOR_LOOP_MAX_S = 0.250  # at 10,000 sources
 BROKER_CONNECTIONS_MAX = 4  # a producer and a consumer (bootstrap, coordinator, fetch)
+
+# The targets of issue 19, on the corpus's "mixed" files (the issue's re-encoded photos).
+WORKER_OVER_PEER_MAX = 0.55  # worker CPU/image over img2dataset's (start-up subtracted)
+WORKER_OVER_BARE_MAX = 1.35  # worker CPU/image over the bare Pillow pipeline's
+PSNR_MEAN_MIN = 35.5  # dB, thumbnails against a full-decode Lanczos thumbnail
+PSNR_WORST_MIN = 30.0
 
 
 def _mib(value: float | None) -> str:
@@ -41,22 +49,8 @@ def verdicts(result: dict[str, Any]) -> list[dict[str, Any]]:
     runs = result["runs"]
     for run in runs:
         name = f"{run['sources']} source(s)"
-        per_image = run["worker_cpu_s_per_image"]
-        kernel = run_kernel(result, run)
         if run["errors"]:
-            # Failed images cost the worker little CPU and no kernel: no honest ratio.
             name += f", {sum(run['errors'].values())} errors"
-        if per_image is not None:
-            ratio = per_image / kernel
-            rows.append(
-                _row(
-                    f"worker CPU / kernel CPU per image, {name}",
-                    ratio,
-                    f"<= {WORKER_OVER_KERNEL_MAX}",
-                    ratio <= WORKER_OVER_KERNEL_MAX,
-                    f"{ratio:.2f}",
-                )
-            )
         for i, memory in enumerate(run["memory"]):
             peak = memory["peak_rss_main_bytes"]
             rows.append(
@@ -155,6 +149,85 @@ def verdicts(result: dict[str, Any]) -> list[dict[str, Any]]:
                     _ms(took),
                 )
             )
+    rows += _comparison_verdicts(result.get("comparison"))
+    rows += _quality_verdicts(result.get("quality"))
+    return rows
+
+
+def _comparison_verdicts(comparison: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Worker over img2dataset and over the bare Pillow pipeline, on the mixed files."""
+    if not comparison:
+        return []
+    rows = []
+    worker = comparison.get("worker_cpu_s_per_image")
+    crawl = comparison.get("crawl") or {}
+    where = "mixed corpus"
+    if crawl.get("errors"):
+        where += f", {sum(crawl['errors'].values())} worker errors"
+    peer = comparison.get("peer")
+    if worker and peer and peer.get("cpu_s_per_image"):
+        ratio = worker / peer["cpu_s_per_image"]
+        name = where if peer.get("all_succeeded") else where + ", img2dataset had failures"
+        rows.append(
+            _row(
+                f"worker CPU / img2dataset CPU per image, {name}",
+                ratio,
+                f"<= {WORKER_OVER_PEER_MAX}",
+                ratio <= WORKER_OVER_PEER_MAX,
+                f"{ratio:.2f}",
+            )
+        )
+    bare = (comparison.get("bare") or {}).get("cpu_s_per_image")
+    if worker and bare:
+        ratio = worker / bare
+        rows.append(
+            _row(
+                f"worker CPU / bare Pillow pipeline CPU per image, {where}",
+                ratio,
+                f"<= {WORKER_OVER_BARE_MAX}",
+                ratio <= WORKER_OVER_BARE_MAX,
+                f"{ratio:.2f}",
+            )
+        )
+    return rows
+
+
+def _quality_sets(quality: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(name, summary) of all files and of the mixed files, those that were measured."""
+    sets = []
+    every = quality.get("all") or {}
+    if every.get("count"):
+        sets.append((f"all {every['count']} files", every))
+    mixed = (quality.get("by_kind") or {}).get("mixed") or {}
+    if mixed.get("count"):
+        sets.append((f"{mixed['count']} mixed files", mixed))
+    return sets
+
+
+def _quality_verdicts(quality: dict[str, Any] | None) -> list[dict[str, Any]]:
+    if not quality:
+        return []
+    rows = []
+    for name, summary in _quality_sets(quality):
+        mean, worst = summary["mean_db"], summary["worst_db"]
+        rows.append(
+            _row(
+                f"thumbnail PSNR mean, {name}",
+                mean,
+                f">= {PSNR_MEAN_MIN} dB",
+                mean >= PSNR_MEAN_MIN,
+                f"{mean:.2f} dB",
+            )
+        )
+        rows.append(
+            _row(
+                f"thumbnail PSNR worst image, {name}",
+                worst,
+                f">= {PSNR_WORST_MIN} dB",
+                worst >= PSNR_WORST_MIN,
+                f"{worst:.2f} dB ({summary['worst_file']})",
+            )
+        )
     return rows
 
 
@@ -260,7 +333,91 @@ def table(result: dict[str, Any]) -> list[tuple[str, str]]:
                 f"{_ms(loop['redis_server_cpu_s_per_loop'])})",
             )
         )
+    rows += _comparison_table(result.get("comparison"))
+    rows += _quality_table(result.get("quality"))
     return rows
+
+
+def _around(figure: dict[str, Any] | None) -> str:
+    """A figure measured before and after the comparison: "mean (before / after)"."""
+    if not figure:
+        return "-"
+    measured = figure.get("measurements") or []
+    each = " / ".join(_ms(m["cpu_s_per_image"]) for m in measured)
+    return f"{_ms(figure['cpu_s_per_image'])}" + (f" ({each})" if len(measured) > 1 else "")
+
+
+def _comparison_table(comparison: dict[str, Any] | None) -> list[tuple[str, str]]:
+    if not comparison:
+        return []
+    corpus = comparison["corpus"]
+    rows = [
+        (
+            "comparison corpus (mixed files)",
+            f"{corpus['files']} files, mean {corpus['size_bytes']['mean'] / 1e3:,.0f} KB, "
+            f"long side {corpus['long_side_px'][0]}-{corpus['long_side_px'][1]} px, "
+            f"quality {corpus['quality'][0]}-{corpus['quality'][1]}",
+        )
+    ]
+    peer = comparison.get("peer")
+    if peer:
+        per_repeat = " / ".join(_ms(x) for x in peer["cpu_s_per_image_by_repeat"])
+        checked = peer.get("thumbnails_checked", {})
+        bad = sum(checked.get(k, 0) for k in ("not_jpeg", "wrong_size", "luma_table_not_quality"))
+        rows += [
+            (
+                f"img2dataset {peer['version']} CPU per image (start-up subtracted)",
+                f"{_ms(peer['cpu_s_per_image'])} (median of {peer['repeats']}: {per_repeat})",
+            ),
+            (
+                "img2dataset start-up CPU (subtracted); thumbnails",
+                f"{peer['startup_cpu_s']:.2f} s; "
+                f"{'all' if peer['all_succeeded'] else 'NOT all'} of "
+                f"{peer['images']} x {peer['repeats']} made, {bad} off 640 px / q85, "
+                f"mean {checked.get('bytes_mean', 0) / 1e3:.1f} KB",
+            ),
+        ]
+    else:
+        rows.append(("img2dataset CPU per image", "not measured (--no-peer)"))
+    rows += [
+        ("bare Pillow pipeline CPU per image (before / after)", _around(comparison.get("bare"))),
+        ("kernel CPU per image, mixed files (before / after)",
+         _around(comparison.get("kernel_on_mixed"))),
+    ]  # fmt: skip
+    crawl = comparison.get("crawl")
+    if crawl:
+        tag = f"[mixed, 1 src, {crawl['config']['workers']} wkr, {crawl['images_ok']} img]"
+        rows += [
+            (
+                f"{tag} worker CPU per image (main + pool)",
+                f"{_ms(crawl['worker_cpu_s_per_image'])} "
+                f"({_ms(crawl['worker_main_cpu_s_per_image'])} + "
+                f"{_ms(crawl['worker_children_cpu_s_per_image'])})",
+            ),
+            (f"{tag} throughput; errors",
+             f"{_num(crawl['images_per_s'])} images/s; {crawl['errors'] or 'none'}"),
+        ]  # fmt: skip
+    ratios = comparison.get("ratios") or {}
+    for key, label in (
+        ("worker_over_peer", "worker / img2dataset"),
+        ("worker_over_bare", "worker / bare Pillow"),
+        ("kernel_over_bare", "kernel / bare Pillow"),
+    ):
+        if ratios.get(key) is not None:
+            rows.append((f"{label} (CPU per image, mixed)", _num(ratios[key], 2)))
+    return rows
+
+
+def _quality_table(quality: dict[str, Any] | None) -> list[tuple[str, str]]:
+    if not quality:
+        return []
+    return [
+        (
+            f"thumbnail PSNR, {name}: mean / worst / under 30 dB",
+            f"{s['mean_db']:.2f} / {s['worst_db']:.2f} dB ({s['worst_file']}) / {s['under_30_db']}",
+        )
+        for name, s in _quality_sets(quality)
+    ]
 
 
 def render_text(result: dict[str, Any]) -> str:

@@ -47,19 +47,22 @@ class _BenchModule(Service):
 
 
 class Origin(_BenchModule):
-    """``bench.origin``: the corpus over HTTP from memory."""
+    """``bench.origin``: the corpus (or only its files of ``kind``) over HTTP from memory."""
 
     name = "origin"
     module = "bench.origin"
     probe_path = "/health"
     start_timeout_s = 60.0  # reads a few hundred MB first
 
-    def __init__(self, corpus_dir: Path, log_dir: Path) -> None:
+    def __init__(self, corpus_dir: Path, log_dir: Path, kind: str | None = None) -> None:
+        if kind is not None:
+            self.name = f"origin-{kind}"  # its own log file, next to the full origin's
         super().__init__(log_dir=log_dir)
         self.corpus_dir = corpus_dir
+        self.kind = kind
 
     def _args(self) -> list[str]:
-        return [str(self.corpus_dir)]
+        return [str(self.corpus_dir), *(["--kind", self.kind] if self.kind else [])]
 
 
 class S3Sink(_BenchModule):
