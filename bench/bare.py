@@ -13,13 +13,12 @@ every body, CPU from ``time.process_time``.
 from __future__ import annotations
 
 import io
-import statistics
-import time
 from collections.abc import Sequence
 from typing import Any
 
 from PIL import Image
 
+from bench.kernel import time_per_image
 from worker.images.kernel import thumbnail_size
 
 THUMBNAIL_PX = 640
@@ -40,26 +39,8 @@ def measure_bare(bodies: Sequence[bytes], *, rounds: int = 3) -> dict[str, Any]:
     """CPU seconds per image of ``bare_thumbnail`` over ``bodies`` (each weighted equally)."""
     for body in bodies:
         bare_thumbnail(body)
-    per_body = [0.0] * len(bodies)
-    wall_started, cpu_started = time.perf_counter(), time.process_time()
-    for _ in range(rounds):
-        for i, body in enumerate(bodies):
-            started = time.process_time()
-            bare_thumbnail(body)
-            per_body[i] += time.process_time() - started
-    cpu_total = time.process_time() - cpu_started
-    wall_total = time.perf_counter() - wall_started
-    means = [t / rounds for t in per_body]
     return {
         "pipeline": "Image.open, draft('RGB', target), resize(target, NEAREST), "
         f"save JPEG q{QUALITY}",
-        "images": len(bodies) * rounds,
-        "rounds": rounds,
-        "cpu_s_per_image": cpu_total / (len(bodies) * rounds),
-        "wall_s_per_image": wall_total / (len(bodies) * rounds),
-        "cpu_s_per_image_by_body": {
-            "min": min(means),
-            "median": statistics.median(means),
-            "max": max(means),
-        },
+        **time_per_image(bare_thumbnail, bodies, rounds),
     }
