@@ -25,7 +25,14 @@ from typing import TYPE_CHECKING, Any, Final
 import numpy as np
 from PIL import Image
 
-from worker.images.kernel import DEFAULT_LIMITS, ImageLimits, ProcessedImage, process_image
+from worker.images.kernel import (
+    DEFAULT_LIMITS,
+    ImageLimits,
+    ProcessedImage,
+    _flatten,
+    _resizable,
+    process_image,
+)
 
 if TYPE_CHECKING:
     from bench.corpus import Corpus
@@ -34,43 +41,12 @@ PSNR_CAP_DB: Final = 100.0
 UNDER_DB: Final = 30.0
 
 
-def _prepare(im: Image.Image) -> Image.Image:
-    """The kernel's mode handling: L, RGB, LA or RGBA, then alpha onto white."""
-    try:
-        from worker.images.kernel import _flatten, _resizable
-    except ImportError:  # the kernel's private helpers moved: the same rules, here
-        return _flatten_here(_resizable_here(im))
-    return _flatten(_resizable(im))
-
-
-def _resizable_here(im: Image.Image) -> Image.Image:
-    if im.mode in ("L", "RGB", "LA", "RGBA"):
-        if im.mode in ("L", "RGB") and "transparency" in im.info:
-            return im.convert("LA" if im.mode == "L" else "RGBA")
-        return im
-    if im.mode == "1":
-        return im.convert("L")
-    if im.mode == "La":
-        return im.convert("LA")
-    if im.mode in ("P", "PA"):
-        return im.convert("RGBA" if im.has_transparency_data else "RGB")
-    return im.convert("RGBA" if im.has_transparency_data else "RGB")
-
-
-def _flatten_here(im: Image.Image) -> Image.Image:
-    if im.mode not in ("LA", "RGBA"):
-        return im
-    base = Image.new(im.mode[:-1], im.size, "white")
-    base.paste(im, (0, 0), im)
-    return base
-
-
 def reference_thumbnail(body: bytes, size: tuple[int, int]) -> Image.Image:
     """The reference: full decode, the kernel's mode handling, RGB, one Lanczos resize
     to ``size`` (width, height)."""
     with Image.open(io.BytesIO(body)) as im:
         im.load()
-        frame = _prepare(im).convert("RGB")
+        frame = _flatten(_resizable(im)).convert("RGB")
         return frame.resize(size, Image.Resampling.LANCZOS)
 
 
