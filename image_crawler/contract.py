@@ -435,7 +435,17 @@ class ResolutionMessage:
     compression_quality: int | None
 
     def to_json(self) -> bytes:
-        return _encode(dataclasses.asdict(self))
+        # The fields by hand: ``dataclasses.asdict`` deep-copies each value, several
+        # times the cost of the encoding (one message per image).
+        return _encode(
+            {
+                "identifier": self.identifier,
+                "width": self.width,
+                "height": self.height,
+                "filesize": self.filesize,
+                "compression_quality": self.compression_quality,
+            }
+        )
 
     @classmethod
     def from_json(cls, raw: bytes | str) -> ResolutionMessage:

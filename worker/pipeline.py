@@ -308,11 +308,12 @@ class Pipeline:
             filesize=body_size(fetched.body),
             compression_quality=image.compression_quality,
         )
-        publishes = [self._publish(METADATA_TOPIC, resolution.to_json(), task.uuid)]
+        sent = self._publish(METADATA_TOPIC, resolution.to_json(), task.uuid)
         if image.exif:
             exif = ExifMessage(identifier=task.uuid, exif=image.exif)
-            publishes.append(self._publish(METADATA_TOPIC, exif.to_json(), task.uuid))
-        await asyncio.gather(*publishes)
+            await asyncio.gather(sent, self._publish(METADATA_TOPIC, exif.to_json(), task.uuid))
+        else:
+            await sent  # no gather, which would wrap the one publish in a task
         return Status.OK
 
     async def _route(self, source: str, task: SourceTask, status: str, attempts: int) -> str:
@@ -326,23 +327,21 @@ class Pipeline:
         return DEAD_LETTERED
 
     async def _take_slot(self, source: str, task: SourceTask) -> None:
-        future = self._pacer.acquire(source)
+        future = asyncio.ensure_future(self._pacer.acquire(source))
         waited_s = 0.0
         try:
-            while True:
-                try:
-                    await asyncio.wait_for(asyncio.shield(future), self._rate_limit_timeout_s)
-                    return
-                except TimeoutError:
-                    # The URL keeps its place: a source without a rate (halted, unknown, or
-                    # no monitor running) keeps its messages until it gets one again.
-                    waited_s += self._rate_limit_timeout_s
-                    log.warning(
-                        "rate_limit_timeout", source=source, identifier=task.uuid, waited_s=waited_s
-                    )
+            # ``wait``, not ``wait_for``: it leaves the slot's future alone at the timeout
+            # (the URL keeps its place: a source without a rate, halted, unknown or with no
+            # monitor running, keeps its messages until it gets one again) without a
+            # ``shield``, whose extra future costs a turn of the loop for every slot.
+            while not (await asyncio.wait((future,), timeout=self._rate_limit_timeout_s))[0]:
+                waited_s += self._rate_limit_timeout_s
+                log.warning(
+                    "rate_limit_timeout", source=source, identifier=task.uuid, waited_s=waited_s
+                )
+            future.result()  # a slot's future that failed raises here, as it did when awaited
         except asyncio.CancelledError:
-            if isinstance(future, asyncio.Future):
-                future.cancel()
+            future.cancel()
             raise
 
     async def _publish(self, topic: str, value: bytes, identifier: str) -> None:
@@ -354,8 +353,7 @@ class Pipeline:
 
         A failure begins an outage of its service (``dependency_unavailable``), which the
         first success of a call that saw it fail ends (``dependency_recovered``)."""
-        cap_s = self._max_backoff_s
-        retry = Backoff(base_s=min(DEPENDENCY_RETRY_BASE_S, cap_s), cap_s=cap_s, rng=self._rng)
+        retry: Backoff | None = None  # made at the first failure: most calls have none
         outage: Outage | None = None
         while True:
             try:
@@ -365,6 +363,11 @@ class Pipeline:
                     if outage is not None:  # it answered, with a refusal: it is back
                         outage.end(op=op)
                     raise
+                if retry is None:
+                    cap_s = self._max_backoff_s
+                    retry = Backoff(
+                        base_s=min(DEPENDENCY_RETRY_BASE_S, cap_s), cap_s=cap_s, rng=self._rng
+                    )
                 wait_s = retry.next_s()
                 outage = self._outage(e.service)
                 outage.report(op=op, error=str(e), retry_in_s=round(wait_s, 3))

@@ -163,7 +163,9 @@ class RedisStats:
         # Redis still ran, then the retry) adds the same window members, not new ones.
         self._pending.append(QueuedOutcome(source, status, backoff, self._timestamp(), future))
         self._wake.set()
-        await asyncio.shield(future)
+        # Not shielded: a caller cancelled meanwhile cancels its own future, which ``run``
+        # then leaves alone; its outcome is written all the same.
+        await future
 
     async def run(self) -> None:
         """Flush pending outcomes until cancelled."""
