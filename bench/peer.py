@@ -327,18 +327,21 @@ def run_once(
 def _wait4(proc: subprocess.Popen[bytes], deadline: float) -> tuple[int | None, Any]:
     """``os.wait4`` the process (its CPU and that of every descendant it reaped); kill
     its process group at the deadline. Returns (status or None on timeout, rusage)."""
-    while True:
-        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-        if pid:
-            proc.returncode = os.waitstatus_to_exitcode(status)
-            return status, usage
-        if time.monotonic() > deadline:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            _, status, usage = os.wait4(proc.pid, 0)
-            proc.returncode = os.waitstatus_to_exitcode(status)
-            return None, usage
-        time.sleep(0.02)
+    killed = threading.Event()
+
+    def kill() -> None:
+        killed.set()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+    timer = threading.Timer(max(0.0, deadline - time.monotonic()), kill)
+    timer.start()
+    try:
+        _, status, usage = os.wait4(proc.pid, 0)
+    finally:
+        timer.cancel()
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return (None if killed.is_set() else status), usage
 
 
 def check_thumbnails(out: Path, size: int = SIZE, quality: int = QUALITY) -> dict[str, Any]:

@@ -10,6 +10,7 @@ import os
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 from PIL import Image
@@ -19,7 +20,7 @@ from bench import peer
 FAKE = textwrap.dedent(
     """\
     #!{python}
-    import json, os, subprocess, sys, time
+    import json, os, subprocess, sys, threading, time
 
     def burn(seconds):
         t0 = time.process_time()
@@ -45,7 +46,8 @@ FAKE = textwrap.dedent(
         with open(out + "/00000_stats.json", "w") as f:
             json.dump(stats, f)
         sys.exit(0)
-    time.sleep(float(os.environ.get("FAKE_SLEEP_S", "0")))
+    if os.environ.get("FAKE_HANG"):  # a run that never ends: only its deadline stops it
+        threading.Event().wait()
     burn(float(os.environ["FAKE_STARTUP_S"]) / 2)
     subprocess.run([sys.executable, __file__, "--child", "1", *sys.argv[1:]], check=True)
     """
@@ -80,15 +82,19 @@ def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
     }
 
 
-def test_measure_subtracts_the_start_up(fake_venv: Path, tmp_path: Path) -> None:
-    result = peer.measure_img2dataset(
-        fake_venv,
+def _measure(venv: Path, tmp_path: Path, images: int, repeats: int, **env: str) -> dict[str, Any]:
+    return peer.measure_img2dataset(
+        venv,
         "http://127.0.0.1:9",
-        images=40,
-        repeats=2,
+        images=images,
+        repeats=repeats,
         work_dir=tmp_path / "work",
-        env=_env(tmp_path),
+        env=_env(tmp_path, **env),
     )
+
+
+def test_measure_subtracts_the_start_up(fake_venv: Path, tmp_path: Path) -> None:
+    result = _measure(fake_venv, tmp_path, images=40, repeats=2)
     # Per image: the child's burn exactly, plus writing two small files (and the noise of
     # two interpreters' start-up over 39 images).
     assert 0.0072 <= result["cpu_s_per_image"] <= 0.0105, result["cpu_s_per_image_by_repeat"]
@@ -110,13 +116,14 @@ def test_measure_subtracts_the_start_up(fake_venv: Path, tmp_path: Path) -> None
 
 
 def test_failures_are_counted_not_hidden(fake_venv: Path, tmp_path: Path) -> None:
-    result = peer.measure_img2dataset(
+    result = _measure(
         fake_venv,
-        "http://127.0.0.1:9",
+        tmp_path,
         images=12,
         repeats=1,
-        work_dir=tmp_path / "work",
-        env=_env(tmp_path, FAKE_FAIL="1", FAKE_STARTUP_S="0.02", FAKE_PER_IMAGE_S="0.001"),
+        FAKE_FAIL="1",
+        FAKE_STARTUP_S="0.02",
+        FAKE_PER_IMAGE_S="0.001",
     )
     assert not result["all_succeeded"]
     assert result["successes_by_repeat"] == [11]
@@ -130,7 +137,7 @@ def test_a_run_over_its_deadline_is_killed(fake_venv: Path, tmp_path: Path) -> N
             ["http://127.0.0.1:9/0/a.jpg"],
             tmp_path / "run",
             timeout_s=0.3,
-            env=_env(tmp_path, FAKE_SLEEP_S="30"),
+            env=_env(tmp_path, FAKE_HANG="1"),
         )
 
 
