@@ -91,34 +91,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
         default="1000,10000",
         help="source counts of the monitor loop ('' to skip)",
     )
-    parser.add_argument(
-        "--compare-images",
-        type=int,
-        default=3000,
-        help="images of the comparison on the mixed files: the worker's crawl and each "
-        "img2dataset run (0 skips the comparison)",
-    )
-    parser.add_argument(
-        "--no-peer", action="store_true", help="compare without img2dataset (no venv, no runs)"
-    )
-    parser.add_argument(
-        "--peer-repeats", type=int, default=3, help="img2dataset run pairs (1 and N images)"
-    )
-    parser.add_argument(
-        "--peer-cache",
-        type=Path,
-        default=img2dataset.DEFAULT_CACHE,
-        help="img2dataset's virtual environment (made there when missing)",
-    )
-    parser.add_argument(
-        "--bare-rounds",
-        type=int,
-        default=5,
-        help="timed rounds of the bare Pillow pipeline and the kernel over the mixed files",
-    )
-    parser.add_argument(
-        "--no-quality", action="store_true", help="skip the thumbnails' PSNR over the corpus"
-    )
+    _comparison_options(parser)
     parser.add_argument(
         "--profile",
         action="store_true",
@@ -137,6 +110,40 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     if args.peer_repeats < 1 or args.bare_rounds < 1:
         parser.error("--peer-repeats and --bare-rounds must be at least 1")
     return args
+
+
+def _comparison_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "comparison", "the worker against img2dataset and the bare Pillow pipeline, and PSNR"
+    )
+    group.add_argument(
+        "--compare-images",
+        type=int,
+        default=3000,
+        help="images of the comparison on the mixed files: the worker's crawl and each "
+        "img2dataset run (0 skips the comparison)",
+    )
+    group.add_argument(
+        "--no-peer", action="store_true", help="compare without img2dataset (no venv, no runs)"
+    )
+    group.add_argument(
+        "--peer-repeats", type=int, default=3, help="img2dataset run pairs (1 and N images)"
+    )
+    group.add_argument(
+        "--peer-cache",
+        type=Path,
+        default=img2dataset.DEFAULT_CACHE,
+        help="img2dataset's virtual environment (made there when missing)",
+    )
+    group.add_argument(
+        "--bare-rounds",
+        type=int,
+        default=5,
+        help="timed rounds of the bare Pillow pipeline and the kernel over the mixed files",
+    )
+    group.add_argument(
+        "--no-quality", action="store_true", help="skip the thumbnails' PSNR over the corpus"
+    )
 
 
 def _machine() -> dict[str, Any]:
@@ -261,6 +268,19 @@ def _quiet_logs() -> None:
     logging.basicConfig(level=logging.ERROR)
 
 
+async def _peer_venv(args: argparse.Namespace, log_dir: Path) -> dict[str, Any] | None:
+    """img2dataset's venv, made if missing; None when the run does not compare with it."""
+    if not args.compare_images or args.no_peer:
+        return None
+    print(f"img2dataset: venv {args.peer_cache}", file=sys.stderr)
+    try:
+        return await asyncio.to_thread(
+            img2dataset.ensure_img2dataset, args.peer_cache, log=log_dir / "img2dataset-install.log"
+        )
+    except img2dataset.PeerError as err:
+        raise SystemExit(f"{err}\n(--no-peer runs the benchmark without img2dataset)") from err
+
+
 async def _main(args: argparse.Namespace) -> dict[str, Any]:
     log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="bench-"))
     started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
@@ -268,18 +288,8 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
     print(f"logs in {log_dir}", file=sys.stderr)
     corpus = ensure_corpus(args.corpus_dir, args.corpus_files, args.photos)
     print(f"corpus: {corpus.summary()}", file=sys.stderr)
-    venv = None
-    if args.compare_images and not args.no_peer:
-        # First, so that an install failure shows before any crawl.
-        print(f"img2dataset: venv {args.peer_cache}", file=sys.stderr)
-        try:
-            venv = await asyncio.to_thread(
-                img2dataset.ensure_img2dataset,
-                args.peer_cache,
-                log=log_dir / "img2dataset-install.log",
-            )
-        except img2dataset.PeerError as err:
-            raise SystemExit(f"{err}\n(--no-peer runs the benchmark without img2dataset)") from err
+    # First, so that an install failure shows before any crawl.
+    venv = await _peer_venv(args, log_dir)
     # The kernel is measured before each crawl and after the last, and each crawl is
     # compared with the mean of the two measurements around it: the machine's speed
     # drifts over minutes (19.1, 18.4 and 17.8 ms within 15 minutes).
