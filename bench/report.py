@@ -44,95 +44,118 @@ def run_kernel(result: dict[str, Any], run: dict[str, Any]) -> float:
 def verdicts(result: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per target: what was measured, the limit, and whether it holds."""
     rows: list[dict[str, Any]] = []
-    runs = result["runs"]
-    for run in runs:
-        name = f"{run['sources']} source(s)"
-        per_image = run["worker_cpu_s_per_image"]
-        kernel = run_kernel(result, run)
-        if run["errors"]:
-            # Failed images cost the worker little CPU and no kernel: no honest ratio.
-            name += f", {sum(run['errors'].values())} errors"
-        if per_image is not None:
-            ratio = per_image / kernel
-            rows.append(
-                _row(
-                    f"worker CPU / kernel CPU per image, {name}",
-                    ratio,
-                    f"<= {WORKER_OVER_KERNEL_MAX}",
-                    ratio <= WORKER_OVER_KERNEL_MAX,
-                    f"{ratio:.2f}",
-                )
+    for run in result["runs"]:
+        rows += _run_verdicts(result, run)
+    rows += _scale_verdicts(result["runs"])
+    rows += _monitor_verdicts(result.get("monitor", []))
+    rows += _comparison_verdicts(result.get("comparison"))
+    rows += _quality_verdicts(result.get("quality"))
+    return rows
+
+
+def _run_verdicts(result: dict[str, Any], run: dict[str, Any]) -> list[dict[str, Any]]:
+    """One crawl: worker over kernel, each worker's memory and connections, fairness."""
+    rows = []
+    name = f"{run['sources']} source(s)"
+    per_image = run["worker_cpu_s_per_image"]
+    kernel = run_kernel(result, run)
+    if run["errors"]:
+        # Failed images cost the worker little CPU and no kernel: no honest ratio.
+        name += f", {sum(run['errors'].values())} errors"
+    if per_image is not None:
+        ratio = per_image / kernel
+        rows.append(
+            _row(
+                f"worker CPU / kernel CPU per image, {name}",
+                ratio,
+                f"<= {WORKER_OVER_KERNEL_MAX}",
+                ratio <= WORKER_OVER_KERNEL_MAX,
+                f"{ratio:.2f}",
             )
-        for i, memory in enumerate(run["memory"]):
-            peak = memory["peak_rss_main_bytes"]
-            rows.append(
-                _row(
-                    f"peak RSS of worker {i} main process, {name}",
-                    peak,
-                    "< 1 GiB",
-                    peak < PEAK_RSS_MAX_BYTES,
-                    _mib(peak),
-                )
+        )
+    for i, memory in enumerate(run["memory"]):
+        rows += _memory_verdicts(i, memory, name)
+    fairness = run.get("fairness")
+    # With fewer than ~10 images a source, all of them start at once (3 slots each)
+    # and the order they finish in says nothing about slots.
+    if fairness and run["images_requested"] >= 10 * run["sources"]:
+        half = fairness.get("at_50%", {})
+        got = half.get("sources_with_completions", 0)
+        rows.append(
+            _row(
+                f"sources with completed images at 50% of the run, {name}",
+                got,
+                f"all {run['sources']}",
+                got == run["sources"],
+                f"{got} of {run['sources']}",
             )
-            held = memory.get("main_rss_plus_memfd_bytes_max")
-            if held is not None:
-                rows.append(
-                    _row(
-                        f"worker {i} main process RSS + bodies in memfds (max sampled), {name}",
-                        held,
-                        "< 1 GiB",
-                        held < PEAK_RSS_MAX_BYTES,
-                        _mib(held),
-                    )
-                )
-            pool = memory["peak_rss_pool_max_bytes"]
-            rows.append(
-                _row(
-                    f"peak RSS of worker {i}'s largest pool process, {name}",
-                    pool,
-                    "< 1 GiB",
-                    pool < PEAK_RSS_MAX_BYTES,
-                    _mib(pool),
-                )
+        )
+    return rows
+
+
+def _memory_verdicts(i: int, memory: dict[str, Any], name: str) -> list[dict[str, Any]]:
+    """Worker ``i``'s peak and growing RSS, and its connections to the broker."""
+    rows = []
+    peak = memory["peak_rss_main_bytes"]
+    rows.append(
+        _row(
+            f"peak RSS of worker {i} main process, {name}",
+            peak,
+            "< 1 GiB",
+            peak < PEAK_RSS_MAX_BYTES,
+            _mib(peak),
+        )
+    )
+    held = memory.get("main_rss_plus_memfd_bytes_max")
+    if held is not None:
+        rows.append(
+            _row(
+                f"worker {i} main process RSS + bodies in memfds (max sampled), {name}",
+                held,
+                "< 1 GiB",
+                held < PEAK_RSS_MAX_BYTES,
+                _mib(held),
             )
-            half, full = memory["rss_at"].get("50%"), memory["rss_at"].get("100%")
-            if half and full and half["main_rss"]:
-                growth = full["main_rss"] / half["main_rss"]
-                rows.append(
-                    _row(
-                        f"worker {i} RSS growth 50% -> 100% of the run, {name}",
-                        growth,
-                        f"<= {RSS_GROWTH_MAX}",
-                        growth <= RSS_GROWTH_MAX,
-                        f"x{growth:.2f}",
-                    )
-                )
-            connections = memory["broker_connections_max"]
-            if connections is not None:
-                rows.append(
-                    _row(
-                        f"worker {i} TCP connections to the broker (max), {name}",
-                        connections,
-                        f"<= {BROKER_CONNECTIONS_MAX}",
-                        connections <= BROKER_CONNECTIONS_MAX,
-                        str(connections),
-                    )
-                )
-        fairness = run.get("fairness")
-        # With fewer than ~10 images a source, all of them start at once (3 slots each)
-        # and the order they finish in says nothing about slots.
-        if fairness and run["images_requested"] >= 10 * run["sources"]:
-            half = fairness.get("at_50%", {})
-            got = half.get("sources_with_completions", 0)
-            rows.append(
-                _row(
-                    f"sources with completed images at 50% of the run, {name}",
-                    got,
-                    f"all {run['sources']}",
-                    got == run["sources"],
-                    f"{got} of {run['sources']}",
-                )
+        )
+    pool = memory["peak_rss_pool_max_bytes"]
+    rows.append(
+        _row(
+            f"peak RSS of worker {i}'s largest pool process, {name}",
+            pool,
+            "< 1 GiB",
+            pool < PEAK_RSS_MAX_BYTES,
+            _mib(pool),
+        )
+    )
+    half, full = memory["rss_at"].get("50%"), memory["rss_at"].get("100%")
+    if half and full and half["main_rss"]:
+        growth = full["main_rss"] / half["main_rss"]
+        rows.append(
+            _row(
+                f"worker {i} RSS growth 50% -> 100% of the run, {name}",
+                growth,
+                f"<= {RSS_GROWTH_MAX}",
+                growth <= RSS_GROWTH_MAX,
+                f"x{growth:.2f}",
             )
+        )
+    connections = memory["broker_connections_max"]
+    if connections is not None:
+        rows.append(
+            _row(
+                f"worker {i} TCP connections to the broker (max), {name}",
+                connections,
+                f"<= {BROKER_CONNECTIONS_MAX}",
+                connections <= BROKER_CONNECTIONS_MAX,
+                str(connections),
+            )
+        )
+    return rows
+
+
+def _scale_verdicts(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Throughput of each many-source crawl over the one-source crawl's."""
+    rows = []
     single = next((r for r in runs if r["sources"] == 1), None)
     for run in runs:
         if single is None or run is single:
@@ -149,7 +172,13 @@ def verdicts(result: dict[str, Any]) -> list[dict[str, Any]]:
                     f"{ratio:.2f}",
                 )
             )
-    for loop in result.get("monitor", []):
+    return rows
+
+
+def _monitor_verdicts(loops: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The monitor's loop with 10,000 sources, the usual traffic (not all failing)."""
+    rows = []
+    for loop in loops:
         if loop["sources"] == 10_000 and loop.get("failing_every") != 1:
             took = loop["loop_s_median"]
             rows.append(
@@ -161,8 +190,6 @@ def verdicts(result: dict[str, Any]) -> list[dict[str, Any]]:
                     _ms(took),
                 )
             )
-    rows += _comparison_verdicts(result.get("comparison"))
-    rows += _quality_verdicts(result.get("quality"))
     return rows
 
 
@@ -269,72 +296,7 @@ def table(result: dict[str, Any]) -> list[tuple[str, str]]:
             )
         )
     for run in result["runs"]:
-        tag = f"[{run['sources']} src, {run['config']['workers']} wkr, {run['images_ok']} img]"
-        per_image = run["worker_cpu_s_per_image"]
-        around = run_kernel(result, run)
-        rows += [
-            (f"{tag} worker CPU per image", _ms(per_image)),
-            (
-                f"{tag}   of which main process (system part)",
-                f"{_ms(run['worker_main_cpu_s_per_image'])}"
-                f" ({_ms(run.get('worker_main_system_cpu_s_per_image'))})",
-            ),
-            (
-                f"{tag}   of which pool + forkserver (system part)",
-                f"{_ms(run['worker_children_cpu_s_per_image'])}"
-                f" ({_ms(run.get('worker_children_system_cpu_s_per_image'))})",
-            ),
-            (
-                f"{tag} worker / kernel (kernel around this crawl)",
-                f"{_num(per_image / around, 2)} ({_ms(around)})" if per_image else "-",
-            ),
-            (f"{tag} images per worker CPU second", _num(run["images_per_worker_cpu_s"])),
-            (f"{tag} throughput (whole run)", f"{_num(run['images_per_s'])} images/s"),
-            (
-                f"{tag} throughput (10%-90% of outputs)",
-                f"{_num(run['images_per_s_steady_10_90'])} images/s",
-            ),
-            (
-                f"{tag} first / last output after",
-                f"{_num(run['completed_by_s'].get('1%'))} s / "
-                f"{_num(run['completed_by_s'].get('100%'))} s",
-            ),
-            (f"{tag} errors", str(run["errors"] or "none")),
-        ]
-        for i, memory in enumerate(run["memory"]):
-            at = memory["rss_at"]
-            rss = " / ".join(
-                _mib(at[k]["main_rss"]) if at.get(k) else "-" for k in ("10%", "50%", "100%")
-            )
-            rows += [
-                (
-                    f"{tag} worker {i} peak RSS main / largest pool process",
-                    f"{_mib(memory['peak_rss_main_bytes'])} / "
-                    f"{_mib(memory['peak_rss_pool_max_bytes'])}",
-                ),
-                (f"{tag} worker {i} RSS at 10% / 50% / 100%", rss),
-                (
-                    f"{tag} worker {i} pool processes; bodies in memfds (max)",
-                    f"{memory['pool_processes']}; {_mib(memory.get('memfd_bytes_max'))}",
-                ),
-                (
-                    f"{tag} worker {i} broker connections (max)",
-                    str(memory["broker_connections_max"]),
-                ),
-            ]
-        fairness = run.get("fairness")
-        if fairness:
-            half = fairness.get("at_50%", {})
-            rows.append(
-                (
-                    f"{tag} sources served by 50% of the run",
-                    f"{half.get('sources_with_completions')} of {run['sources']} "
-                    f"(per source {half.get('completions_per_source_min')}-"
-                    f"{half.get('completions_per_source_max')} done)",
-                )
-            )
-        others = ", ".join(f"{k} {v:.1f}" for k, v in sorted(run["other_cpu_s"].items()))
-        rows.append((f"{tag} other processes' CPU s", others))
+        rows += _run_table(result, run)
     for loop in result.get("monitor", []):
         rows.append(
             (
@@ -347,6 +309,78 @@ def table(result: dict[str, Any]) -> list[tuple[str, str]]:
         )
     rows += _comparison_table(result.get("comparison"))
     rows += _quality_table(result.get("quality"))
+    return rows
+
+
+def _run_table(result: dict[str, Any], run: dict[str, Any]) -> list[tuple[str, str]]:
+    """One crawl's rows: CPU, throughput, errors, each worker's memory, fairness."""
+    rows: list[tuple[str, str]] = []
+    tag = f"[{run['sources']} src, {run['config']['workers']} wkr, {run['images_ok']} img]"
+    per_image = run["worker_cpu_s_per_image"]
+    around = run_kernel(result, run)
+    rows += [
+        (f"{tag} worker CPU per image", _ms(per_image)),
+        (
+            f"{tag}   of which main process (system part)",
+            f"{_ms(run['worker_main_cpu_s_per_image'])}"
+            f" ({_ms(run.get('worker_main_system_cpu_s_per_image'))})",
+        ),
+        (
+            f"{tag}   of which pool + forkserver (system part)",
+            f"{_ms(run['worker_children_cpu_s_per_image'])}"
+            f" ({_ms(run.get('worker_children_system_cpu_s_per_image'))})",
+        ),
+        (
+            f"{tag} worker / kernel (kernel around this crawl)",
+            f"{_num(per_image / around, 2)} ({_ms(around)})" if per_image else "-",
+        ),
+        (f"{tag} images per worker CPU second", _num(run["images_per_worker_cpu_s"])),
+        (f"{tag} throughput (whole run)", f"{_num(run['images_per_s'])} images/s"),
+        (
+            f"{tag} throughput (10%-90% of outputs)",
+            f"{_num(run['images_per_s_steady_10_90'])} images/s",
+        ),
+        (
+            f"{tag} first / last output after",
+            f"{_num(run['completed_by_s'].get('1%'))} s / "
+            f"{_num(run['completed_by_s'].get('100%'))} s",
+        ),
+        (f"{tag} errors", str(run["errors"] or "none")),
+    ]
+    for i, memory in enumerate(run["memory"]):
+        at = memory["rss_at"]
+        rss = " / ".join(
+            _mib(at[k]["main_rss"]) if at.get(k) else "-" for k in ("10%", "50%", "100%")
+        )
+        rows += [
+            (
+                f"{tag} worker {i} peak RSS main / largest pool process",
+                f"{_mib(memory['peak_rss_main_bytes'])} / "
+                f"{_mib(memory['peak_rss_pool_max_bytes'])}",
+            ),
+            (f"{tag} worker {i} RSS at 10% / 50% / 100%", rss),
+            (
+                f"{tag} worker {i} pool processes; bodies in memfds (max)",
+                f"{memory['pool_processes']}; {_mib(memory.get('memfd_bytes_max'))}",
+            ),
+            (
+                f"{tag} worker {i} broker connections (max)",
+                str(memory["broker_connections_max"]),
+            ),
+        ]
+    fairness = run.get("fairness")
+    if fairness:
+        half = fairness.get("at_50%", {})
+        rows.append(
+            (
+                f"{tag} sources served by 50% of the run",
+                f"{half.get('sources_with_completions')} of {run['sources']} "
+                f"(per source {half.get('completions_per_source_min')}-"
+                f"{half.get('completions_per_source_max')} done)",
+            )
+        )
+    others = ", ".join(f"{k} {v:.1f}" for k, v in sorted(run["other_cpu_s"].items()))
+    rows.append((f"{tag} other processes' CPU s", others))
     return rows
 
 
