@@ -404,6 +404,15 @@ def per_image_figures(pairs: Sequence[tuple[dict[str, Any], dict[str, Any]]]) ->
     }
 
 
+def _checks_summed(checks: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """``check_thumbnails`` of several runs as one."""
+    counts = ("thumbnails", "not_jpeg", "wrong_size", "luma_table_not_quality")
+    return {
+        **{key: sum(c[key] for c in checks) for key in counts},
+        "bytes_mean": round(statistics.mean(c["bytes_mean"] for c in checks)),
+    }
+
+
 def measure_img2dataset(
     venv: Path,
     origin_url: str,
@@ -463,13 +472,7 @@ def measure_img2dataset(
         "failures": sum(
             run["failed_to_download"] + run["failed_to_resize"] for pair in pairs for run in pair
         ),
-        "thumbnails_checked": {
-            "thumbnails": sum(c["thumbnails"] for c in checks),
-            "not_jpeg": sum(c["not_jpeg"] for c in checks),
-            "wrong_size": sum(c["wrong_size"] for c in checks),
-            "luma_table_not_quality": sum(c["luma_table_not_quality"] for c in checks),
-            "bytes_mean": round(statistics.mean(c["bytes_mean"] for c in checks)),
-        },
+        "thumbnails_checked": _checks_summed(checks),
         "wall_s": round(time.monotonic() - started, 1),
         "wall_s_n_runs": [n["wall_s"] for _, n in pairs],
         "command": " ".join(pairs[-1][1]["command"]),
