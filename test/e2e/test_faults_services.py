@@ -348,15 +348,20 @@ class Refills:
         return next((a for a in self.after if a > t), None)
 
 
-async def lose_data(server: RedisServer, loss: str) -> tuple[float, float, float]:
+async def lose_data(server: RedisServer, loss: str) -> tuple[float, float, float, float]:
     """FLUSHALL, or a restart of a server without persistence. Returns when it began
-    (monotonic and wall clock) and when the empty server was there (wall clock)."""
+    (monotonic and wall clock), when the old data was gone for good (monotonic: FLUSHALL
+    answered, or the old server exited; it answers scripts until then), and when the empty
+    server was there (wall clock)."""
     began, began_wall = time.monotonic(), time.time()
     if loss == "flushall":
         await asyncio.to_thread(server.flushall)
+        gone = time.monotonic()
     else:
+        await asyncio.to_thread(server.stop)
+        gone = time.monotonic()
         await asyncio.to_thread(server.restart)
-    return began, began_wall, time.time()
+    return began, began_wall, gone, time.time()
 
 
 @pytest.mark.parametrize("loss", ["flushall", "restart"])
@@ -415,12 +420,12 @@ async def test_redis_losing_its_data_mid_crawl_loses_no_url_and_invents_no_rate(
                 counted_before = int(await redis.get(c.num_resized_key(GOOD)) or 0)
             assert counted_before > 0
 
-            lost_at, lost_wall, empty_wall = await lose_data(fresh_redis_server, loss)
+            lost_at, lost_wall, gone_at, empty_wall = await lose_data(fresh_redis_server, loss)
             # No rate, no request: once the slots granted before the loss (at most the
             # pacing horizon ahead) have started, nothing may go out until the monitor
             # writes a rate again.
             refill = await wait_for(lambda: refills.first_after(lost_at), 30, what="a refill")
-            granted_before = lost_at + PacingSettings().horizon_s + 0.05
+            granted_before = gone_at + PacingSettings().horizon_s + 0.05
             in_gap = [t for t in request_times(origin) if granted_before < t < refill]
             assert in_gap == [], f"{len(in_gap)} requests without a rate to be had"
 
