@@ -808,8 +808,20 @@ async def test_during_a_real_crawl_the_page_shows_what_the_monitor_measures(
         for worker in crawl.workers:
             worker.signal(signal.SIGTERM)
             assert worker.wait(30) == 0
+        stopped_at = time.time()
+
+        async def matches_after_stop() -> dict[str, Any] | None:
+            # The backlog is measured every LOG_FREQUENCY_S: the page is compared with a
+            # measurement taken after the workers' last commits, not one from before.
+            matched = await _page_matches(tab, port)
+            if matched is None:
+                return None
+            _, totals = per_source(matched["metrics"])
+            measured_at = totals.get("crawler_backlog_measured_timestamp_seconds", 0.0)
+            return matched if measured_at > stopped_at else None
+
         matched = await wait_for(
-            lambda: _page_matches(tab, port), 30, interval_s=0.5, what="page == /metrics"
+            matches_after_stop, 30, interval_s=0.5, what="page == /metrics, measured after the stop"
         )
         sources, totals = per_source(matched["metrics"])
         for name, source in CRAWL.items():
