@@ -159,6 +159,20 @@ async def test_an_image_abandoned_while_queued_leaves_the_process_to_finish_the_
     assert one_process.pids == [pid]
 
 
+async def test_an_image_abandoned_while_waiting_for_a_lane_leaves_as_cancelled(one_process):
+    # Its place in the queue of waiters is dropped by whoever comes next, before its own
+    # task runs again: leaving must not trip over that.
+    body = the_largest_jpeg().body
+    first, second, _ = await two_jobs_in_one_process(one_process, body)
+    waiting = asyncio.create_task(one_process.process(body))
+    await until(lambda: len(one_process._waiting) == 1)
+    next_one = asyncio.create_task(one_process.process(body))  # runs before `waiting` wakes
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert await asyncio.gather(first, second, next_one) == [process_image(body)] * 3
+
+
 async def test_more_images_than_processes_wait_their_turn(pool):
     bodies = [i.body for i in good_images()][:12]
     outcomes = await asyncio.gather(*(pool.process(b) for b in bodies))

@@ -491,7 +491,7 @@ class PoolProcessor:
         except asyncio.CancelledError:
             if waiter.done() and not waiter.cancelled():
                 self._release(waiter.result())  # handed over as we left
-            else:
+            elif waiter in self._waiting:  # ``_dispatch`` may have dropped it already
                 self._waiting.remove(waiter)
             raise
 
