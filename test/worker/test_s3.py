@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import datetime
+from urllib.parse import urlsplit
+
+import botocore.auth
 import pytest
+from botocore.auth import S3SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.credentials import Credentials
+from yarl import URL
 
 from image_crawler.config import ConfigError, S3Settings
 from test.harness.services import free_port, get_object, list_keys
@@ -87,3 +95,33 @@ async def test_no_credentials_anywhere_is_a_config_error(monkeypatch, tmp_path):
 )
 def test_object_urls(settings, url):
     assert object_url(settings, "k ey.jpg") == url
+
+
+@pytest.mark.parametrize(
+    ("settings", "key"),
+    [
+        (S3Settings(bucket="thumbs", endpoint_url="http://127.0.0.1:9000"), "plus+and%.jpg"),
+        (S3Settings(bucket="thumbs", region="eu-west-1"), "ünï©ødé with space.jpg"),
+        (S3Settings(bucket="my.thumbs"), "a~b_c-d.jpg"),
+    ],
+)
+@pytest.mark.parametrize("token", [None, "session/token+="])
+def test_the_signature_is_botocores_byte_for_byte(settings, key, token, monkeypatch):
+    # The CRT signs; botocore's S3SigV4Auth, at the same instant, is the reference.
+    frozen = Credentials("AKIDEXAMPLE", "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY", token)
+    store = SignedS3Store(settings, frozen, http=None)  # type: ignore[arg-type]
+    url = URL(object_url(settings, key), encoded=True)
+    data = b"\xff\xd8 a thumbnail"
+    signed = store._signed_headers(url, data, frozen.get_frozen_credentials())
+
+    at = datetime.datetime.strptime(signed["X-Amz-Date"], "%Y%m%dT%H%M%SZ")
+    monkeypatch.setattr(botocore.auth, "get_current_datetime", lambda: at)
+    reference = AWSRequest(
+        method="PUT", url=str(url), data=data, headers={"Content-Type": "image/jpeg"}
+    )
+    S3SigV4Auth(frozen.get_frozen_credentials(), "s3", settings.region or "us-east-1").add_auth(
+        reference
+    )
+    assert signed["Authorization"] == reference.headers["Authorization"]
+    assert signed["Host"] == urlsplit(str(url)).netloc
+    assert signed.get("X-Amz-Security-Token") == token
