@@ -9,7 +9,13 @@ import pytest
 
 from test.harness.corpus import broken_images, good_images
 from worker.images import pool as pool_module
-from worker.images.kernel import DEFAULT_LIMITS, ImageFailure, ProcessedImage, process_image
+from worker.images.kernel import (
+    DEFAULT_LIMITS,
+    ImageFailure,
+    ImageLimits,
+    ProcessedImage,
+    process_image,
+)
 from worker.images.pool import PoolProcessor
 
 
@@ -45,6 +51,19 @@ async def test_no_memfd_falls_back_to_the_pipe(pool, monkeypatch):
     monkeypatch.delattr(pool_module.os, "memfd_create")
     assert isinstance(await pool.process(a_jpeg().body), ProcessedImage)
     assert not pool.shares_memory
+
+
+@pytest.mark.parametrize("share", [True, False])
+async def test_the_pools_limits_are_the_ones_its_processes_apply(share):
+    limits = ImageLimits(thumbnail_px=64, thumbnail_quality=40)
+    processor = PoolProcessor(1, limits, share=share)
+    try:
+        body = a_jpeg().body
+        outcome = await processor.process(body)
+        assert outcome == process_image(body, limits) != process_image(body)
+        assert processor.shares_memory is share
+    finally:
+        processor.close()
 
 
 def test_the_shared_reader_refuses_a_short_file(tmp_path):

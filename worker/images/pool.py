@@ -139,8 +139,11 @@ def _open_shared(owner_pid: int, fd: int, opened: dict[tuple[int, int], int] | N
     return own_fd
 
 
-def _serve(conn: Connection) -> None:
-    """A pool process: one job in, one outcome out, until the worker closes the pipe."""
+def _serve(conn: Connection, limits: ImageLimits) -> None:
+    """A pool process: one job in, one outcome out, until the worker closes the pipe.
+
+    ``limits`` are the pool's, for its whole life: given once, not pickled with every job.
+    """
     # The worker decides when to stop; a Ctrl-C reaching the whole process group must
     # not kill images midway. A worker killed outright closes the pipe: EOF ends us.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -152,10 +155,10 @@ def _serve(conn: Connection) -> None:
         except (EOFError, OSError):
             os._exit(0)
         if job[0] != "fd":
-            _, body, limits = job
+            _, body = job
             conn.send(process_image(body, limits))
             continue
-        _, owner_pid, fd, size, limits = job
+        _, owner_pid, fd, size = job
         outcome = process_shared(owner_pid, fd, size, limits, opened)
         if isinstance(outcome, ProcessedImage):
             # The thumbnail goes back the way the body came (the body is read by now):
@@ -267,13 +270,14 @@ class _PoolProcess:
     def __init__(
         self,
         context: multiprocessing.context.BaseContext,
+        limits: ImageLimits,
         lanes: int,
         abandoned: Callable[[_Lane], None],
         died: Callable[[_PoolProcess], None],
     ) -> None:
         ours, theirs = context.Pipe(duplex=True)
         self.process: BaseProcess = context.Process(  # type: ignore[attr-defined]
-            target=_serve, args=(theirs,), daemon=True, name="image-process"
+            target=_serve, args=(theirs, limits), daemon=True, name="image-process"
         )
         self.process.start()
         theirs.close()  # only the process holds its end: its death is our EOF
@@ -452,7 +456,7 @@ class PoolProcessor:
             if lane.write_body(body):
                 assert lane.memfd is not None
                 answer = await lane.process.submit(
-                    lane, ("fd", self._owner_pid, lane.memfd, body_size(body), self._limits)
+                    lane, ("fd", self._owner_pid, lane.memfd, body_size(body))
                 )
                 if isinstance(answer, tuple):  # the thumbnail is in the memfd
                     size, image = answer
@@ -465,7 +469,7 @@ class PoolProcessor:
                 self._stop_sharing("memfd_create or writing to it failed")
             if not self._usable(lane):
                 return None
-        answer = await lane.process.submit(lane, ("bytes", joined(body), self._limits))
+        answer = await lane.process.submit(lane, ("bytes", joined(body)))
         if isinstance(answer, str | tuple):  # only the memfd path answers with those
             raise ProcessDied(f"unexpected answer {answer!r}")
         return answer
@@ -507,7 +511,9 @@ class PoolProcessor:
         return lane
 
     def _spawn(self) -> _PoolProcess:
-        process = _PoolProcess(self._context, self._depth, self._release, self._retire)
+        process = _PoolProcess(
+            self._context, self._limits, self._depth, self._release, self._retire
+        )
         self._all.add(process)
         self._idle.extend(process.lanes)
         return process
