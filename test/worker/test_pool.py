@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from pathlib import Path
 
 import pytest
 
@@ -64,6 +65,26 @@ async def test_the_pools_limits_are_the_ones_its_processes_apply(share):
         assert processor.shares_memory is share
     finally:
         processor.close()
+
+
+def _pages_faulted(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat.rsplit(")", 1)[1].split()[7])  # minflt
+
+
+@pytest.mark.skipif(not pool_module.keep_heap(), reason="no glibc mallopt")
+async def test_a_pool_process_reuses_its_heap_from_image_to_image(one_process):
+    # glibc's adaptive defaults give an image's buffers back and fault them in again
+    # (about 80 pages an image here); a pool process keeps them.
+    bodies = [i.body for i in good_images() if i.content_type == "image/jpeg"]
+    for body in bodies:  # the heap grows to what the largest needs
+        await one_process.process(body)
+    (pid,) = one_process.pids
+    before = _pages_faulted(pid)
+    for _ in range(3):
+        for body in bodies:
+            await one_process.process(body)
+    assert (_pages_faulted(pid) - before) / (3 * len(bodies)) < 20
 
 
 def test_the_shared_reader_refuses_a_short_file(tmp_path):
