@@ -103,6 +103,8 @@ def test_object_urls(settings, url):
         (S3Settings(bucket="thumbs", endpoint_url="http://127.0.0.1:9000"), "plus+and%.jpg"),
         (S3Settings(bucket="thumbs", region="eu-west-1"), "ünï©ødé with space.jpg"),
         (S3Settings(bucket="my.thumbs"), "a~b_c-d.jpg"),
+        (S3Settings(bucket="thumbs", endpoint_url="http://[::1]:9000"), "k.jpg"),
+        (S3Settings(bucket="thumbs", endpoint_url="https://s3.example:443"), "k.jpg"),
     ],
 )
 @pytest.mark.parametrize("token", [None, "session/token+="])

@@ -68,7 +68,7 @@ _MEMFD_STEP_BYTES = 1024 * 1024
 # heap is kept instead of being given back. An image's buffers (its decode at the smallest
 # n/8 scale that covers the thumbnail, at most about 5 MB; the thumbnail; Pillow's and
 # numpy's temporaries) then reuse pages already in the process. With glibc's adaptive
-# defaults a pool process faulted in 40-80 pages an image (about 1.1 us each) and spent
+# defaults a pool process faulted in 30-80 pages an image (about 1.1 us each) and spent
 # 0.06-0.14 ms more per image in the benchmark's crawl. A larger buffer (a full decode by
 # Pillow) still gets a map of its own, and is given back whole when freed.
 _M_TRIM_THRESHOLD: Final = -1

@@ -127,9 +127,13 @@ class SignedS3Store:
         payload's SHA-256 signed, the path neither normalised nor encoded twice, as
         botocore's ``S3SigV4Auth`` does)."""
         # The Host signed is the Host sent: aiohttp takes ours instead of making its own.
-        host = url.raw_host if url.is_default_port() else f"{url.raw_host}:{url.port}"
+        host = url.raw_host or ""
+        if ":" in host:  # an IPv6 address, bracketed as in the URL
+            host = f"[{host}]"
+        if not url.is_default_port():
+            host = f"{host}:{url.port}"
         request = HttpRequest(
-            "PUT", url.raw_path, HttpHeaders([("Host", host or ""), ("Content-Type", "image/jpeg")])
+            "PUT", url.raw_path, HttpHeaders([("Host", host), ("Content-Type", "image/jpeg")])
         )
         config = AwsSigningConfig(
             credentials_provider=self._credentials_provider(frozen),
