@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections.abc import Iterable, Sequence
 
 
@@ -30,3 +31,15 @@ def over_bound(
         if seen > bound:
             found[width] = (seen, bound)
     return found
+
+
+def busiest_gaps_ms(times: Sequence[float], width_s: float) -> list[float]:
+    """The gaps in ms between the requests of the busiest window of ``width_s``: what a
+    failure shows, to tell a burst (gaps near 0) from timing noise (gaps a little short)."""
+    best_i, best_n = 0, 0
+    for i, start in enumerate(times):
+        n = bisect.bisect_left(times, start + width_s) - i
+        if n > best_n:
+            best_i, best_n = i, n
+    window = times[best_i : best_i + best_n]
+    return [round((b - a) * 1000, 1) for a, b in itertools.pairwise(window)]
