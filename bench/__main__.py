@@ -39,6 +39,41 @@ from worker.settings import WorkerSettings
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    _crawl_options(parser)
+    parser.add_argument("--corpus-files", type=int, default=300)
+    parser.add_argument("--corpus-dir", type=Path, default=DEFAULT_DIR)
+    parser.add_argument(
+        "--photos", type=Path, default=None, help="a folder with the photographs already unpacked"
+    )
+    parser.add_argument("--kernel-rounds", type=int, default=2)
+    parser.add_argument(
+        "--monitor-sources",
+        default="1000,10000",
+        help="source counts of the monitor loop ('' to skip)",
+    )
+    _comparison_options(parser)
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="py-spy the first worker (main + pool) during each crawl",
+    )
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "latest.json")
+    parser.add_argument(
+        "--log-dir",
+        type=Path,
+        default=None,
+        help="service and worker logs (default: a new temporary folder)",
+    )
+    args = parser.parse_args(argv)
+    if args.compare_images == 1 or args.compare_images < 0:
+        parser.error("--compare-images must be 0 (no comparison) or at least 2")
+    if args.peer_repeats < 1 or args.bare_rounds < 1:
+        parser.error("--peer-repeats and --bare-rounds must be at least 1")
+    return args
+
+
+def _crawl_options(parser: argparse.ArgumentParser) -> None:
+    """What each measured crawl runs: its images, workers, sources and their rate."""
     parser.add_argument("--images", type=int, default=10_000, help="images per crawl")
     parser.add_argument("--workers", type=int, default=1, help="worker processes")
     parser.add_argument(
@@ -80,36 +115,6 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--timeout", type=float, default=0.0, help="deadline of a crawl in s (0: 600 + images / 5)"
     )
-    parser.add_argument("--corpus-files", type=int, default=300)
-    parser.add_argument("--corpus-dir", type=Path, default=DEFAULT_DIR)
-    parser.add_argument(
-        "--photos", type=Path, default=None, help="a folder with the photographs already unpacked"
-    )
-    parser.add_argument("--kernel-rounds", type=int, default=2)
-    parser.add_argument(
-        "--monitor-sources",
-        default="1000,10000",
-        help="source counts of the monitor loop ('' to skip)",
-    )
-    _comparison_options(parser)
-    parser.add_argument(
-        "--profile",
-        action="store_true",
-        help="py-spy the first worker (main + pool) during each crawl",
-    )
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "latest.json")
-    parser.add_argument(
-        "--log-dir",
-        type=Path,
-        default=None,
-        help="service and worker logs (default: a new temporary folder)",
-    )
-    args = parser.parse_args(argv)
-    if args.compare_images == 1 or args.compare_images < 0:
-        parser.error("--compare-images must be 0 (no comparison) or at least 2")
-    if args.peer_repeats < 1 or args.bare_rounds < 1:
-        parser.error("--peer-repeats and --bare-rounds must be at least 1")
-    return args
 
 
 def _comparison_options(parser: argparse.ArgumentParser) -> None:

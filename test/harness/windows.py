@@ -9,9 +9,16 @@ from collections.abc import Iterable, Sequence
 
 def max_in_window(times: Sequence[float], width_s: float) -> int:
     """The most of ``times`` (sorted) that fall in any half-open window of ``width_s``."""
+    return _busiest(times, width_s)[1]
+
+
+def _busiest(times: Sequence[float], width_s: float) -> tuple[int, int]:
+    """(index of the first, count) of the busiest half-open window of ``width_s`` that
+    starts at one of ``times`` (sorted); (0, 0) for no times."""
     return max(
-        (bisect.bisect_left(times, start + width_s) - i for i, start in enumerate(times)),
-        default=0,
+        ((i, bisect.bisect_left(times, start + width_s) - i) for i, start in enumerate(times)),
+        key=lambda first_count: first_count[1],
+        default=(0, 0),
     )
 
 
@@ -36,10 +43,6 @@ def over_bound(
 def busiest_gaps_ms(times: Sequence[float], width_s: float) -> list[float]:
     """The gaps in ms between the requests of the busiest window of ``width_s``: what a
     failure shows, to tell a burst (gaps near 0) from timing noise (gaps a little short)."""
-    best_i, best_n = 0, 0
-    for i, start in enumerate(times):
-        n = bisect.bisect_left(times, start + width_s) - i
-        if n > best_n:
-            best_i, best_n = i, n
-    window = times[best_i : best_i + best_n]
+    first, count = _busiest(times, width_s)
+    window = times[first : first + count]
     return [round((b - a) * 1000, 1) for a, b in itertools.pairwise(window)]

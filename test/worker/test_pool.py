@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import platform
 from pathlib import Path
 
 import pytest
@@ -72,7 +73,7 @@ def _pages_faulted(pid: int) -> int:
     return int(stat.rsplit(")", 1)[1].split()[7])  # minflt
 
 
-@pytest.mark.skipif(not pool_module.keep_heap(), reason="no glibc mallopt")
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="no glibc mallopt")
 async def test_a_pool_process_reuses_its_heap_from_image_to_image(one_process):
     # glibc's adaptive defaults give an image's buffers back and fault them in again
     # (about 80 pages an image here); a pool process keeps them.
