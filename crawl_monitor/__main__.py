@@ -73,6 +73,7 @@ async def run(settings: MonitorSettings, stop: asyncio.Event) -> int:
                 settings.metrics.port,
                 settings.metrics.host,
                 registry,
+                port_last=settings.metrics.port_last,
                 health=lambda: _health(loops, started_at, limits),
                 routes=dashboard.routes(),
             )

@@ -19,6 +19,7 @@ import redis.asyncio as aioredis
 from aiokafka.helpers import create_ssl_context
 
 from image_crawler.logs import get_logger
+from image_crawler.ports import parse_ports
 
 log = get_logger(__name__)
 
@@ -281,18 +282,25 @@ class MetricsSettings:
     """Where a process serves ``/metrics`` and ``/healthz`` (image_crawler/metrics.py).
 
     ``port`` None (METRICS_PORT unset or empty) means no HTTP server; 0 picks a free port.
+    METRICS_PORT may also be a range ``FIRST-LAST`` (``port`` to ``port_last``, both
+    included; ``port_last`` is None for a single port): for several processes in one
+    network namespace (Docker's host networking), each takes the first free port of it.
     ``host`` (METRICS_HOST) is every interface by default, so that Prometheus can scrape a
     container; `image-crawler up` sets 127.0.0.1.
     """
 
     port: int | None = None
+    port_last: int | None = None
     host: str = "0.0.0.0"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> MetricsSettings:
-        port = None
-        if env_optional(env, "METRICS_PORT") is not None:
-            port = env_int(env, "METRICS_PORT", 0)
-            if port > 65535:
-                raise ConfigError(f"METRICS_PORT must be at most 65535, got {port}")
-        return cls(port=port, host=env_str(env, "METRICS_HOST", cls().host))
+        host = env_str(env, "METRICS_HOST", cls().host)
+        raw = env_optional(env, "METRICS_PORT")
+        if raw is None:
+            return cls(host=host)
+        try:
+            ports = parse_ports("METRICS_PORT", raw)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        return cls(port=ports.first, port_last=ports.last if ports.is_range else None, host=host)

@@ -1,6 +1,7 @@
 """The HTTP side of a process's metrics: ``/metrics``, ``/healthz`` and extra routes.
 
-Both processes serve it on ``METRICS_PORT`` when that is set (unset: no HTTP server).
+Both processes serve it on ``METRICS_PORT`` when that is set (unset: no HTTP server),
+or on the first free port of its range ``FIRST-LAST``.
 It runs on the process's own event loop (aiohttp), not in prometheus-client's thread,
 so that a route can read the process's state without locks.
 
@@ -13,6 +14,7 @@ otherwise, for compose health checks and load balancers.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Final
@@ -69,23 +71,43 @@ async def serving(
     host: str,
     registry: CollectorRegistry = REGISTRY,
     *,
+    port_last: int | None = None,
     health: HealthCheck = _healthy,
     routes: Sequence[web.RouteDef] = (),
 ) -> AsyncIterator[int | None]:
     """Serve the application on ``host:port`` while the block runs; yields the bound port
-    (``port`` 0 picks a free one), or None when ``port`` is None (metrics off)."""
+    (``port`` 0 picks a free one), or None when ``port`` is None (metrics off).
+
+    With ``port_last``, on the first free port from ``port`` to ``port_last`` (both
+    included), for processes that share a network namespace: a port in use moves on to
+    the next one, and OSError (EADDRINUSE) names the range when every port is in use.
+    """
     if port is None:
         yield None
         return
     runner = web.AppRunner(build_app(registry, health=health, routes=routes), access_log=None)
     await runner.setup()
     try:
-        site = web.TCPSite(runner, host, port)
-        await site.start()
-        # The bound port (port 0 picks one): only the server's sockets know it.
-        sockets = getattr(site._server, "sockets", None)
-        bound = sockets[0].getsockname()[1] if sockets else port
+        bound = await _start_site(runner, host, port, port if port_last is None else port_last)
         log.info("metrics_serving", host=host, port=bound)
         yield bound
     finally:
         await runner.cleanup()
+
+
+async def _start_site(runner: web.AppRunner, host: str, first: int, last: int) -> int:
+    """Start a site on the first free port of ``first``..``last``; the port it bound."""
+    for port in range(first, last + 1):
+        # No SO_REUSEPORT (aiohttp's default): two processes must never share a port.
+        site = web.TCPSite(runner, host, port)
+        try:
+            await site.start()
+        except OSError as e:
+            await site.stop()  # a site that failed to start stays registered otherwise
+            if e.errno != errno.EADDRINUSE or first == last:
+                raise
+            continue
+        # The bound port (port 0 picks one): only the server's sockets know it.
+        sockets = getattr(site._server, "sockets", None)
+        return int(sockets[0].getsockname()[1]) if sockets else port
+    raise OSError(errno.EADDRINUSE, f"METRICS_PORT {first}-{last}: every port is in use on {host}")

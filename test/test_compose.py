@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import json
 import os
 import re
@@ -43,10 +44,11 @@ from botocore.exceptions import ClientError
 from prometheus_client import CollectorRegistry
 
 from crawl_monitor.settings import MonitorSettings
-from image_crawler import contract
+from image_crawler import contract, healthcheck
 from image_crawler.config import RENAMED, MetricsSettings, S3Settings
 from image_crawler.metrics import serving
 from test.harness.production_seaweedfs import ComposeSeaweedFS, NoWeed, find_or_install_weed
+from test.harness.services import free_port_range
 from worker.settings import WorkerSettings
 from worker.sinks.base import DependencyError
 from worker.sinks.s3 import SignedS3Store
@@ -582,10 +584,10 @@ def test_apps_serve_metrics_and_are_health_checked_on_them(
 ) -> None:
     env = environment(compose_default, app)
     assert MetricsSettings.from_env(env).port == METRICS_PORTS[app]
-    test = healthcheck_test(compose_default, app)
-    assert test[0] == "CMD"
-    assert test[1:3] == ["python", "-c"]
-    assert "/healthz" in test[3]
+    # The project's own check, which asks the process's /healthz on METRICS_PORT (or the
+    # port of its range this container listens on).
+    assert healthcheck_test(compose_default, app) == ["CMD", "python", "-m", healthcheck.__name__]
+    assert "/healthz" in inspect.getsource(healthcheck)
     check = service(compose_default, app)["healthcheck"]
     assert duration_s(check["timeout"]) < duration_s(check["interval"])
     assert duration_s(check.get("start_period", "0s")) >= 30
@@ -692,6 +694,30 @@ async def test_app_health_check_follows_healthz(compose_default: dict[str, Any],
     problems: list[str] = []
     async with serving(0, "127.0.0.1", CollectorRegistry(), health=lambda: problems) as port:
         env = {"METRICS_PORT": str(port)}
+        assert await _exit_status(command, env) == 0
+        problems.append("kafka: away for 120 s")
+        assert await _exit_status(command, env) == 1
+    assert await _exit_status(command, env) == 1
+
+
+@pytest.mark.parametrize("app", sorted(APPS))
+async def test_app_health_check_follows_healthz_on_a_range(
+    compose_default: dict[str, Any], app: str
+) -> None:
+    # Host networking: METRICS_PORT is a range, and the check asks the port of it that
+    # this process (the container's, here) took.
+    command = [sys.executable, *healthcheck_test(compose_default, app)[2:]]
+    ports = free_port_range(2)
+    env = {"METRICS_PORT": str(ports)}
+    problems: list[str] = []
+    async with serving(
+        ports.first,
+        "127.0.0.1",
+        CollectorRegistry(),
+        port_last=ports.last,
+        health=lambda: problems,
+    ) as port:
+        assert port == ports.first
         assert await _exit_status(command, env) == 0
         problems.append("kafka: away for 120 s")
         assert await _exit_status(command, env) == 1

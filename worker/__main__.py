@@ -96,7 +96,12 @@ async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
     async with contextlib.AsyncExitStack() as stack:
         health = WorkerHealth(stop)
         await stack.enter_async_context(
-            serving(settings.metrics.port, settings.metrics.host, health=health.problems)
+            serving(
+                settings.metrics.port,
+                settings.metrics.host,
+                port_last=settings.metrics.port_last,
+                health=health.problems,
+            )
         )
         redis = settings.redis.client(decode_responses=True)
         stack.push_async_callback(redis.aclose)

@@ -1,5 +1,6 @@
-"""Reading settings: renamed variables keep working under their old names, and README's
-Configuration section lists every variable the processes read, with the code's defaults."""
+"""Reading settings: renamed variables keep working under their old names, METRICS_PORT is
+a port or a range of ports, and README's Configuration section lists every variable the
+processes read, with the code's defaults."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from image_crawler.config import (
     RENAMED,
     ConfigError,
     DeprecatedSetting,
+    MetricsSettings,
     deprecated_settings,
     env_float,
     env_name,
@@ -170,6 +172,51 @@ def test_deprecated_names_are_logged_as_events():
             "ignored": True,
         },
     ]
+
+
+# --- METRICS_PORT -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("raw", "port", "port_last"),
+    [
+        ("", None, None),
+        ("  ", None, None),
+        ("9101", 9101, None),
+        (" 9101 ", 9101, None),
+        ("0", 0, None),
+        ("65535", 65535, None),
+        ("9101-9103", 9101, 9103),
+        ("1-65535", 1, 65535),
+        # A range of one port is that port.
+        ("9101-9101", 9101, None),
+    ],
+)
+def test_metrics_port_is_a_port_or_a_range(raw, port, port_last):
+    settings = MetricsSettings.from_env({"METRICS_PORT": raw})
+    assert (settings.port, settings.port_last) == (port, port_last)
+
+
+@pytest.mark.parametrize(
+    ("raw", "why"),
+    [
+        ("http", "must be a port .* or a range of ports FIRST-LAST"),
+        ("-1", "must be a port"),
+        ("9101:9103", "must be a port"),
+        ("9101-", "must be a port"),
+        ("9101-9103-9105", "must be a port"),
+        ("9101 - 9103", "must be a port"),
+        ("1e3", "must be a port"),
+        ("70000", "must be at most 65535"),
+        ("9101-70000", "must be at most 65535"),
+        ("0-3", "a range starts at port 1 or above"),
+        ("0-0", "a range starts at port 1 or above"),
+        ("9103-9101", "a range runs from its lower port to its higher"),
+    ],
+)
+def test_a_bad_metrics_port_is_named_with_its_value(raw, why):
+    with pytest.raises(ConfigError, match=rf"^METRICS_PORT:? {why}.*, got {re.escape(repr(raw))}$"):
+        MetricsSettings.from_env({"METRICS_PORT": raw})
 
 
 # --- both processes' settings -----------------------------------------------------------

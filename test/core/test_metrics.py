@@ -1,14 +1,20 @@
-"""The metrics server of both processes: /metrics (compressed when asked), /healthz."""
+"""The metrics server of both processes: /metrics (compressed when asked), /healthz, and
+the first free port of a METRICS_PORT range."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import gzip
 
 import aiohttp
+import pytest
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.parser import text_string_to_metric_families
+from structlog.testing import capture_logs
 
 from image_crawler.metrics import COMPRESS_FROM_BYTES, serving
+from test.harness.services import free_port_range
 
 
 def _registry(sources: int) -> CollectorRegistry:
@@ -63,3 +69,56 @@ async def test_healthz_says_the_problems_with_503_and_nothing_with_200():
 async def test_no_port_serves_nothing():
     async with serving(None, "127.0.0.1") as port:
         assert port is None
+
+
+async def test_servers_on_a_range_take_its_first_free_ports_and_fail_when_none_is_left():
+    ports = free_port_range(3)
+    a, b, c = range(ports.first, ports.last + 1)
+    async with contextlib.AsyncExitStack() as stack:
+        bound = [
+            await stack.enter_async_context(
+                serving(
+                    a,
+                    "127.0.0.1",
+                    _registry(1),
+                    port_last=c,
+                    health=lambda: ["one of the first two"],
+                )
+            )
+            for _ in range(2)
+        ]
+        assert bound == [a, b]
+        # A range of two of those ports: its first is taken, then none is left.
+        third = await stack.enter_async_context(serving(b, "127.0.0.1", _registry(1), port_last=c))
+        assert third == c
+        with pytest.raises(OSError, match=rf"METRICS_PORT {b}-{c}: every port is in use") as e:
+            await stack.enter_async_context(serving(b, "127.0.0.1", _registry(1), port_last=c))
+        assert e.value.errno == errno.EADDRINUSE
+        # Each port answers for its own server: the first two say they have a problem.
+        statuses = [(await _get(port, "/healthz", "identity"))[0] for port in (a, b, c)]
+        assert statuses == [503, 503, 200]
+    # All closed: the range is free again.
+    async with serving(b, "127.0.0.1", _registry(1), port_last=c) as again:
+        assert again == b
+
+
+async def test_a_server_on_a_range_skips_a_port_in_use_and_logs_the_one_it_bound():
+    ports = free_port_range(2)
+    with capture_logs() as events:
+        async with (
+            serving(ports.first, "127.0.0.1", _registry(1)),
+            serving(ports.first, "127.0.0.1", _registry(1), port_last=ports.last) as bound,
+        ):
+            assert bound == ports.last
+    bound_ports = [e["port"] for e in events if e["event"] == "metrics_serving"]
+    assert bound_ports == [ports.first, ports.last]
+
+
+async def test_a_single_port_in_use_fails_as_it_always_did():
+    async with serving(0, "127.0.0.1", _registry(1)) as port:
+        assert port
+        with pytest.raises(OSError) as raised:
+            async with serving(port, "127.0.0.1", _registry(1)):
+                pass
+    assert raised.value.errno == errno.EADDRINUSE
+    assert "every port" not in str(raised.value)

@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import inspect
 import os
+import random
 import signal
 import sys
 import time
@@ -38,6 +39,7 @@ from crawlctl.localstack.services import (
     redis_command,
     redis_server_binary,
 )
+from image_crawler.ports import PortRange
 
 __all__ = [
     "LOOPBACK",
@@ -51,6 +53,7 @@ __all__ = [
     "create_bucket",
     "create_topics",
     "free_port",
+    "free_port_range",
     "get_object",
     "kafka_metadata_brokers",
     "list_keys",
@@ -118,6 +121,20 @@ async def wait_for(
         if remaining <= 0:
             raise timeout_error(what, timeout_s, last_error) from last_error
         await asyncio.sleep(min(interval_s, remaining))
+
+
+# Below Linux's ephemeral ports (32768-60999), which outgoing connections take meanwhile.
+PORT_RUNS_FROM = 20000
+PORT_RUNS_TO = 32000
+
+
+def free_port_range(count: int) -> PortRange:
+    """``count`` consecutive ports that 127.0.0.1 could bind a moment ago."""
+    for _ in range(200):
+        first = random.randrange(PORT_RUNS_FROM, PORT_RUNS_TO - count)
+        if all(localstack.port_free(port) for port in range(first, first + count)):
+            return PortRange(first, first + count - 1)
+    raise RuntimeError(f"no run of {count} free ports in {PORT_RUNS_FROM}-{PORT_RUNS_TO}")
 
 
 # --- fault controls -----------------------------------------------------------------------
