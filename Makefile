@@ -1,6 +1,6 @@
 # The few commands people type. CI (.ci/run) runs `make test`'s command, then lint and
 # typecheck.
-.PHONY: install test lint format typecheck demo constraints
+.PHONY: install test lint format typecheck demo constraints compose-check
 
 install:
 	python3 -m venv .venv && . .venv/bin/activate && pip install -q -c constraints.txt -e '.[test]'
@@ -44,3 +44,9 @@ constraints:
 	  "$$tmp/venv/bin/python" -c '$(PINS)' "$$tmp/base.json"; \
 	} > constraints.txt.new; \
 	mv constraints.txt.new constraints.txt
+
+# The production stack for real (run as root): builds both images and the stand-ins on a
+# Docker engine of its own and runs docker-compose.yml (README, "Production").
+compose-check:
+	test -d .venv || $(MAKE) install
+	. .venv/bin/activate && python -m deploy.compose_check
