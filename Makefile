@@ -1,5 +1,5 @@
 # The few commands people type. CI (.ci/run) runs `make test`'s command, then lint and
-# typecheck.
+# typecheck, then compose-check.
 .PHONY: install test lint format typecheck demo constraints compose-check
 
 install:

@@ -149,6 +149,8 @@ class Check:
             self.timings.step(
                 f"build {tag}", functools.partial(self.engine.build, context, tag, dockerfile)
             )
+        # The images a rebuild replaced, so that the cache does not grow run after run.
+        self.engine.docker("image", "prune", "--force", capture=True)
 
     def run(self, origin: Origin) -> None:
         sources_url = planning.serve(self.plan, origin)

@@ -147,6 +147,14 @@ class Engine:
             self._process.kill()
             self._process.wait()
         self._process = None
+        self._unmount_leftovers()
+
+    def _unmount_leftovers(self) -> None:
+        """dockerd leaves the host's network namespace bind-mounted in its exec root (for
+        host networking) when it stops: unmount it, so nothing of the engine stays."""
+        for mount in (self.exec_root / "netns").glob("*"):
+            if os.path.ismount(mount):
+                run(["umount", str(mount)], capture=True, check=False)
 
     def docker(
         self,
@@ -237,6 +245,7 @@ class Engine:
                 deadline = time.monotonic() + STOP_TIMEOUT_S
                 while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
                     time.sleep(0.2)
+        self._unmount_leftovers()
 
     def _wait_until_up(self) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S
