@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import functools
 import json
 import os
@@ -320,6 +321,19 @@ def interruptible() -> Iterator[None]:
             signal.signal(s, handler)
 
 
+@contextlib.contextmanager
+def one_at_a_time(cache: Path) -> Iterator[None]:
+    """Hold the cache's lock: a second check on the same cache (and ports) would stop the
+    first one's engine as a leftover."""
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / "lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise SystemExit(f"compose-check: another check is running on {cache}") from None
+        yield
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(prog="make compose-check", description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -336,7 +350,7 @@ def main() -> int:
         print("compose-check: run as root (it starts a Docker engine)", file=sys.stderr)
         return 2
     run_dir = args.cache / "work"
-    with interruptible():
+    with interruptible(), one_at_a_time(args.cache):
         try:
             installed = install_packages()
             if installed:
