@@ -22,7 +22,12 @@ import yaml
 from crawl_monitor.policy.rates import compute_crawl_rate
 from deploy.compose_check import plan as planning
 from deploy.compose_check import probes
-from deploy.compose_check.__main__ import WORKERS, write_env, write_prometheus_config
+from deploy.compose_check.__main__ import (
+    WORKERS,
+    one_at_a_time,
+    write_env,
+    write_prometheus_config,
+)
 from deploy.compose_check.engine import Engine
 from deploy.compose_check.stack import COMPOSE_FILE, OVERRIDE_FILE, SERVICES, resolve
 from image_crawler.ports import parse_ports
@@ -208,3 +213,11 @@ SS_LINES = [
 )
 def test_sockets_off_loopback(pids: set[int], checked: int, wrong: list[str]) -> None:
     assert probes.sockets_off_loopback(SS_LINES, pids) == (checked, wrong)
+
+
+def test_one_check_at_a_time_on_a_cache(tmp_path: Path) -> None:
+    held = one_at_a_time(tmp_path)
+    with held, pytest.raises(SystemExit, match="another check is running"), one_at_a_time(tmp_path):
+        pass
+    with one_at_a_time(tmp_path):  # released
+        pass
