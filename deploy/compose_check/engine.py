@@ -18,7 +18,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -81,8 +81,28 @@ def install_packages() -> list[str]:
         apt = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
         if not any(Path("/var/lib/apt/lists").glob("*_Packages")):
             run(["apt-get", "-q", "update"], env=apt, capture=True)
-        run(["apt-get", "install", "-y", "-q", *missing], env=apt, capture=True)
+        with _no_service_starts():
+            run(["apt-get", "install", "-y", "-q", *missing], env=apt, capture=True)
     return missing
+
+
+@contextlib.contextmanager
+def _no_service_starts() -> Iterator[None]:
+    """Keep apt-get from starting the system's Docker service (with its bridge and
+    iptables rules) where an init system would: Debian's policy-rc.d, answering 101
+    ("not allowed"), for the install only, unless the machine has one already."""
+    policy = Path("/usr/sbin/policy-rc.d")
+    if policy.exists():
+        yield
+        return
+    policy.write_text(
+        "#!/bin/sh\n# make compose-check: no service starts while it installs\nexit 101\n"
+    )
+    policy.chmod(0o755)
+    try:
+        yield
+    finally:
+        policy.unlink()
 
 
 class Engine:
