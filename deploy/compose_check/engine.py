@@ -66,6 +66,8 @@ def run(
         timeout=timeout_s,
         check=False,
     )
+    if result.returncode in (130, -signal.SIGINT):
+        raise KeyboardInterrupt(command[0])  # the child had the Ctrl-C first
     if check and result.returncode != 0:
         tail = "\n".join(((result.stdout or "") + (result.stderr or "")).splitlines()[-15:])
         raise CheckError(f"{' '.join(command[:4])} ... exited with {result.returncode}\n{tail}")
