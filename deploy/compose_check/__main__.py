@@ -279,6 +279,16 @@ class Check:
         self.figures["after down and up"] = f"{HALTED_SOURCE} still halted, {len(again)} ends kept"
 
     def _check_loopback(self, when: str) -> None:
+        networks = self.engine.docker(
+            "network", "ls", "--format={{.Name}} {{.Driver}}", capture=True
+        )
+        made = [
+            line
+            for line in networks.stdout.splitlines()
+            if line.split()[-1] not in ("host", "null")
+        ]
+        if made:
+            raise CheckError(f"networks other than the host's {when}: {made}")
         pids = [int(pid) for c in self.engine.containers() for pid in self._pids(c)]
         checked, wrong = probes.off_loopback(pids)
         if wrong or not checked:
