@@ -29,7 +29,7 @@ from deploy.compose_check.__main__ import (
     write_prometheus_config,
 )
 from deploy.compose_check.engine import Engine
-from deploy.compose_check.stack import COMPOSE_FILE, OVERRIDE_FILE, SERVICES, resolve
+from deploy.compose_check.stack import COMPOSE_FILE, OVERRIDE_FILE, SERVICES, Stack, resolve
 from image_crawler.ports import parse_ports
 from test.harness.services import KafkaBroker, free_port
 from test.test_compose import docker_compose  # noqa: F401 (a fixture)
@@ -143,6 +143,8 @@ def test_resolved_project_differs_only_by_the_published_ports(
     for name in SERVICES:
         direct["services"][name].pop("ports", None)
     assert resolved == direct
+    # What the check reads of the project: the workers' grace period, as compose wrote it.
+    assert Stack(Engine(tmp_path), project).stop_grace_s("worker") == 45.0
 
 
 @pytest.mark.parametrize(

@@ -29,21 +29,21 @@ import functools
 import json
 import os
 import secrets
-import signal
 import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from types import FrameType
 from typing import Any, TypeVar
 
 import yaml
 
+from crawlctl.signals import raise_interrupt, signals_to
 from deploy.compose_check import plan as planning
 from deploy.compose_check import probes
 from deploy.compose_check.engine import CheckError, Engine, install_packages
-from deploy.compose_check.stack import ROOT, Stack, resolve
+from deploy.compose_check.stack import OVERRIDE_FILE, ROOT, Stack, resolve
+from image_crawler.ports import parse_ports
 from test.harness.origin import Origin
 
 STANDINS = Path(__file__).resolve().parent / "standins"
@@ -57,10 +57,7 @@ IMAGES = {
     "prom/prometheus:v3.5.0": (STANDINS / "prometheus", None),
 }
 WORKERS = 3
-# The worker's stop_grace_period in docker-compose.yml: a stop must end within it.
-WORKER_GRACE_S = 45.0
 HALTED_SOURCE = planning.SOURCES[-1]
-BUCKET = "cc-image-analysis"
 OTHER_BUCKET = "compose-check-other"
 # Inside the one-off containers: the check's folder (outcomes.py) and the run's files.
 TOOLS_MOUNT = "/compose-check"
@@ -119,9 +116,11 @@ def write_env(run_dir: Path, sources_url: str) -> tuple[Path, dict[str, str]]:
 
 def write_prometheus_config(run_dir: Path) -> Path:
     """deploy/prometheus/prometheus.yml with the worker job's DNS discovery replaced by
-    the range of ports the check's workers take (host networking has no Docker DNS)."""
+    the range of ports the override gives the workers (host networking has no Docker DNS)."""
     config = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
-    ports = range(9101, 9101 + WORKERS)
+    worker = yaml.safe_load(OVERRIDE_FILE.read_text())["services"]["worker"]
+    taken = parse_ports("METRICS_PORT", worker["environment"]["METRICS_PORT"])
+    ports = range(taken.first, taken.last + 1)
     for job in config["scrape_configs"]:
         if job.get("dns_sd_configs"):
             (discovery,) = job.pop("dns_sd_configs")
@@ -144,8 +143,7 @@ class Check:
         self.figures: dict[str, Any] = {}
 
     def build_images(self) -> None:
-        imported = self.timings.step("base image", self.engine.ensure_base_image)
-        self.figures["base image imported"] = imported
+        self.timings.step("base image", self.engine.ensure_base_image)
         for tag, (context, dockerfile) in IMAGES.items():
             self.timings.step(
                 f"build {tag}", functools.partial(self.engine.build, context, tag, dockerfile)
@@ -166,6 +164,12 @@ class Check:
         self.stack = Stack(self.engine, project)
         try:
             self._crawl()
+        except CheckError:
+            # What every container said, for the failure's cause: the containers go below.
+            logs = self.run_dir / "logs.txt"
+            logs.write_text(self.stack.compose("logs", "--no-color", "--timestamps", check=False))
+            say(f"the stack's logs are in {logs}")
+            raise
         finally:
             with contextlib.suppress(CheckError):
                 self.stack.compose("down", "--volumes", "--remove-orphans", timeout_s=180)
@@ -203,16 +207,22 @@ class Check:
         ended: dict[str, str] = result["ended"]
         wanted = len(self.plan.items) if until is None else until
         if len(ended) < wanted:
+            pending = [f"{i.uuid} {i.path}" for i in self.plan.items if i.uuid not in ended]
             raise CheckError(
-                f"{len(ended)} of {len(self.plan.items)} URLs ended in {CRAWL_TIMEOUT_S:.0f} s"
+                f"{len(ended)} of {len(self.plan.items)} URLs ended in {CRAWL_TIMEOUT_S:.0f} s; "
+                f"not ended: {', '.join(pending[:5])}"
             )
         return ended
 
     def _stop_workers(self) -> None:
         seconds = self.stack.stop("worker")
         codes = self.stack.exit_codes("worker")
-        if len(codes) != WORKERS or any(codes) or seconds >= WORKER_GRACE_S:
-            raise CheckError(f"stopping the workers took {seconds:.1f} s, exit codes {codes}")
+        grace_s = self.stack.stop_grace_s("worker")
+        if len(codes) != WORKERS or any(codes) or seconds >= grace_s:
+            raise CheckError(
+                f"stopping the workers took {seconds:.1f} s (grace {grace_s:g} s), "
+                f"exit codes {codes}"
+            )
         handed_back = sum(
             event.get("tasks", 0)
             for container in self.stack.containers("worker", all_states=True)
@@ -245,10 +255,11 @@ class Check:
             self.keys["S3_CRAWLER_ACCESS_KEY"], self.keys["S3_CRAWLER_SECRET_KEY"]
         )
         admin = probes.s3_client(self.keys["S3_ADMIN_ACCESS_KEY"], self.keys["S3_ADMIN_SECRET_KEY"])
+        bucket = self.stack.services["worker"]["environment"]["S3_BUCKET"]
         ok = [i.uuid for i in self.plan.items if i.expected == planning.OK]
-        self.figures["thumbnails"] = probes.thumbnails(crawler, BUCKET, ok)
+        self.figures["thumbnails"] = probes.thumbnails(crawler, bucket, ok)
         self.figures["crawler keys refused"] = probes.crawler_key_limits(
-            crawler, admin, BUCKET, OTHER_BUCKET
+            crawler, admin, bucket, OTHER_BUCKET
         )
 
     def _check_prometheus(self) -> None:
@@ -307,28 +318,14 @@ class Check:
         return (
             f"compose-check: OK: {sum(ends.values())} of {len(self.plan.items)} URLs ended "
             f"({', '.join(f'{k} {v}' for k, v in sorted(ends.items()))}); "
-            f"{self.figures.get('thumbnails')} thumbnails; "
+            f"{self.figures.get('thumbnails')} thumbnails; crawler keys refused "
+            f"{', '.join(self.figures.get('crawler keys refused', {}))}; "
             f"{self.figures.get('sockets on loopback')} sockets seen, all on loopback; "
             f"{self.figures.get('targets up')} Prometheus targets up; "
             f"workers stopped in {self.figures.get('workers stopped')}; "
             f"{self.figures.get('after down and up')}; "
             f"total {self.timings.total_s:.0f} s ({steps})"
         )
-
-
-@contextlib.contextmanager
-def interruptible() -> Iterator[None]:
-    """SIGTERM and SIGHUP end the check like Ctrl-C does, through its clean-up."""
-
-    def interrupt(signum: int, _frame: FrameType | None) -> None:
-        raise KeyboardInterrupt(signal.Signals(signum).name)
-
-    previous = {s: signal.signal(s, interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
 
 
 @contextlib.contextmanager
@@ -360,7 +357,7 @@ def main() -> int:
         print("compose-check: run as root (it starts a Docker engine)", file=sys.stderr)
         return 2
     run_dir = args.cache / "work"
-    with interruptible(), one_at_a_time(args.cache):
+    with signals_to(raise_interrupt), one_at_a_time(args.cache):
         try:
             installed = install_packages()
             if installed:

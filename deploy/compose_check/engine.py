@@ -159,7 +159,7 @@ class Engine:
         if self._process is None:
             return
         with contextlib.suppress(CheckError, subprocess.TimeoutExpired):
-            ids = self.docker("ps", "-aq", capture=True).stdout.split()
+            ids = self.containers()
             if ids:
                 self.docker("rm", "-f", "-v", *ids, capture=True, timeout_s=120)
         self._process.send_signal(signal.SIGTERM)

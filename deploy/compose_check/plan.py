@@ -20,7 +20,7 @@ from typing import Final
 
 from crawlctl.commands.demo import BROKEN_SAMPLE, Sample, image_count_for_rate, load_samples
 from image_crawler.contract import Status
-from test.harness.origin import Origin, Reply
+from test.harness.origin import Origin
 
 SOURCES: Final = ("alpha", "beta", "gamma")
 RATE_RPS: Final = 2.0
@@ -104,6 +104,3 @@ def serve(plan: Plan, origin: Origin) -> str:
 
 def expected_ends(plan: Plan) -> Mapping[str, str]:
     return {item.uuid: item.expected for item in plan.items}
-
-
-__all__ = ["Origin", "Plan", "Reply", "make_plan", "serve", "sources_list"]

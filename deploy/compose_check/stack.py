@@ -64,12 +64,23 @@ class Stack:
     def __init__(self, engine: Engine, project_file: Path) -> None:
         self.engine = engine
         self.project_file = project_file
+        self.services: dict[str, Any] = yaml.safe_load(project_file.read_text())["services"]
 
-    def compose(self, *args: str, capture: bool = True, timeout_s: float = 600.0) -> str:
+    def compose(
+        self, *args: str, capture: bool = True, check: bool = True, timeout_s: float = 600.0
+    ) -> str:
         command = ["docker-compose", f"--file={self.project_file}", f"--project-name={PROJECT}"]
         return run(
-            [*command, *args], env=self.engine.env, capture=capture, timeout_s=timeout_s
+            [*command, *args],
+            env=self.engine.env,
+            capture=capture,
+            check=check,
+            timeout_s=timeout_s,
         ).stdout
+
+    def stop_grace_s(self, service: str) -> float:
+        """The service's ``stop_grace_period`` in seconds (compose writes it as ``45s``)."""
+        return float(str(self.services[service]["stop_grace_period"]).removesuffix("s"))
 
     def up(self, workers: int) -> float:
         """``up -d`` of ``SERVICES`` with ``workers`` workers; the seconds it took."""
@@ -135,21 +146,7 @@ class Stack:
         return []
 
     def _logs(self, services: Sequence[str]) -> str:
-        tail = run(
-            [
-                "docker-compose",
-                f"--file={self.project_file}",
-                f"--project-name={PROJECT}",
-                "logs",
-                "--no-color",
-                "--tail=15",
-                *services,
-            ],
-            env=self.engine.env,
-            capture=True,
-            check=False,
-        ).stdout
-        return "\n" + tail
+        return "\n" + self.compose("logs", "--no-color", "--tail=15", *services, check=False)
 
     def stop(self, service: str) -> float:
         """``stop`` ``service``; the seconds it took."""
@@ -180,7 +177,7 @@ class Stack:
         network, host names and environment (KAFKA_HOSTS...); its stdout (its stderr,
         progress, passes through). ``docker run``: compose 1.29's ``run`` links the
         service's dependencies, which the engine refuses beside host networking."""
-        worker = yaml.safe_load(self.project_file.read_text())["services"]["worker"]
+        worker = self.services["worker"]
         hosts = worker.get("extra_hosts", {})
         if isinstance(hosts, dict):
             hosts = [f"{name}:{address}" for name, address in hosts.items()]

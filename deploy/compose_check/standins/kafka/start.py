@@ -94,6 +94,36 @@ def wait_for_bucket(endpoint: str, weed: subprocess.Popen[bytes]) -> None:
             time.sleep(0.5)
 
 
+def start_tansu(
+    env: os._Environ[str], listen: tuple[str, int], advertised: tuple[str, int], endpoint: str
+) -> subprocess.Popen[bytes]:
+    """tansu on ``listen``, advertising ``advertised``, its log in ``endpoint``'s bucket."""
+    return subprocess.Popen(
+        [
+            "tansu",
+            "broker",
+            "--cluster-id",
+            env.get("CLUSTER_ID", "tansu_cluster"),
+            "--listener-url",
+            f"tcp://{listen[0]}:{listen[1]}",
+            "--advertised-listener-url",
+            f"tcp://{advertised[0]}:{advertised[1]}",
+            "--storage-engine",
+            f"s3://{BUCKET}/",
+        ],
+        # tansu's object store: where S3 is, that plain HTTP is fine, and keys (the
+        # private SeaweedFS has no identities, so any will do).
+        env={
+            **env,
+            "AWS_ENDPOINT": endpoint,
+            "AWS_ALLOW_HTTP": "true",
+            "AWS_ACCESS_KEY_ID": "tansu",
+            "AWS_SECRET_ACCESS_KEY": "tansu",
+            "AWS_DEFAULT_REGION": "us-east-1",
+        },
+    )
+
+
 def main() -> int:
     env = os.environ
     folder = env.get("KAFKA_LOG_DIRS", "/var/lib/kafka/data").split(",")[0]
@@ -115,30 +145,7 @@ def main() -> int:
     signal.signal(signal.SIGINT, stop)
     try:
         wait_for_bucket(endpoint, weed)
-        tansu = subprocess.Popen(
-            [
-                "tansu",
-                "broker",
-                "--cluster-id",
-                env.get("CLUSTER_ID", "tansu_cluster"),
-                "--listener-url",
-                f"tcp://{listen[0]}:{listen[1]}",
-                "--advertised-listener-url",
-                f"tcp://{advertised[0]}:{advertised[1]}",
-                "--storage-engine",
-                f"s3://{BUCKET}/",
-            ],
-            # tansu's object store: where S3 is, that plain HTTP is fine, and keys
-            # (the private SeaweedFS has no identities, so any will do).
-            env={
-                **env,
-                "AWS_ENDPOINT": endpoint,
-                "AWS_ALLOW_HTTP": "true",
-                "AWS_ACCESS_KEY_ID": "tansu",
-                "AWS_SECRET_ACCESS_KEY": "tansu",
-                "AWS_DEFAULT_REGION": "us-east-1",
-            },
-        )
+        tansu = start_tansu(env, listen, advertised, endpoint)
         while not stopping and tansu.poll() is None and weed.poll() is None:
             time.sleep(0.2)
         if tansu.poll() is None:
