@@ -243,6 +243,10 @@ class Status(enum.StrEnum):
     ROBOTS_DISALLOWED = "RobotsDisallowed"  # the host's robots.txt disallows it
     # Its host's robots.txt could not be fetched for ROBOTS_UNAVAILABLE_MAX_S.
     ROBOTS_UNAVAILABLE = "RobotsUnavailable"
+    # The server asked that the image not be indexed (X-Robots-Tag noindex, noimageindex,
+    # none or a past unavailable_after; robots.txt Content-Signal search=no): no
+    # thumbnail, no metadata; crawl_errors carries the directives that said so.
+    NO_INDEX = "NoIndex"
     # Written by the original crawler's workers for a URL that got no token; nothing
     # writes it now, but the status windows of a crawl upgraded in place may still hold
     # it, and it was never an error.
@@ -264,6 +268,14 @@ class Status(enum.StrEnum):
         return status in BACKOFF_STATUSES
 
 
+# What a resolution message's ``opt_outs`` may name: X-Robots-Tag's noai and noimageai,
+# TDMRep's reservation (header or /.well-known/tdmrep.json), and robots.txt Content
+# Signals' ai-train=no and ai-input=no.
+OPT_OUTS: Final = ("noai", "noimageai", "tdm-reservation", "ai-train", "ai-input")
+# A host's /.well-known/tdmrep.json is read with its robots.txt, under the same limits,
+# and cached with it (robots:{origin}).
+TDMREP_PATH: Final = "/.well-known/tdmrep.json"
+
 # These never trip a breaker.
 EXPECTED_STATUSES: Final[frozenset[str]] = frozenset(
     {
@@ -275,6 +287,7 @@ EXPECTED_STATUSES: Final[frozenset[str]] = frozenset(
         Status.UNIDENTIFIED_IMAGE,
         Status.ROBOTS_DISALLOWED,
         Status.ROBOTS_UNAVAILABLE,
+        Status.NO_INDEX,
         Status.LEGACY_NO_RATE_TOKEN,
     }
 )
@@ -426,23 +439,49 @@ class SourceTask:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ResolutionMessage:
-    """Published to ``image_metadata_updates`` for every crawled image."""
+    """Published to ``image_metadata_updates`` for every crawled image.
+
+    ``opt_outs`` names what the server reserved (OPT_OUTS; in the order found) and
+    ``tdm_policy`` is the TDMRep policy URL given with a ``tdm-reservation``: both are left
+    out of the JSON when empty, so a message of a server that says nothing is as before.
+    """
 
     identifier: str
     width: int
     height: int
     filesize: int
     compression_quality: int | None
+    opt_outs: tuple[str, ...] = ()
+    tdm_policy: str | None = None
 
     def to_json(self) -> bytes:
         # Not ``dataclasses.asdict``, which deep-copies each value: 6.3 us against 3.2 us a
         # message (one per image), for the same flat dict.
-        return _encode({f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
+        obj: dict[str, Any] = {
+            "identifier": self.identifier,
+            "width": self.width,
+            "height": self.height,
+            "filesize": self.filesize,
+            "compression_quality": self.compression_quality,
+        }
+        if self.opt_outs:
+            obj["opt_outs"] = list(self.opt_outs)
+        if self.tdm_policy is not None:
+            obj["tdm_policy"] = self.tdm_policy
+        return _encode(obj)
 
     @classmethod
     def from_json(cls, raw: bytes | str) -> ResolutionMessage:
         obj = _decode_object(raw)
-        return cls(**{f.name: obj[f.name] for f in dataclasses.fields(cls)})
+        return cls(
+            identifier=obj["identifier"],
+            width=obj["width"],
+            height=obj["height"],
+            filesize=obj["filesize"],
+            compression_quality=obj["compression_quality"],
+            opt_outs=tuple(obj.get("opt_outs") or ()),
+            tdm_policy=obj.get("tdm_policy"),
+        )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -482,7 +521,12 @@ class LinkRotMessage:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class CrawlError:
-    """Published to ``crawl_errors`` for a URL that will not be tried again (not 404)."""
+    """Published to ``crawl_errors`` for a URL that will not be tried again (not 404).
+
+    ``directives`` (``NoIndex`` only; left out of the JSON otherwise) are what the server
+    said that kept the image out of the index, as it said them ("noindex",
+    "image-crawler: noimageindex", "content-signal: search=no").
+    """
 
     identifier: str
     url: str
@@ -490,14 +534,21 @@ class CrawlError:
     status: str
     attempts: int
     time: str
+    directives: tuple[str, ...] = ()
 
     def to_json(self) -> bytes:
-        return _encode(dataclasses.asdict(self))
+        obj = dataclasses.asdict(self)
+        if self.directives:
+            obj["directives"] = list(self.directives)
+        else:
+            del obj["directives"]
+        return _encode(obj)
 
     @classmethod
     def from_json(cls, raw: bytes | str) -> CrawlError:
         obj = _decode_object(raw)
-        return cls(**{f.name: obj[f.name] for f in dataclasses.fields(cls)})
+        fields = {f.name: obj[f.name] for f in dataclasses.fields(cls) if f.name != "directives"}
+        return cls(**fields, directives=tuple(obj.get("directives") or ()))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -182,7 +182,13 @@ def _build_pipeline(
     pacer = RedisPacer(redis, PacingSettings(no_rate_retry_s=settings.token_retry_s))
     stack.callback(pacer.close)
     stats = RedisStats(redis)
-    fetcher = Fetcher(http, settings.fetch, policy, ByteBudget(settings.fetch.max_bytes_in_flight))
+    fetcher = Fetcher(
+        http,
+        settings.fetch,
+        policy,
+        ByteBudget(settings.fetch.max_bytes_in_flight),
+        token=settings.robots.token,
+    )
     robots = RobotsGuard(redis, fetcher, pacer, settings.robots)
     stack.callback(robots.close)
     pipeline = Pipeline(

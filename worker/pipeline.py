@@ -62,6 +62,7 @@ from worker.politeness.latency import LatencyWatch
 from worker.politeness.pacing import Pacer
 from worker.politeness.retry_after import obey_retry_after
 from worker.politeness.robots import ROBOTS_PENDING, RobotsGuard
+from worker.politeness.signals import NO_SIGNALS, Signals
 from worker.settings import WorkerSettings
 from worker.sinks.base import DependencyError, MetadataSink, Outage, ThumbnailStore
 from worker.stats import StatsRecorder
@@ -158,21 +159,22 @@ class Pipeline:
         except MalformedMessage as e:
             await self.reject(raw, str(e), topic)
             return Ending(Status.MALFORMED, MALFORMED)
+        host = NO_SIGNALS
         if self._robots is not None:
-            refused = await self._robots.verdict(source, task.url)
+            refused, host = await self._robots.consult(source, task.url)
             if refused is not None:
-                return await self._refuse(source, task, refused)
+                return await self._refuse(source, task, refused, host.noindex)
         attempts = task.attempts
         while True:
             attempts += 1
-            status = await self._attempt(source, task)
+            status, directives = await self._attempt(source, task, host)
             if status == ROBOTS_PENDING:  # a redirect's host now answers: not a try
                 attempts -= 1
                 continue
             if status not in RETRYABLE_STATUSES or attempts >= self._retries.max_attempts:
                 break
             await self._back_off(source, task, status, attempts)
-        destination = await self._route(source, task, status, attempts)
+        destination = await self._route(source, task, status, attempts, directives)
         return Ending(status, destination, attempts)
 
     async def reject(self, raw: bytes | None, error: str, topic: str) -> None:
@@ -185,7 +187,12 @@ class Pipeline:
         await self._reliably("record_stats", self._stats.record_malformed)
 
     async def dead_letter(
-        self, source: str, task: SourceTask, status: str, attempts: int | None = None
+        self,
+        source: str,
+        task: SourceTask,
+        status: str,
+        attempts: int | None = None,
+        directives: tuple[str, ...] = (),
     ) -> None:
         error = CrawlError(
             identifier=task.uuid,
@@ -194,18 +201,26 @@ class Pipeline:
             status=status,
             attempts=task.attempts + 1 if attempts is None else attempts,
             time=utc_now_iso(),
+            directives=directives,
         )
         await self._publish(CRAWL_ERRORS_TOPIC, error.to_json(), task.uuid)
 
-    async def _refuse(self, source: str, task: SourceTask, status: str) -> Ending:
-        """End a URL robots.txt keeps us from requesting: counted, and dead-lettered."""
+    async def _refuse(
+        self, source: str, task: SourceTask, status: str, directives: tuple[str, ...]
+    ) -> Ending:
+        """End a URL robots.txt keeps us from requesting (or indexing): counted, and
+        dead-lettered."""
         log.debug("robots_refused", source=source, identifier=task.uuid, status=status)
         await self._record(source, status)
-        await self.dead_letter(source, task, status, task.attempts)
+        await self.dead_letter(source, task, status, task.attempts, directives)
         return Ending(status, DEAD_LETTERED, task.attempts)
 
-    async def _attempt(self, source: str, task: SourceTask) -> str:
-        """One try: a slot, the download, the image; its status recorded.
+    async def _attempt(
+        self, source: str, task: SourceTask, host: Signals
+    ) -> tuple[str, tuple[str, ...]]:
+        """One try: a slot, the download, the image; its status recorded, and for
+        ``NoIndex`` the directives that said so. ``host``: what the host's robots.txt and
+        tdmrep.json say of the URL.
 
         ``ROBOTS_PENDING`` (not recorded): a redirect led to a host whose robots.txt
         could not be fetched; it has been waited for, and the URL may be tried again.
@@ -219,14 +234,14 @@ class Pipeline:
         if fetched.body is not None:
             metrics.downloaded_bytes.inc(body_size(fetched.body))
         if fetched.status == ROBOTS_PENDING and robots is not None:
-            status = await robots.verdict(source, fetched.detail) or ROBOTS_PENDING
-            if status == ROBOTS_PENDING:
-                return status
-            fetched = FetchResult(status, detail=fetched.detail)
+            refused, hop = await robots.consult(source, fetched.detail)
+            if refused is None:
+                return ROBOTS_PENDING, ()
+            fetched = FetchResult(refused, detail=fetched.detail, signals=hop)
         backoff = await self._heed(source, fetched)
         if fetched.ok:
             try:
-                status = await self._finish(source, task, fetched)
+                status = await self._finish(source, task, fetched, host)
             finally:
                 fetched.release()  # the body's bytes go back to the download budget
         else:
@@ -240,7 +255,7 @@ class Pipeline:
                     detail=fetched.detail,
                 )
         await self._record(source, status, backoff=backoff)
-        return status
+        return status, fetched.signals.noindex if status == Status.NO_INDEX else ()
 
     def _source_metrics(self, source: str) -> SourceMetrics:
         metrics = self._metrics.get(source)
@@ -287,7 +302,9 @@ class Pipeline:
         )
         await asyncio.sleep(delay_s)
 
-    async def _finish(self, source: str, task: SourceTask, fetched: FetchResult) -> str:
+    async def _finish(
+        self, source: str, task: SourceTask, fetched: FetchResult, host: Signals
+    ) -> str:
         assert fetched.body is not None
         image = await self._processor.process(fetched.body)
         if isinstance(image, ImageFailure):
@@ -308,6 +325,11 @@ class Pipeline:
             filesize=body_size(fetched.body),
             compression_quality=image.compression_quality,
         )
+        said = host | fetched.signals
+        if said:
+            resolution = dataclasses.replace(
+                resolution, opt_outs=said.opt_outs, tdm_policy=said.tdm_policy
+            )
         sent = self._publish(METADATA_TOPIC, resolution.to_json(), task.uuid)
         if image.exif:
             exif = ExifMessage(identifier=task.uuid, exif=image.exif)
@@ -316,14 +338,21 @@ class Pipeline:
             await sent  # no gather, which would wrap the one publish in a task
         return Status.OK
 
-    async def _route(self, source: str, task: SourceTask, status: str, attempts: int) -> str:
+    async def _route(
+        self,
+        source: str,
+        task: SourceTask,
+        status: str,
+        attempts: int,
+        directives: tuple[str, ...] = (),
+    ) -> str:
         if status == Status.OK:
             return CRAWLED
         if status == Status.NOT_FOUND:
             link_rot = LinkRotMessage(identifier=task.uuid, timestamp=utc_now_iso())
             await self._publish(LINK_ROT_TOPIC, link_rot.to_json(), task.uuid)
             return LINK_ROT
-        await self.dead_letter(source, task, status, attempts)
+        await self.dead_letter(source, task, status, attempts, directives)
         return DEAD_LETTERED
 
     async def _take_slot(self, source: str, task: SourceTask) -> None:

@@ -287,7 +287,9 @@ class Origin:
         if isinstance(step, Reply):
             if step.delay_s > 0 and not await self._wait_unless_stopping(step.delay_s):
                 return self._disconnect(request)
-            headers = {"Content-Type": step.content_type, **(step.headers or {})}
+            # A multidict's repeated headers stay repeated (X-Robots-Tag, say).
+            headers = CIMultiDict(step.headers or {})
+            headers.setdefault("Content-Type", step.content_type)
             return web.Response(body=step.body, status=step.status, headers=headers)
         return await step(request)
 

@@ -6,6 +6,7 @@ import time
 
 import pytest
 from aiohttp import web
+from multidict import CIMultiDict
 
 from image_crawler.config import ConfigError
 from test.harness.origin import Reply
@@ -395,3 +396,69 @@ async def test_the_default_user_agent_names_the_project_its_version_and_url(orig
 def test_a_user_agent_that_is_not_a_header_value_is_refused(value, message):
     with pytest.raises(ConfigError, match=f"USER_AGENT.*{message}"):
         WorkerSettings.from_env({"USER_AGENT": value})
+
+
+# --- what an image's answer says of its use -------------------------------------------------
+@pytest.mark.parametrize(
+    ("headers", "directives"),
+    [
+        ([("X-Robots-Tag", "noindex")], ("noindex",)),
+        ([("X-Robots-Tag", "nofollow"), ("x-robots-tag", "NOIMAGEINDEX")], ("noimageindex",)),
+        ([("X-Robots-Tag", "image-crawler: none")], ("image-crawler: none",)),
+    ],
+)
+async def test_an_answer_that_asks_not_to_be_indexed_is_no_index_and_its_body_unread(
+    origin, fetch, headers, directives
+):
+    url = origin.add("/a.jpg", b"x" * 5_000_000, "image/jpeg", headers=CIMultiDict(headers))
+    result = await fetch(url)
+    assert (result.status, result.body, result.ok) == ("NoIndex", None, False)
+    assert result.signals.noindex == directives and result.detail == ", ".join(directives)
+
+
+@pytest.mark.parametrize(
+    ("headers", "opt_outs", "policy"),
+    [
+        ([], (), None),
+        ([("X-Robots-Tag", "otherbot: noindex, nofollow")], (), None),
+        ([("X-Robots-Tag", "noai, noimageai")], ("noai", "noimageai"), None),
+        (
+            [("tdm-reservation", "1"), ("tdm-policy", "https://e.org/p")],
+            ("tdm-reservation",),
+            "https://e.org/p",
+        ),
+        ([("tdm-reservation", "0"), ("tdm-policy", "https://e.org/p")], (), None),
+    ],
+)
+async def test_opt_outs_of_an_answer_come_with_its_body(origin, fetch, headers, opt_outs, policy):
+    url = origin.add("/a.jpg", b"img", "image/jpeg", headers=CIMultiDict(headers))
+    result = await fetch(url)
+    assert result.ok and joined(result.body) == b"img"
+    assert (result.signals.opt_outs, result.signals.tdm_policy) == (opt_outs, policy)
+
+
+async def test_a_text_fetch_reads_no_signals(origin):
+    session = new_session(SETTINGS, ORIGIN_ONLY)
+    try:
+        fetcher = Fetcher(session, SETTINGS, ORIGIN_ONLY)
+        url = origin.add(
+            "/robots.txt", b"User-agent: *\n", "text/plain", headers={"X-Robots-Tag": "noindex"}
+        )
+        result = await fetcher.fetch_text(url, 1000, 5)
+    finally:
+        await session.close()
+    assert result.ok and not result.signals
+
+
+async def test_x_robots_tag_groups_are_read_for_the_fetchers_token(origin):
+    session = new_session(SETTINGS, ORIGIN_ONLY)
+    try:
+        fetcher = Fetcher(session, SETTINGS, ORIGIN_ONLY, token="mybot")
+        url = origin.add("/a.jpg", b"img", "image/jpeg", headers={"X-Robots-Tag": "MyBot: noindex"})
+        assert (await fetcher.fetch(url)).status == "NoIndex"
+        url = origin.add(
+            "/b.jpg", b"img", "image/jpeg", headers={"X-Robots-Tag": "image-crawler: noindex"}
+        )
+        assert (await fetcher.fetch(url)).ok
+    finally:
+        await session.close()

@@ -27,6 +27,7 @@ from worker.download.fetch import FetchResult
 from worker.health import OUTAGE_MAX_S, WorkerHealth, health_problems
 from worker.images.pool import ImageOutcome, InlineProcessor, PoolProcessor
 from worker.pipeline import Pipeline, RetryPolicy
+from worker.politeness.signals import NO_SIGNALS, Signals
 from worker.settings import WorkerSettings
 from worker.sinks.base import DependencyStates, Outage, Stalls
 
@@ -139,8 +140,8 @@ async def test_a_url_still_waiting_for_its_slot_is_no_request() -> None:
 
 
 class RefusingRobots:
-    async def verdict(self, source: str, url: str) -> str | None:
-        return c.Status.ROBOTS_DISALLOWED
+    async def consult(self, source: str, url: str) -> tuple[str | None, Signals]:
+        return c.Status.ROBOTS_DISALLOWED, NO_SIGNALS
 
 
 async def test_a_url_robots_txt_refuses_is_an_outcome_without_a_request() -> None:

@@ -19,6 +19,7 @@ from worker.pipeline import (
     Pipeline,
     RetryPolicy,
 )
+from worker.politeness.signals import NO_SIGNALS, Signals
 
 TOPIC = "urls.example"
 
@@ -264,3 +265,72 @@ async def test_the_body_is_released_once_its_message_is_finished(body_kind):
     await pipeline.handle("example", task(), TOPIC)
     # Once, and only after the thumbnail was stored (the store failed twice first).
     assert released == ([1] if body_kind == "image" else [0])
+
+
+# --- what the server says of the image's use -------------------------------------------------
+class ConsultingRobots:
+    """What a host's robots.txt and tdmrep.json say, as RobotsGuard.consult answers."""
+
+    def __init__(self, status: str | None = None, signals: Signals = NO_SIGNALS) -> None:
+        self.answer = (status, signals)
+
+    async def consult(self, source: str, url: str) -> tuple[str | None, Signals]:
+        return self.answer
+
+    async def hop_status(self, source: str, hop: object) -> str | None:
+        return None
+
+
+async def test_an_answer_that_asks_not_to_be_indexed_ends_in_crawl_errors_with_its_directives():
+    said = Signals(noindex=("noindex", "image-crawler: noimageindex"))
+    fetched = FetchResult(c.Status.NO_INDEX, detail="noindex, ...", signals=said)
+    pipeline, p = make({"http://origin.test/a.jpg": fetched})
+    ending = await pipeline.handle("example", task(), TOPIC)
+    assert ending == Ending("NoIndex", DEAD_LETTERED, 1)  # tried once: never again
+    assert not p["store"].objects and c.METADATA_TOPIC not in p["sink"].messages
+    (error,) = p["sink"].messages[c.CRAWL_ERRORS_TOPIC]
+    assert error["status"] == "NoIndex"
+    assert error["directives"] == ["noindex", "image-crawler: noimageindex"]
+    assert p["stats"].outcomes == [("example", "NoIndex")]
+    assert not c.Status.retried("NoIndex") and c.Status.expected("NoIndex")
+
+
+async def test_a_host_whose_robots_txt_says_search_no_is_not_requested():
+    said = Signals(noindex=("content-signal: search=no",), opt_outs=("ai-train",))
+    pipeline, p = make({})
+    pipeline._robots = ConsultingRobots(c.Status.NO_INDEX, said)
+    ending = await pipeline.handle("example", task(), TOPIC)
+    assert ending == Ending("NoIndex", DEAD_LETTERED, 0)
+    assert p["fetcher"].requests == [] and p["pacer"].taken == []
+    (error,) = p["sink"].messages[c.CRAWL_ERRORS_TOPIC]
+    assert error["directives"] == ["content-signal: search=no"]
+
+
+@pytest.mark.parametrize(
+    ("host", "answer", "opt_outs", "policy"),
+    [
+        (NO_SIGNALS, Signals(opt_outs=("noai", "noimageai")), ["noai", "noimageai"], None),
+        (
+            Signals(opt_outs=("ai-train",)),
+            Signals(opt_outs=("tdm-reservation",), tdm_policy="https://e.org/p.json"),
+            ["ai-train", "tdm-reservation"],
+            "https://e.org/p.json",
+        ),
+        (
+            Signals(opt_outs=("tdm-reservation",), tdm_policy="https://host/p"),
+            NO_SIGNALS,
+            ["tdm-reservation"],
+            "https://host/p",
+        ),
+    ],
+)
+async def test_opt_outs_are_published_with_the_image(host, answer, opt_outs, policy):
+    image = next(i for i in good_images() if not i.exif)
+    fetched = FetchResult("200", body=image.body, signals=answer)
+    pipeline, p = make({"http://origin.test/a.jpg": fetched})
+    pipeline._robots = ConsultingRobots(None, host)
+    assert await pipeline.handle("example", task(), TOPIC) == Ending("200", CRAWLED)
+    (resolution,) = p["sink"].messages[c.METADATA_TOPIC]
+    assert resolution["opt_outs"] == opt_outs
+    assert resolution.get("tdm_policy") == policy
+    assert c.ResolutionMessage.from_json(json.dumps(resolution)).opt_outs == tuple(opt_outs)

@@ -22,6 +22,7 @@ from worker.download.netguard import AddressPolicy, parse_networks
 from worker.images.pool import InlineProcessor
 from worker.pipeline import DEAD_LETTERED, Ending, Pipeline
 from worker.politeness.robots import Robots, RobotsEntry, RobotsGuard, origin_of
+from worker.politeness.signals import NO_SIGNALS, Signals
 from worker.settings import FetchSettings, RobotsSettings, WorkerSettings
 
 FETCH = FetchSettings(
@@ -66,7 +67,9 @@ async def test_our_group_decides_and_urls_are_not_requested_to_learn_it(redis, s
     assert await guard.verdict(SOURCE, origin.url("/private/a.jpg")) is None
     assert await guard.verdict(SOURCE, origin.url("/robots.txt")) is None
     assert origin.requests("/robots.txt") == 1
-    assert origin.total_requests == 1
+    # And the host's TDMRep file, once, with it: nothing else is requested.
+    assert origin.requests("/.well-known/tdmrep.json") == 1
+    assert origin.total_requests == 2
     (headers,) = origin.request_headers("/robots.txt")
     assert headers["User-Agent"] == FETCH.user_agent
 
@@ -123,8 +126,15 @@ async def test_a_robots_fetch_waits_for_the_sources_pacing_slot(redis, session, 
     await asyncio.sleep(0.1)
     assert origin.requests("/robots.txt") == 0 and not verdict.done()
     pacer.grant_all()
+    # The host's tdmrep.json waits for a slot of its own.
+    await wait_for(
+        lambda: origin.requests("/robots.txt") and pacer.waiting[1:], 5, what="a 2nd slot"
+    )
+    assert origin.requests("/.well-known/tdmrep.json") == 0 and not verdict.done()
+    pacer.grant_all()
     assert await asyncio.wait_for(verdict, 5) == c.Status.ROBOTS_DISALLOWED
     assert origin.requests("/robots.txt") == 1
+    assert origin.requests("/.well-known/tdmrep.json") == 1
 
 
 async def test_a_source_without_a_rate_does_not_hold_back_another_on_the_same_host(
@@ -139,7 +149,8 @@ async def test_a_source_without_a_rate_does_not_hold_back_another_on_the_same_ho
     assert paid == c.Status.ROBOTS_DISALLOWED
     # The file is known now, for every source: the starved one's URL is answered too.
     assert await asyncio.wait_for(starved, 5) == c.Status.ROBOTS_DISALLOWED
-    assert pacer.taken == ["paid"] and origin.requests("/robots.txt") == 1
+    # One slot for robots.txt, one for tdmrep.json: both the paid source's.
+    assert pacer.taken == ["paid", "paid"] and origin.requests("/robots.txt") == 1
 
 
 # --- unreachable ---------------------------------------------------------------------------
@@ -216,7 +227,7 @@ async def test_a_redirect_loop_allows_everything(redis, session, origin):
     guard = make_guard(redis, session)
     assert await guard.verdict(SOURCE, origin.url("/secret/a.jpg")) is None
     # The first request and five redirects, then RFC 9309 2.3.1.2: as if no file.
-    assert origin.total_requests == 6
+    assert origin.total_requests - origin.requests("/.well-known/tdmrep.json") == 6
 
 
 async def test_a_redirect_to_a_private_address_is_not_followed(redis, session, origin):
@@ -449,3 +460,81 @@ def test_the_settings_default_to_obeying_as_the_user_agents_product_token():
 def test_bad_settings_are_refused_with_their_name(env, message):
     with pytest.raises(ConfigError, match=message):
         _settings(**env)
+
+
+# --- what the host's files say of the images' use ---------------------------------------
+TDMREP = json.dumps(
+    [
+        {"location": "/public/*", "tdm-reservation": 0},
+        {"location": "/images/", "tdm-reservation": 1, "tdm-policy": "https://e.org/p.json"},
+    ]
+)
+
+
+async def test_content_signals_of_our_group_say_what_may_be_done(redis, session, origin):
+    origin.set_robots(
+        "User-agent: *\nContent-Signal: search=yes, ai-train=no, ai-input=no\nAllow: /\n"
+    )
+    guard = make_guard(redis, session)
+    status, said = await guard.consult(SOURCE, origin.url("/a.jpg"))
+    assert status is None and said == Signals(opt_outs=("ai-train", "ai-input"))
+
+
+async def test_content_signal_search_no_keeps_urls_out_of_the_index_unrequested(
+    redis, session, origin
+):
+    origin.set_robots("User-agent: image-crawler\nContent-Signal: search=no\nAllow: /\n")
+    guard = make_guard(redis, session)
+    status, said = await guard.consult(SOURCE, origin.url("/a.jpg"))
+    assert status == c.Status.NO_INDEX and said.noindex == ("content-signal: search=no",)
+    assert await guard.verdict(SOURCE, origin.url("/b.jpg")) == c.Status.NO_INDEX
+    assert origin.requests("/a.jpg") == origin.requests("/b.jpg") == 0
+
+
+async def test_a_hosts_tdmrep_json_reserves_the_paths_its_rules_cover(redis_url, session, origin):
+    origin.set_robots("User-agent: *\nAllow: /\n")
+    origin.add("/.well-known/tdmrep.json", TDMREP.encode(), "application/json")
+    clients = [Redis.from_url(redis_url, decode_responses=True) for _ in range(2)]
+    try:
+        guard = make_guard(clients[0], session)
+        reserved = Signals(opt_outs=("tdm-reservation",), tdm_policy="https://e.org/p.json")
+        assert await guard.consult(SOURCE, origin.url("/images/a.jpg")) == (None, reserved)
+        assert await guard.consult(SOURCE, origin.url("/public/images/a.jpg")) == (None, NO_SIGNALS)
+        assert await guard.consult(SOURCE, origin.url("/other.jpg")) == (None, NO_SIGNALS)
+        # Cached with robots.txt, for the cluster: another worker fetches neither.
+        other = make_guard(clients[1], session)
+        assert await other.consult(SOURCE, origin.url("/images/b.jpg")) == (None, reserved)
+        assert other.fetches == other.tdmrep_fetches == 0
+        assert origin.requests("/.well-known/tdmrep.json") == 1 == guard.tdmrep_fetches
+    finally:
+        for client in clients:
+            await client.aclose()
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        Reply(b"not json", "application/json"),
+        Reply(b'{"location": "/", "tdm-reservation": 1}', "application/json"),
+        Reply(TDMREP.encode(), "application/json", status=500),
+        Reply(TDMREP.encode(), "application/json", status=403),
+        DISCONNECT,
+        Reply(b"[" * 600_000, "application/json"),  # past the size limit, and deep
+    ],
+    ids=["not-json", "not-an-array", "500", "403", "disconnect", "huge"],
+)
+async def test_a_tdmrep_json_that_cannot_be_read_reserves_nothing(redis, session, origin, answer):
+    origin.set_robots("User-agent: *\nAllow: /\n")
+    origin.add_sequence("/.well-known/tdmrep.json", [answer])
+    guard = make_guard(redis, session)
+    assert await guard.consult(SOURCE, origin.url("/images/a.jpg")) == (None, NO_SIGNALS)
+    # And it is not asked again for every URL: it is cached with robots.txt.
+    assert await guard.consult(SOURCE, origin.url("/images/b.jpg")) == (None, NO_SIGNALS)
+    assert origin.requests("/.well-known/tdmrep.json") == 1
+
+
+async def test_an_unreachable_robots_txt_asks_for_no_tdmrep_json(redis, session, origin):
+    origin.add_sequence("/robots.txt", [Reply(b"", "text/plain", status=503)])
+    guard = make_guard(redis, session)
+    assert await guard.check(SOURCE, origin.url("/a.jpg")) is Robots.UNAVAILABLE
+    assert origin.requests("/.well-known/tdmrep.json") == 0

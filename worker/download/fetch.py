@@ -8,18 +8,22 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import datetime as dt
 import time
 import types
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 import aiohttp
+from multidict import CIMultiDictProxy
 from yarl import URL
 
 from image_crawler.contract import Status
 from worker.download.budget import ByteBudget
 from worker.download.netguard import AddressPolicy, BlockedAddressError, GuardedResolver
 from worker.images.pool import Body, body_size
+from worker.politeness.robots_rules import DEFAULT_PRODUCT_TOKEN
+from worker.politeness.signals import NO_SIGNALS, Signals, tdm_headers, x_robots_tag
 from worker.settings import FetchSettings
 
 ALLOWED_SCHEMES = frozenset({"http", "https"})
@@ -50,6 +54,10 @@ class FetchResult:
     response_s: float | None = None
     # Redirects followed before this result (its hop's index).
     redirects: int = 0
+    # What an image's answer said of its use (X-Robots-Tag, tdm-reservation); an answer
+    # that keeps the image out of the index ends as NoIndex, its body unread, the
+    # directives in ``detail``.
+    signals: Signals = NO_SIGNALS
 
     @property
     def ok(self) -> bool:
@@ -142,6 +150,10 @@ class Fetcher:
     open (its read timeout would run out while it waits): the fetcher takes a typical
     body's size up front (a running mean of recent bodies) and a body that turns out
     larger takes the difference as an overdraft (``ByteBudget.take``).
+
+    An image's answer is read for what it says of the image's use (worker.politeness.
+    signals), X-Robots-Tag groups for ``token`` (our robots.txt token) included: one that
+    keeps the image out of the index ends as ``NoIndex`` before its body is read.
     """
 
     def __init__(
@@ -150,11 +162,14 @@ class Fetcher:
         settings: FetchSettings,
         policy: AddressPolicy,
         budget: ByteBudget | None = None,
+        *,
+        token: str = DEFAULT_PRODUCT_TOKEN,
     ) -> None:
         self._session = session
         self._settings = settings
         self._policy = policy
         self._budget = budget
+        self._token = token
         self._typical_body_bytes = _FIRST_ESTIMATE_BYTES
 
     async def fetch(self, url: str, permit: HopPermit | None = None) -> FetchResult:
@@ -169,7 +184,7 @@ class Fetcher:
         hold = _Hold(self._budget)
         if self._budget is not None:
             hold.held = await self._budget.acquire(self._typical_body_bytes)
-        read = _Read(self._settings.max_body_bytes, truncate=False)
+        read = _Read(self._settings.max_body_bytes, truncate=False, signals=True)
         try:
             result = await self._follow(current, hold, read, permit, self._settings.max_redirects)
         except BaseException:
@@ -230,6 +245,15 @@ class Fetcher:
             max(mean, _MIN_ESTIMATE_BYTES), self._settings.max_body_bytes
         )
 
+    def _signals(self, headers: CIMultiDictProxy[str]) -> Signals:
+        # Most answers carry neither header: two lookups, nothing parsed.
+        x_robots = headers.getall("X-Robots-Tag", ())
+        reservation = headers.get("tdm-reservation")
+        if not x_robots and reservation is None:
+            return NO_SIGNALS
+        said = x_robots_tag(x_robots, self._token, dt.datetime.now(dt.UTC))
+        return said | tdm_headers(reservation, headers.get("tdm-policy"))
+
     def _refusal(self, url: URL) -> str | None:
         if url.scheme.lower() not in ALLOWED_SCHEMES:
             return f"scheme {url.scheme!r} is not http or https"
@@ -264,7 +288,18 @@ class Fetcher:
                     return FetchResult(
                         str(response.status), retry_after=retry_after, response_s=response_s
                     )
-                return await self._read_body(response, hold, read, response_s)
+                signals = self._signals(response.headers) if read.signals else NO_SIGNALS
+                if signals.noindex:
+                    # Not read: the server asked that the image not be indexed, and it
+                    # will not be. The connection is closed rather than drained.
+                    return FetchResult(
+                        Status.NO_INDEX,
+                        detail=", ".join(signals.noindex),
+                        response_s=response_s,
+                        signals=signals,
+                    )
+                result = await self._read_body(response, hold, read, response_s)
+                return dataclasses.replace(result, signals=signals) if signals else result
         except aiohttp.ServerDisconnectedError as e:
             return FetchResult(Status.SERVER_DISCONNECTED, detail=str(e))
         except (TimeoutError, aiohttp.ServerTimeoutError) as e:
@@ -318,10 +353,12 @@ class Fetcher:
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Read:
     """How much of a body is read: over ``max_bytes`` it is TooLarge, or, with
-    ``truncate``, cut there."""
+    ``truncate``, cut there; with ``signals``, the answer is an image's, read for its
+    opt-out signals."""
 
     max_bytes: int
     truncate: bool
+    signals: bool = False
 
 
 class _Hold:

@@ -29,6 +29,14 @@ to ``crawl_delay:{source}``, which the pacing script obeys at once (one request 
 at most, the robots.txt request counted) and the leading monitor turns into the source's
 rate within a loop. Sources in the set ``robots_exempt`` (an operator has the sites'
 permission) and every source under ``policy="ignore"`` skip all of this.
+
+The same file's ``Content-Signal`` line (worker.politeness.signals) is read for us: under
+``search=no`` a URL ends as ``NoIndex``, never requested, and ``ai-train=no`` and
+``ai-input=no`` are opt-outs published with each image. Once a host's robots.txt is
+known, its ``/.well-known/tdmrep.json`` (TDMRep) is fetched too, on a pacing slot of its
+own, under the same limits, and cached beside the file in the same entry: a rule covering
+a URL's path puts ``tdm-reservation`` in its opt-outs. A tdmrep.json that cannot be
+fetched or read reserves nothing: it is an opt-out signal, not a permission.
 """
 
 from __future__ import annotations
@@ -55,6 +63,7 @@ from image_crawler.contract import (
     ROBOTS_EXEMPT_SET,
     ROBOTS_MAX_BYTES,
     ROBOTS_MAX_REDIRECTS,
+    TDMREP_PATH,
     Status,
     crawl_delay_key,
     pace_next_key,
@@ -69,6 +78,7 @@ from worker.images.pool import Body
 from worker.politeness.pacing import Pacer, paused_next
 from worker.politeness.retry_after import obey_retry_after
 from worker.politeness.robots_rules import RobotsRules
+from worker.politeness.signals import NO_SIGNALS, Signals, TdmRep
 from worker.settings import RobotsSettings
 
 log = get_logger(__name__)
@@ -132,7 +142,8 @@ class RobotsEntry:
     ``text`` is the file (None: a 4xx, everything allowed, or unavailable). Fresh until
     ``expires_at`` (Unix s): then it is fetched again. While the host is unreachable,
     ``unavailable_since`` is the first failure of the outage and ``failures`` counts
-    them; ``expires_at`` is when to ask again.
+    them; ``expires_at`` is when to ask again. ``tdmrep`` is the host's
+    /.well-known/tdmrep.json when it answered 2xx (None: it did not, or not asked yet).
     """
 
     status: str
@@ -141,6 +152,7 @@ class RobotsEntry:
     expires_at: float
     unavailable_since: float | None = None
     failures: int = 0
+    tdmrep: str | None = None
 
     @property
     def available(self) -> bool:
@@ -155,6 +167,7 @@ class RobotsEntry:
                 "expires_at": self.expires_at,
                 "unavailable_since": self.unavailable_since,
                 "failures": self.failures,
+                "tdmrep": self.tdmrep,
             }
         )
 
@@ -164,7 +177,7 @@ class RobotsEntry:
         version): it is then fetched again."""
         try:
             obj = json.loads(raw)
-            text = obj["text"]
+            text, tdmrep = obj["text"], obj.get("tdmrep")
             since = obj.get("unavailable_since")
             return cls(
                 status=str(obj["status"]),
@@ -173,6 +186,7 @@ class RobotsEntry:
                 expires_at=float(obj["expires_at"]),
                 unavailable_since=None if since is None else float(since),
                 failures=int(obj.get("failures", 0)),
+                tdmrep=tdmrep if isinstance(tdmrep, str) else None,
             )
         except (ValueError, TypeError, KeyError, AttributeError):
             return None
@@ -215,8 +229,17 @@ class _Known:
 
     entry: RobotsEntry
     rules: RobotsRules | None  # None while unavailable
+    tdmrep: TdmRep = dataclasses.field(default_factory=TdmRep)
     # Sources whose Crawl-delay from this entry is already written.
     delays_noted: set[str] = dataclasses.field(default_factory=set)
+
+    def signals(self, url: str) -> Signals:
+        """What the host's files say of the use of ``url``, an allowed URL of the host."""
+        said = NO_SIGNALS if self.rules is None else self.rules.signals
+        if self.tdmrep:
+            with contextlib.suppress(ValueError, TypeError):  # not a URL: reserves nothing
+                said = said | self.tdmrep.signals(URL(url).raw_path_qs)
+        return said
 
 
 class RobotsGuard:
@@ -248,23 +271,34 @@ class RobotsGuard:
         self._exempt_read_at = -float("inf")
         self._exempt_lock = asyncio.Lock()
         self.fetches = 0  # robots.txt requests this worker made
+        self.tdmrep_fetches = 0  # and tdmrep.json requests
 
     async def verdict(self, source: str, url: str) -> str | None:
         """None when ``url`` may be requested; else the status it ends with
-        (``RobotsDisallowed``, or ``RobotsUnavailable`` once its host has been
-        unreachable for ``unavailable_max_s``). Waits while the host is unreachable."""
+        (``RobotsDisallowed``, ``NoIndex`` under a Content-Signal ``search=no``, or
+        ``RobotsUnavailable`` once its host has been unreachable for
+        ``unavailable_max_s``). Waits while the host is unreachable."""
+        status, _ = await self.consult(source, url)
+        return status
+
+    async def consult(self, source: str, url: str) -> tuple[str | None, Signals]:
+        """``verdict``'s status, and what the host's files say of the URL's use (its
+        ``noindex`` the directives when the status is ``NoIndex``)."""
         while True:
             answer, known = await self._answer(source, url)
             if answer is Robots.ALLOWED:
-                return None
+                if known is None:
+                    return None, NO_SIGNALS
+                said = known.signals(url)
+                return (Status.NO_INDEX if said.noindex else None), said
             if answer is Robots.DISALLOWED:
-                return Status.ROBOTS_DISALLOWED
+                return Status.ROBOTS_DISALLOWED, NO_SIGNALS
             assert known is not None
             entry, now = known.entry, self._clock()
             since = now if entry.unavailable_since is None else entry.unavailable_since
             give_up_at = since + self._settings.unavailable_max_s
             if now >= give_up_at:
-                return Status.ROBOTS_UNAVAILABLE
+                return Status.ROBOTS_UNAVAILABLE, NO_SIGNALS
             # Until it is asked again (by whichever worker), or the URL's time is up.
             wait_s = min(entry.expires_at, give_up_at) - now
             await asyncio.sleep(max(wait_s, self._settings.poll_s))
@@ -363,9 +397,10 @@ class RobotsGuard:
     def _parsed(self, entry: RobotsEntry) -> _Known:
         if not entry.available:
             return _Known(entry, None)
+        tdmrep = TdmRep.parse(entry.tdmrep)
         if entry.text is None:
-            return _Known(entry, RobotsRules.allow_all(self._settings.token))
-        return _Known(entry, RobotsRules.parse(entry.text, self._settings.token))
+            return _Known(entry, RobotsRules.allow_all(self._settings.token), tdmrep)
+        return _Known(entry, RobotsRules.parse(entry.text, self._settings.token), tdmrep)
 
     # --- the cluster's copy ----------------------------------------------------------------
     async def _shared_entry(self, origin: str, robots_url: str) -> RobotsEntry | None:
@@ -388,6 +423,8 @@ class RobotsGuard:
             return None
         try:
             entry = await self._fetch(source, origin, robots_url, previous or entry)
+            if entry.available:
+                entry = await self._with_tdmrep(entry, origin, lock, lock_ms)
             await self._redis.set(key, entry.to_json(), px=self._keep_ms(entry))
         finally:
             with contextlib.suppress(RedisError):
@@ -454,6 +491,28 @@ class RobotsGuard:
             log.info("robots_fetched", origin=origin, status=status, allows="everything")
             return RobotsEntry(status, None, now, now + settings.cache_s)
         return await self._unavailable(source, origin, result, previous, now)
+
+    async def _with_tdmrep(
+        self, entry: RobotsEntry, origin: str, lock: str, lock_ms: int
+    ) -> RobotsEntry:
+        """The entry with the host's /.well-known/tdmrep.json, fetched on a pacing slot of
+        its own (the lock renewed first: the slot may be a while coming)."""
+        await self._redis.pexpire(lock, lock_ms)
+        await self._slot(origin)
+        self.tdmrep_fetches += 1
+        url = str(URL(origin).with_path(TDMREP_PATH))
+        try:
+            async with asyncio.timeout(self._settings.fetch_timeout_s):
+                result = await self._fetcher.fetch_text(url, ROBOTS_MAX_BYTES, ROBOTS_MAX_REDIRECTS)
+        except TimeoutError:
+            result = FetchResult(Status.TIMEOUT)
+        if not (result.status.isdigit() and 200 <= int(result.status) < 300):
+            log.debug("tdmrep_fetched", origin=origin, status=result.status, rules=0)
+            return entry
+        text = decode_robots(result.body, truncated=False)
+        rules = len(TdmRep.parse(text))
+        log.info("tdmrep_fetched", origin=origin, status=result.status, rules=rules)
+        return dataclasses.replace(entry, tdmrep=text if rules else None)
 
     async def _unavailable(
         self,

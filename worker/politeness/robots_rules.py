@@ -15,6 +15,8 @@ from urllib.parse import quote
 
 from protego import Protego
 
+from worker.politeness.signals import NO_SIGNALS, Signals, content_signals
+
 # RFC 9309 2.2.1: a product token is letters, "_" and "-".
 PRODUCT_TOKEN: Final = re.compile(r"[A-Za-z_-]+")
 DEFAULT_PRODUCT_TOKEN: Final = "image-crawler"
@@ -37,11 +39,13 @@ def product_token(user_agent: str) -> str:
 class RobotsRules:
     """A parsed robots.txt, asked about URLs for one product token."""
 
-    __slots__ = ("_parsed", "_token")
+    __slots__ = ("_parsed", "_token", "signals")
 
-    def __init__(self, parsed: Protego | None, token: str) -> None:
+    def __init__(self, parsed: Protego | None, token: str, signals: Signals = NO_SIGNALS) -> None:
         self._parsed = parsed
         self._token = token
+        # The file's Content-Signal lines for us (Protego does not read them).
+        self.signals = signals
 
     @classmethod
     def parse(cls, text: str, token: str) -> RobotsRules:
@@ -53,7 +57,7 @@ class RobotsRules:
             text = text[1:]
         if any(c in text for c in _NOT_LINE_BREAK_CHARS):
             text = text.translate(_NOT_LINE_BREAKS)
-        return cls(Protego.parse(text), token)
+        return cls(Protego.parse(text), token, content_signals(text, token))
 
     @classmethod
     def allow_all(cls, token: str) -> RobotsRules:
