@@ -17,7 +17,9 @@ with a ``urls.{source}`` topic for the backlog):
 - ``crawler_source_halted`` (in ``halted`` or ``temp_halted``) and
   ``crawler_source_permanently_halted`` (in ``halted``), 1 or 0;
 - ``crawler_source_successes_total``, ``crawler_source_errors_total``
-  (``num_resized:{source}``, ``resize_errors:{source}``).
+  (``num_resized:{source}``, ``resize_errors:{source}``), and of the errors
+  ``crawler_source_no_index_total``, images their servers asked us not to index
+  (``resize_errors:{source}:NoIndex``).
 
 Totals: ``crawler_successes_total``, ``crawler_errors_total`` (``num_resized``,
 ``resize_errors``), ``crawler_split_total`` (``num_split``), ``crawler_backlog_urls``,
@@ -175,9 +177,16 @@ def _counters(counters: Counters, known: Collection[str]) -> list[Metric]:
         "URLs of a source that failed for good (resize_errors:{source}).",
         labels=["source"],
     )
+    no_index = CounterMetricFamily(
+        "crawler_source_no_index",
+        "URLs of a source whose server asked that the image not be indexed "
+        "(resize_errors:{source}:NoIndex; X-Robots-Tag, Content-Signal search=no).",
+        labels=["source"],
+    )
     for source in sorted(set(known) | counters.successful.keys() | counters.errors.keys()):
         successes.add_metric([source], counters.successful.get(source, 0))
         errors.add_metric([source], counters.errors.get(source, 0))
+        no_index.add_metric([source], counters.no_index.get(source, 0))
     total_successes = CounterMetricFamily(
         "crawler_successes", "Images crawled and stored, all sources (num_resized)."
     )
@@ -190,7 +199,7 @@ def _counters(counters: Counters, known: Collection[str]) -> list[Metric]:
         "crawler_split", "Messages split from inbound_images into urls.{source} (num_split)."
     )
     split.add_metric([], counters.num_split)
-    return [successes, errors, total_successes, total_errors, split]
+    return [successes, errors, no_index, total_successes, total_errors, split]
 
 
 class MonitorCollector(Collector):

@@ -57,6 +57,7 @@ from image_crawler.contract import (
     PACE_RECOVERING,
     RESIZE_ERRORS,
     PacingInfo,
+    Status,
     crawl_eta_s,
     eta_s,
     num_resized_key,
@@ -80,6 +81,9 @@ class Counters:
     num_split: int = 0
     successful: Mapping[str, int] = dataclasses.field(default_factory=dict)
     errors: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    # Of the errors, images their servers asked us not to index
+    # (resize_errors:{source}:NoIndex).
+    no_index: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -207,18 +211,22 @@ async def read_counters(redis: aioredis.Redis, sources: list[str]) -> Counters:
         if sources:
             pipe.mget([num_resized_key(s) for s in sources])
             pipe.mget([resize_errors_key(s) for s in sources])
+            pipe.mget([resize_errors_key(s, Status.NO_INDEX) for s in sources])
         replies = await pipe.execute()
     successful: dict[str, int] = {}
     errors: dict[str, int] = {}
+    no_index: dict[str, int] = {}
     if sources:
         successful = {s: n for s, v in zip(sources, replies[3], strict=True) if (n := _int(v))}
         errors = {s: n for s, v in zip(sources, replies[4], strict=True) if (n := _int(v))}
+        no_index = {s: n for s, v in zip(sources, replies[5], strict=True) if (n := _int(v))}
     return Counters(
         num_resized=_int(replies[0]),
         resize_errors=_int(replies[1]),
         num_split=_int(replies[2]),
         successful=successful,
         errors=errors,
+        no_index=no_index,
     )
 
 

@@ -11,6 +11,7 @@ effective and configured rate, and why), the rate workers are paced at this seco
 (``pace_rate:``, which expires when no monitor renews it) and the earliest time the next
 request may start (``pace_next:``, pushed into the future by a server's Retry-After).
 Its robots.txt: how many URLs it disallowed (``resize_errors:{source}:RobotsDisallowed``),
+how many images its servers asked us not to index (``resize_errors:{source}:NoIndex``),
 the Crawl-delay that caps the source's rate (``crawl_delay:``) and whether an operator
 exempted the source (``robots_exempt``). Its backlog, the URLs split but not yet taken by
 the workers, as the monitor last measured it (the hash ``backlog``, with the time of the
@@ -101,6 +102,7 @@ _ARGV: Final = (
     BACKLOG_HASH,
     BACKLOG_AT,
     URLS_LOST,
+    Status.NO_INDEX,
 )
 # Every per-status error counter, resize_errors:{source}:{status}; source names and
 # statuses hold no ':'.
@@ -146,6 +148,9 @@ class SourceStatus:
     override: str | None
     # URLs its robots.txt disallowed, ever (``resize_errors:{source}:RobotsDisallowed``).
     robots_disallowed: int = 0
+    # Images its servers asked us not to index, ever (``resize_errors:{source}:NoIndex``):
+    # X-Robots-Tag noindex and the like, robots.txt Content-Signal search=no.
+    no_index: int = 0
     # In ``robots_exempt``: its workers do not obey robots.txt.
     robots_exempt: bool = False
     # ``crawl_delay:``, seconds; None when absent or not a positive finite number.
@@ -273,6 +278,7 @@ def _source(
         temp_halted=temp_halted,
         override=_text(raw.get("override")) or _text(raw.get("alias")),
         robots_disallowed=_int(raw.get("disallowed")) or 0,
+        no_index=_int(raw.get("no_index")) or 0,
         robots_exempt=robots_exempt,
         # The monitor ignores a value that is no delay; so does the view.
         crawl_delay_s=_positive(raw.get("crawl_delay")),
@@ -607,10 +613,13 @@ def _state(source: SourceStatus) -> Text:
 
 
 def robots_text(source: SourceStatus) -> str:
-    """``"exempt"``, ``"12 disallowed"``, ``"delay 10 s"``, one a line; ``"-"`` for none."""
+    """``"exempt"``, ``"12 disallowed"``, ``"3 noindex"``, ``"delay 10 s"``, one a line;
+    ``"-"`` for none."""
     parts = ["exempt"] if source.robots_exempt else []
     if source.robots_disallowed:
         parts.append(f"{source.robots_disallowed} disallowed")
+    if source.no_index:
+        parts.append(f"{source.no_index} noindex")
     # An exempt source's delay binds nothing (the monitor ignores it) and soon expires.
     if source.crawl_delay_s is not None and not source.robots_exempt:
         parts.append(f"delay {source.crawl_delay_s:g} s")
@@ -805,7 +814,8 @@ def _caption(
     lines.append(legend + "ETA: backlog / effective rate")
     if "robots" not in hidden:
         lines.append(
-            "robots: URLs its robots.txt disallowed, its Crawl-delay; exempt: "
+            "robots: URLs its robots.txt disallowed, images not to be indexed (NoIndex), "
+            "its Crawl-delay; exempt: "
             "robots.txt not obeyed (image-crawler robots-exempt)"
         )
     if note:
@@ -920,6 +930,7 @@ def source_json(source: SourceStatus) -> dict[str, Any]:
         "temp_halted": source.temp_halted,
         "override_rps": _number(_float(source.override)),
         "robots_disallowed": source.robots_disallowed,
+        "no_index": source.no_index,
         "robots_exempt": source.robots_exempt,
         "crawl_delay_s": source.crawl_delay_s,
     }

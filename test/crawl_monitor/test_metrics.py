@@ -73,6 +73,7 @@ FULL = MonitorView(
         num_split=5000,
         successful={"flickr": 982, "slow": 18},
         errors={"met": 30, "flickr": 1},
+        no_index={"met": 12},
     ),
     leading=True,
 )
@@ -112,6 +113,7 @@ def test_every_metric_of_a_full_view():
         },
         "crawler_source_successes_total": {"flickr": 982, "met": 0, "phylopic": 0, "slow": 18},
         "crawler_source_errors_total": {"flickr": 1, "met": 30, "phylopic": 0, "slow": 0},
+        "crawler_source_no_index_total": {"flickr": 0, "met": 12, "phylopic": 0, "slow": 0},
     }
     for name, values in per_source.items():
         got = {source: v for (n, source), v in samples.items() if n == name}

@@ -687,9 +687,10 @@ async def test_up_runs_a_crawl_end_to_end_and_ctrl_c_stops_everything(
             image.height,
         )
         assert (data / "thumbnails" / f"up-{n}.jpg").is_file()
-    # Each image once, and the host's robots.txt once before them (a 404: allow all).
-    assert origin.requests("/robots.txt") == 1
-    assert origin.total_requests == len(images) + 1
+    # Each image once, and the host's robots.txt and tdmrep.json once before them (404s:
+    # allow all, reserve nothing).
+    assert origin.requests("/robots.txt") == origin.requests("/.well-known/tdmrep.json") == 1
+    assert origin.total_requests == len(images) + 2
 
     client = Redis.from_url(redis_url, decode_responses=True)
     try:

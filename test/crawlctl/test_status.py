@@ -173,6 +173,7 @@ async def seed_robots(redis: Redis) -> None:
         c.resize_errors_key("met", c.Status.ROBOTS_DISALLOWED), 3
     )  # before its exemption
     await redis.set(c.crawl_delay_key("met"), "5")  # left over: expires, binds nothing
+    await redis.set(c.resize_errors_key("nasa", c.Status.NO_INDEX), 4)
 
 
 async def seed_backlog(redis: Redis) -> None:
@@ -209,6 +210,7 @@ async def test_read_status_reads_robots_keys_in_the_same_round_trip(
     robots = {
         s.name: (s.robots_disallowed, s.robots_exempt, s.crawl_delay_s) for s in status.sources
     }
+    assert {s.name: s.no_index for s in status.sources if s.no_index} == {"nasa": 4}
     assert robots == {
         "flickr": (12, False, 10.0),
         "met": (3, True, 5.0),
@@ -253,6 +255,7 @@ async def read_plainly(redis: Redis) -> CrawlStatus:
             "override": await ask("GET", f"{c.OVERRIDE_RATE_PREFIX}{name}"),
             "alias": await ask("GET", f"{c.OVERRIDE_RATE_ALIAS_PREFIX}{name}"),
             "disallowed": await ask("GET", c.resize_errors_key(name, c.Status.ROBOTS_DISALLOWED)),
+            "no_index": await ask("GET", c.resize_errors_key(name, c.Status.NO_INDEX)),
             "crawl_delay": await ask("GET", c.crawl_delay_key(name)),
             "backlog": backlog.get(name, False),
             "lost": await ask("GET", c.urls_lost_key(name)),
@@ -551,6 +554,8 @@ def test_robots_exempt_comes_from_the_set() -> None:
         ({}, True, "exempt"),
         # The monitor ignores an exempt source's delay: so does the view.
         ({"crawl_delay": "10", "disallowed": "3"}, True, "exempt\n3 disallowed"),
+        ({"no_index": "4"}, False, "4 noindex"),
+        ({"disallowed": "1", "no_index": "2"}, False, "1 disallowed\n2 noindex"),
     ],
 )
 def test_robots_text(raw_source: dict[str, Any], exempt: bool, text: str) -> None:
@@ -627,9 +632,9 @@ async def test_the_table_has_a_robots_column(redis: Redis) -> None:
     met = row(text, "met")
     assert met[0].rstrip().endswith("exempt") and met[1].rstrip().endswith("3 disallowed")
     assert not any("delay" in line for line in met)
-    assert re.search(r"running\s+-$", row(text, "nasa")[0].rstrip())
+    assert re.search(r"running\s+4 noindex$", row(text, "nasa")[0].rstrip())
     assert row(text, "typo")[0].rstrip().endswith("exempt")
-    assert "robots: URLs its robots.txt disallowed, its Crawl-delay; exempt: " in text
+    assert "robots: URLs its robots.txt disallowed, images not to be indexed" in text
 
 
 # --- backlog, ETA and errors by reason ---------------------------------------------------
@@ -1070,6 +1075,7 @@ async def test_the_json_has_every_field_with_numbers_as_numbers(redis: Redis) ->
         "temp_halted": False,
         "override_rps": 50.0,
         "robots_disallowed": 0,
+        "no_index": 0,
         "robots_exempt": False,
         "crawl_delay_s": None,
     }

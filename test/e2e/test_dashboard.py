@@ -63,7 +63,17 @@ LOOPBACK = "127.0.0.1"
 VIEWPORT = (1360, 900)
 # The page's polling interval in these tests (?every=, seconds).
 EVERY_S = 1
-COLUMNS = ["source", "configured", "effective", "backlog", "eta", "successes", "errors", "state"]
+COLUMNS = [
+    "source",
+    "configured",
+    "effective",
+    "backlog",
+    "eta",
+    "successes",
+    "errors",
+    "noIndex",
+    "state",
+]
 TOTALS = ["successes", "errors", "throughput", "backlog", "eta", "sources", "split"]
 
 # What the page shows, read in one go: the state, the totals, and the table as displayed.
@@ -174,6 +184,7 @@ def expected_row(source: str, values: Mapping[str, float]) -> list[str]:
         eta,
         fmt_int(values.get("successes")),
         fmt_int(values.get("errors")),
+        fmt_int(values.get("no_index")),
         state,
     ]
 
@@ -187,6 +198,7 @@ PER_SOURCE = {
     "crawler_source_permanently_halted": "permanent",
     "crawler_source_successes_total": "successes",
     "crawler_source_errors_total": "errors",
+    "crawler_source_no_index_total": "no_index",
 }
 
 
@@ -268,6 +280,7 @@ class SourceState:
     permanent: int = 0
     successes: int = 0
     errors: int = 0
+    no_index: int = 0
 
 
 class MadeUpMonitor:
@@ -301,6 +314,7 @@ class MadeUpMonitor:
         yield family(GaugeMetricFamily, "crawler_source_permanently_halted", "permanent")
         yield family(CounterMetricFamily, "crawler_source_successes", "successes")
         yield family(CounterMetricFamily, "crawler_source_errors", "errors")
+        yield family(CounterMetricFamily, "crawler_source_no_index", "no_index")
         states = list(self.sources.values())
         backlog = sum(s.backlog or 0 for s in states)
         etas = [s.eta for s in states if s.eta is not None]
@@ -343,6 +357,7 @@ def thousand_sources() -> dict[str, SourceState]:
             eta=(i * 37 % 5000) / (0.2 + i * 0.35),
             successes=i * 1234,
             errors=i * 7 % 50,
+            no_index=i * 3 % 7,
         )
         for i in range(996)
     }

@@ -15,7 +15,7 @@ local pace_rate_prefix, resized, errors, last_prefix = ARGV[5], ARGV[6], ARGV[7]
 local override_prefix, alias_prefix, split, malformed = ARGV[9], ARGV[10], ARGV[11], ARGV[12]
 local pace_next_prefix, exempt_set, crawl_delay_prefix = ARGV[13], ARGV[14], ARGV[15]
 local disallowed_status, backlog_hash, backlog_at = ARGV[16], ARGV[17], ARGV[18]
-local lost_prefix = ARGV[19]
+local lost_prefix, no_index_status = ARGV[19], ARGV[20]
 
 local function call(...)
   local reply = redis.pcall(...)
@@ -63,6 +63,7 @@ for _, s in ipairs(names) do
     override = call('GET', override_prefix .. s),
     alias = call('GET', alias_prefix .. s),
     disallowed = call('GET', errors .. ':' .. s .. ':' .. disallowed_status),
+    no_index = call('GET', errors .. ':' .. s .. ':' .. no_index_status),
     crawl_delay = call('GET', crawl_delay_prefix .. s),
     backlog = backlog[s] or false,
     lost = call('GET', lost_prefix .. ':' .. s),
