@@ -188,3 +188,75 @@ async def test_a_crawl_delay_paces_the_source_from_its_first_request(
             assert pacing.origin == "crawl_delay", pacing
     finally:
         crawl.stop()
+
+
+OPTED = "opted"
+
+
+@pytest.mark.timeout(300)
+async def test_what_servers_say_of_their_images_use_is_obeyed_and_published(
+    kafka, redis, redis_url, origin, second_host, tmp_path
+):
+    """X-Robots-Tag, TDMRep (header and file) and Content Signals, through a real monitor
+    and worker: a NoIndex image is neither stored nor published, its directives go to
+    crawl_errors; opt-outs travel in the resolution message; a host whose robots.txt says
+    search=no is not asked for its images at all."""
+    body = tiny_jpeg()
+    origin.set_robots("User-agent: *\nContent-Signal: search=yes, ai-train=no\nAllow: /\n")
+    origin.add(
+        "/.well-known/tdmrep.json",
+        b'[{"location": "/opted/reserved/", "tdm-reservation": 1,'
+        b' "tdm-policy": "https://rights.test/policy.json"}]',
+        "application/json",
+    )
+    second_host.set_robots("User-agent: image-crawler\nContent-Signal: search=no\n")
+    answers: list[tuple[str, dict[str, str]]] = [
+        ("/opted/plain.jpg", {}),  # 0
+        ("/opted/reserved/a.jpg", {}),  # 1
+        ("/opted/noindex.jpg", {"X-Robots-Tag": "noimageindex, nofollow"}),  # 2
+        ("/opted/ours.jpg", {"X-Robots-Tag": "otherbot: noindex, image-crawler: noai"}),  # 3
+        ("/opted/tdm.jpg", {"tdm-reservation": "1"}),  # 4
+        ("/opted/past.jpg", {"X-Robots-Tag": "unavailable_after: 1 Jan 2020 00:00:00 GMT"}),  # 5
+    ]
+    urls = [origin.add(p, body, "image/jpeg", headers=h) for p, h in answers]
+    urls += [second_host.add(f"/opted/s{i}.jpg", body, "image/jpeg") for i in range(3)]  # 6-8
+    uuids = {f"{OPTED}-{i}" for i in range(len(urls))}
+    no_index = {f"{OPTED}-{i}" for i in (2, 5, 6, 7, 8)}
+    crawl = Crawl(kafka, redis_url, tmp_path)
+    try:
+        async with Outputs(kafka.bootstrap) as outputs:
+            await crawl.queue(redis, OPTED, 20.0, urls)
+            await crawl.start(redis, [OPTED], workers=1, **LOOPBACKS)
+            await wait_for(lambda: outputs.uuids() >= uuids, 60, what="every URL to end")
+            await outputs.sync()
+            assert outputs.resolved == uuids - no_index
+            assert errors_with(outputs, c.Status.NO_INDEX) == no_index
+            resolutions = {
+                o.uuid: o.message for o in outputs.records if o.topic == c.METADATA_TOPIC
+            }
+            # Each opt-out as said; a message of a server that says nothing is as before.
+            assert {u: m.get("opt_outs") for u, m in resolutions.items()} == {
+                f"{OPTED}-0": ["ai-train"],
+                f"{OPTED}-1": ["ai-train", "tdm-reservation"],
+                f"{OPTED}-3": ["ai-train", "noai"],
+                f"{OPTED}-4": ["ai-train", "tdm-reservation"],
+            }
+            assert resolutions[f"{OPTED}-1"]["tdm_policy"] == "https://rights.test/policy.json"
+            assert "tdm_policy" not in resolutions[f"{OPTED}-4"]
+            directives = {
+                o.uuid: o.message["directives"]
+                for o in outputs.records
+                if o.topic == c.CRAWL_ERRORS_TOPIC
+            }
+            assert directives[f"{OPTED}-2"] == ["noimageindex"]
+            assert directives[f"{OPTED}-5"] == ["unavailable_after: 1 Jan 2020 00:00:00 GMT"]
+            assert directives[f"{OPTED}-6"] == ["content-signal: search=no"]
+            # Nothing stored of what is not to be indexed; search=no URLs never requested.
+            stored = {p.stem for p in (tmp_path / "thumbnails").glob("*.jpg")}
+            assert stored == uuids - no_index
+            assert [p for p, _ in _requested(second_host) if p.startswith("/opted/")] == []
+            assert await redis.get(c.resize_errors_key(OPTED, c.Status.NO_INDEX)) == "5"
+            assert origin.requests("/.well-known/tdmrep.json") == 1
+            assert second_host.requests("/.well-known/tdmrep.json") == 1
+    finally:
+        crawl.stop()

@@ -349,3 +349,13 @@ def test_the_worker_reads_metrics_port_and_host() -> None:
     assert (settings.metrics.port, settings.metrics.host) == (9100, "127.0.0.1")
     with pytest.raises(ConfigError, match="METRICS_PORT"):
         WorkerSettings.from_env({"METRICS_PORT": "70000"})
+
+
+async def test_an_image_not_to_be_indexed_is_a_request_and_a_no_index_outcome() -> None:
+    source = unique("noindex")
+    said = Signals(noindex=("noindex",))
+    pipeline, _ = make({URL: FetchResult(c.Status.NO_INDEX, signals=said)})
+    await pipeline.handle(source, task(), TOPIC)
+    assert outcomes_of(source) == {"NoIndex": 1}
+    assert sample("crawler_requests_total", source=source) == 1
+    assert sample("crawler_downloaded_bytes_total", source=source) == 0  # its body unread
