@@ -97,6 +97,9 @@ MONITOR_LEADER_KEY: Final = "monitor_leader"
 # most ROBOTS_MAX_BYTES) after a 2xx, "allow everything" after a 4xx, or "unavailable,
 # ask again at ..." after a 5xx, 429, timeout or network error. Expires after
 # ROBOTS_CACHE_S (or, unavailable, ROBOTS_UNAVAILABLE_MAX_S after the first failure).
+# Its "tdmrep" is the host's /.well-known/tdmrep.json (TDMREP_PATH), fetched right after
+# the file when it is available, under the same limits: its text after a 2xx with rules,
+# else null (no reservation known).
 ROBOTS_PREFIX: Final = "robots:"
 # Held (SET NX, with an expiry) by the one worker fetching a host's robots.txt, so that the
 # cluster fetches it once; the others wait for ``robots:{origin}``.
