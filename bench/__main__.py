@@ -115,6 +115,11 @@ def _crawl_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--timeout", type=float, default=0.0, help="deadline of a crawl in s (0: 600 + images / 5)"
     )
+    parser.add_argument(
+        "--opt-outs",
+        action="store_true",
+        help="the origin sends X-Robots-Tag and TDMRep headers with every image",
+    )
 
 
 def _comparison_options(parser: argparse.ArgumentParser) -> None:
@@ -300,7 +305,7 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
     # drifts over minutes (19.1, 18.4 and 17.8 ms within 15 minutes).
     kernels = [_kernel(corpus, args.kernel_rounds)]
     runs = []
-    with Origin(corpus.directory, log_dir) as origin:
+    with Origin(corpus.directory, log_dir, opt_outs=args.opt_outs) as origin:
         for count in [int(s) for s in args.sources.split(",") if s.strip()]:
             config = _crawl_config(args, count, args.images, log_dir / f"run-{count}-sources")
             print(f"crawl: {count} source(s), {args.images} images", file=sys.stderr)

@@ -7,6 +7,8 @@ default), so distinct URLs can share a few hundred bodies. ``GET /health`` answe
 number of files once the corpus is loaded. No access log: it would cost more CPU than the
 requests. ``--kind mixed`` serves only the manifest's files of that kind (in manifest
 order), so ``index % files`` walks that subset: the comparison with img2dataset.
+``--opt-outs`` sends every image with X-Robots-Tag and TDMRep headers the worker reads
+(and publishes as opt-outs), so that a crawl measures what reading them costs.
 """
 
 from __future__ import annotations
@@ -17,14 +19,28 @@ from pathlib import Path
 
 from aiohttp import web
 
+# Two X-Robots-Tag instances (one for another crawler) and a reservation with its policy:
+# every part of the worker's reading of them runs, and none keeps the image out.
+OPT_OUT_HEADERS = (
+    ("X-Robots-Tag", "otherbot: noindex, nofollow"),
+    ("X-Robots-Tag", "noarchive, noai, noimageai, max-image-preview: large"),
+    ("tdm-reservation", "1"),
+    ("tdm-policy", "https://rights.example.org/tdm-policy.json"),
+)
 
-def make_app(bodies: list[bytes]) -> web.Application:
+
+def make_app(bodies: list[bytes], opt_outs: bool = False) -> web.Application:
+    headers = OPT_OUT_HEADERS if opt_outs else ()
+
     async def image(request: web.Request) -> web.Response:
         try:
             index = int(request.match_info["index"])
         except ValueError:
             raise web.HTTPNotFound() from None
-        return web.Response(body=bodies[index % len(bodies)], content_type="image/jpeg")
+        response = web.Response(body=bodies[index % len(bodies)], content_type="image/jpeg")
+        for name, value in headers:
+            response.headers.add(name, value)
+        return response
 
     async def health(_: web.Request) -> web.Response:
         return web.Response(text=str(len(bodies)))
@@ -49,9 +65,12 @@ def main() -> None:
     parser.add_argument("directory", type=Path)
     parser.add_argument("port", type=int)
     parser.add_argument("--kind", default=None, help="serve only the files of this kind")
+    parser.add_argument(
+        "--opt-outs", action="store_true", help="send opt-out headers with every image"
+    )
     args = parser.parse_args()
     web.run_app(
-        make_app(load(args.directory, args.kind)),
+        make_app(load(args.directory, args.kind), args.opt_outs),
         host="127.0.0.1",
         port=args.port,
         access_log=None,

@@ -54,15 +54,22 @@ class Origin(_BenchModule):
     probe_path = "/health"
     start_timeout_s = 60.0  # reads a few hundred MB first
 
-    def __init__(self, corpus_dir: Path, log_dir: Path, kind: str | None = None) -> None:
+    def __init__(
+        self, corpus_dir: Path, log_dir: Path, kind: str | None = None, opt_outs: bool = False
+    ) -> None:
         if kind is not None:
             self.name = f"origin-{kind}"  # its own log file, next to the full origin's
         super().__init__(log_dir=log_dir)
         self.corpus_dir = corpus_dir
         self.kind = kind
+        self.opt_outs = opt_outs
 
     def _args(self) -> list[str]:
-        return [str(self.corpus_dir), *(["--kind", self.kind] if self.kind else [])]
+        return [
+            str(self.corpus_dir),
+            *(["--kind", self.kind] if self.kind else []),
+            *(["--opt-outs"] if self.opt_outs else []),
+        ]
 
 
 class S3Sink(_BenchModule):
