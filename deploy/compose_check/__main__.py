@@ -141,6 +141,7 @@ class Check:
         self.plan = planning.make_plan(per_source)
         self.timings = Timings()
         self.figures: dict[str, Any] = {}
+        self.origin: Origin | None = None
 
     def build_images(self) -> None:
         self.timings.step("base image", self.engine.ensure_base_image)
@@ -152,6 +153,7 @@ class Check:
         self.engine.docker("image", "prune", "--force", capture=True)
 
     def run(self, origin: Origin) -> None:
+        self.origin = origin
         sources_url = planning.serve(self.plan, origin)
         self.plan.write(self.run_dir, origin)
         env_file, self.keys = write_env(self.run_dir, sources_url)
@@ -197,6 +199,20 @@ class Check:
             "image-crawler", "produce", f"{RUN_MOUNT}/urls.jsonl",
         )  # fmt: skip
 
+    def _asked(self, path: str) -> str:
+        """``"never"``, or how often the origin was asked for ``path`` and when (UTC, as
+        the stack's logs time their lines)."""
+        if self.origin is None:
+            return "?"
+        # The origin logs monotonic times: turned into the wall clock's.
+        offset = time.time() - time.monotonic()
+        times = [
+            time.strftime("%H:%M:%S", time.gmtime(t + offset))
+            for t, asked in self.origin.request_log
+            if asked == path
+        ]
+        return f"{len(times)}x, at {' '.join(times)} UTC" if times else "never"
+
     def _outcomes(self, until: int | None = None) -> dict[str, str]:
         """Each planned uuid's end so far (until ``until`` of them have ended)."""
         command = ["python", f"{TOOLS_MOUNT}/outcomes.py", f"{RUN_MOUNT}/plan.json"]
@@ -207,7 +223,13 @@ class Check:
         ended: dict[str, str] = result["ended"]
         wanted = len(self.plan.items) if until is None else until
         if len(ended) < wanted:
-            pending = [f"{i.uuid} {i.path}" for i in self.plan.items if i.uuid not in ended]
+            # How often the origin was asked for each (and when, by its clock): none means
+            # the URL never got to a worker's request, some that its end went missing.
+            pending = [
+                f"{i.uuid} {i.path} (requested {self._asked(i.path)})"
+                for i in self.plan.items
+                if i.uuid not in ended
+            ]
             raise CheckError(
                 f"{len(ended)} of {len(self.plan.items)} URLs ended in {CRAWL_TIMEOUT_S:.0f} s; "
                 f"not ended: {', '.join(pending[:5])}"
