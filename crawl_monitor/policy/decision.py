@@ -445,7 +445,8 @@ def _pacing_info(
     if origin == CRAWL_DELAY and delay_s is not None:
         capped = crawl_delay_why(delay_s)
         why = capped if pace.state == PACE_CONFIGURED else f"{why}; {capped}"
-    return PacingInfo(rate, pace.configured_rps, origin, pace.state, why)
+    # The step's time: a monitor that takes the lead judges the record's age by it.
+    return PacingInfo(rate, pace.configured_rps, origin, pace.state, why, round(pace.at_s, 3))
 
 
 def _noteworthy(before: str, after: str) -> bool:
