@@ -13,8 +13,10 @@ monitor holding ``monitor_leader`` sets rates and runs breakers: two monitors de
 once would each cut and raise rates on their own and trip the same breakers twice. The
 leader renews the lease in its write (no extra round trip); a write made after the lease
 was lost writes nothing, and the monitor becomes a standby. A standby only tries to take
-the lease, once a loop, and sets rates from the loop after it took it, starting afresh
-(its adaptive rates start at the configured ones). Changes are logged as
+the lease, once a loop, and sets rates from the loop after it took it, with a new term's
+memory: its adaptive rates start from the cuts the last leader published in
+``crawl_rates`` (``policy.takeover``; read in the term's first loop, logged as
+``pacing_inherited``), not from the configured rates. Changes are logged as
 ``leadership_acquired``, ``leadership_standby`` (another monitor leads),
 ``leadership_lost`` and ``leadership_released`` (on a clean stop, so that a standby
 takes over on its next loop instead of after the lease's expiry).
@@ -117,6 +119,7 @@ class Regulator:
             now_s - settings.window_s,
             full_last_statuses=plan.full_last_statuses,
             failure_counters=plan.failure_counters,
+            published=plan.published,
         )
         decision = decide(
             observed, computed, self._memory, plan, now_s=now_s, adaptive=settings.adaptive
@@ -150,7 +153,8 @@ class Regulator:
         holder = await self._store.acquire(lease)
         if holder == lease.token:
             self._leading = True
-            # Start afresh, as a new process would: nothing carried from an old term.
+            # A new term, as a new process would start it: nothing carried in memory from
+            # an old term, the cuts are taken over from crawl_rates at its first loop.
             self._memory = Memory()
             log.info("leadership_acquired", token=lease.token, lease_ms=lease.ttl_ms)
         elif holder != self._holder_seen:

@@ -10,10 +10,11 @@ come from ``image_crawler.contract``.
 
 Reading is one pipeline of script calls, ``READ_CHUNK`` sources each, so that a long
 read never holds Redis for long, and one more for the robots.txt crawl delays (the
-``crawl_delayed`` and ``robots_exempt`` sets and the members' ``crawl_delay:`` keys);
-each call is a consistent snapshot of what it reads, writing is one atomic script. Keys
-are built inside the scripts, which is fine for a single Redis server (not for Redis
-Cluster).
+``crawl_delayed`` and ``robots_exempt`` sets and the members' ``crawl_delay:`` keys),
+and at a term's first loop an ``HGETALL`` of ``crawl_rates`` (the rates the last leader
+published, which a new leader takes over); each call is a consistent snapshot of what it
+reads, writing is one atomic script. Keys are built inside the scripts, which is fine for
+a single Redis server (not for Redis Cluster).
 
 Leadership rides in the write script: it applies a loop's writes only while the
 monitor's ``LeaderLease`` token is the one in ``monitor_leader``, and renews the lease in
@@ -135,6 +136,9 @@ class ObservedState:
     # value as written, None when the key is missing (expired) or not a string.
     crawl_delays: Mapping[str, str | None] = dataclasses.field(default_factory=dict)
     robots_exempt: frozenset[str] = frozenset()
+    # crawl_rates as read, source -> value (None: not asked for; empty when the key is
+    # missing or not a hash).
+    published: Mapping[str, str] | None = None
 
     def of(self, source: str) -> SourceState:
         return self.sources.get(source, EMPTY_SOURCE)
@@ -168,6 +172,7 @@ class RegulatorStore(Protocol):
         *,
         full_last_statuses: Collection[str] | None = None,
         failure_counters: Mapping[str, str] | None = None,
+        published: bool = False,
     ) -> ObservedState: ...
 
     async def write(
@@ -289,12 +294,21 @@ def _read_args(
     ]
 
 
+def decode_published(value: Any) -> dict[str, str]:
+    """An ``HGETALL crawl_rates`` answer as str -> str; a ``ResponseError`` (the key is not
+    a hash) as nothing published: the new leader's first write replaces it whole."""
+    if not isinstance(value, dict):
+        return {}
+    return {_text(field): _text(record) for field, record in value.items()}
+
+
 def _merged(
     parts: Sequence[ObservedState],
     crawl_delays: Mapping[str, str | None],
     robots_exempt: frozenset[str],
+    published: Mapping[str, str] | None = None,
 ) -> ObservedState:
-    """The chunks' readings and the crawl delays as one reading."""
+    """The chunks' readings, the crawl delays and what was published as one reading."""
     # The halted sets come from the last chunk read: the newest of the snapshots.
     return ObservedState(
         halted=parts[-1].halted,
@@ -304,6 +318,7 @@ def _merged(
         backoff_signals={s: n for part in parts for s, n in part.backoff_signals.items()},
         crawl_delays=crawl_delays,
         robots_exempt=robots_exempt,
+        published=published,
     )
 
 
@@ -330,10 +345,12 @@ class RedisRegulatorStore:
         *,
         full_last_statuses: Collection[str] | None = None,
         failure_counters: Mapping[str, str] | None = None,
+        published: bool = False,
     ) -> ObservedState:
         """Halted sets, 60 s windows, last-50 lists, overrides, failure counters and
-        backoff signal counters of ``sources``, and the crawl delays: what
-        ``PlainRegulatorStore.read`` answers (its docstring states the rule in full).
+        backoff signal counters of ``sources``, the crawl delays, and with ``published``
+        crawl_rates: what ``PlainRegulatorStore.read`` answers (its docstring states the
+        rule in full).
 
         The last-50 histogram of every source, or with ``full_last_statuses`` only of
         those sources and of the ones whose last 50 statuses all failed (what the
@@ -355,20 +372,25 @@ class RedisRegulatorStore:
             for chunk in chunks
         ]
         try:
-            *answers, delays = await self._read_chunks(calls)
+            answers = await self._read_chunks(calls, published=published)
         except NoScriptError:
             # A restarted or flushed Redis forgot the scripts: load them, read again.
             self.round_trips += 1
             await self._redis.script_load(_READ_SCRIPT)
             await self._redis.script_load(_DELAYS_SCRIPT)
-            *answers, delays = await self._read_chunks(calls)
+            answers = await self._read_chunks(calls, published=published)
+        rates = decode_published(answers.pop()) if published else None
+        *chunk_answers, delays = answers
         return _merged(
-            [decode_observed(raw, chunk) for raw, chunk in zip(answers, chunks, strict=True)],
+            [decode_observed(raw, chunk) for raw, chunk in zip(chunk_answers, chunks, strict=True)],
             *decode_delays(delays),
+            rates,
         )
 
-    async def _read_chunks(self, calls: list[list[Any]]) -> list[Any]:
-        """The read scripts' answers, then the crawl delays' (``_DELAYS_SCRIPT``)."""
+    async def _read_chunks(self, calls: list[list[Any]], *, published: bool) -> list[Any]:
+        """The read scripts' answers, then the crawl delays' (``_DELAYS_SCRIPT``), then
+        with ``published`` crawl_rates (a ``ResponseError`` in its place when it is not a
+        hash; any other error is raised)."""
         # EVALSHA by hand: redis-py's pipelined Script objects add a SCRIPT EXISTS
         # round trip to every execute.
         self.round_trips += 1
@@ -379,7 +401,15 @@ class RedisRegulatorStore:
             pipe.evalsha(
                 self._read_delays.sha, 2, CRAWL_DELAYED_SET, ROBOTS_EXEMPT_SET, CRAWL_DELAY_PREFIX
             )
-            return list(await pipe.execute())
+            if published:
+                pipe.hgetall(RATES_HASH)
+            answers = list(await pipe.execute(raise_on_error=False))
+        # As execute() would have raised them, but for crawl_rates of the wrong type,
+        # which must not stop a new leader from ever taking over.
+        for answer in answers[:-1] if published else answers:
+            if isinstance(answer, Exception):
+                raise answer
+        return answers
 
     async def write(
         self, writes: Writes, pace_rate_ttl_ms: int, lease: LeaderLease | None = None
@@ -473,8 +503,11 @@ class PlainRegulatorStore:
         *,
         full_last_statuses: Collection[str] | None = None,
         failure_counters: Mapping[str, str] | None = None,
+        published: bool = False,
     ) -> ObservedState:
-        """The read (``read.lua`` for the sources, ``delays.lua`` for the crawl delays).
+        """The read (``read.lua`` for the sources, ``delays.lua`` for the crawl delays,
+        and with ``published`` every field of ``crawl_rates``, nothing when it is not a
+        hash).
 
         Every source's override, its alias, failure counter and backoff signal counter (a
         key missing or not a string counts as missing). Its 60 s window and its last-N
@@ -512,7 +545,14 @@ class PlainRegulatorStore:
             backoff_signals=_integers(signals),
             crawl_delays={m: await self._string(crawl_delay_key(m)) for m in delayed},
             robots_exempt=await self._members(ROBOTS_EXEMPT_SET),
+            published=await self._published() if published else None,
         )
+
+    async def _published(self) -> dict[str, str]:
+        try:
+            return decode_published(await self._redis.hgetall(RATES_HASH))
+        except ResponseError:
+            return {}
 
     async def _source(
         self, source: str, window_start_s: float, *, full: bool, read: bool

@@ -83,8 +83,9 @@ NUM_SPLIT: Final = "num_split"
 # Beyond the original: messages that could not be parsed, per consuming process.
 NUM_MALFORMED: Final = "num_malformed"
 # Beyond the original: each source's pacing as the leading monitor decided it, a hash of
-# source -> ``PacingInfo`` JSON (effective and configured rate, and why), for operators
-# (`redis-cli hgetall crawl_rates`) and `image-crawler status`.
+# source -> ``PacingInfo`` JSON (effective and configured rate, why, and when), for operators
+# (`redis-cli hgetall crawl_rates`) and `image-crawler status`, and for the next leader,
+# which resumes each cut from it instead of starting at the configured rate.
 RATES_HASH: Final = "crawl_rates"
 # Beyond the original: which crawl monitor leads. Only the holder writes pacing rates and
 # runs the breakers, so that two monitors never double a rate. A string, the holder's token
@@ -638,13 +639,18 @@ class PacingInfo:
     (``rate_rps``), the rate it would have without backoff (``configured_rps``: computed,
     an override, or the cap of a robots.txt Crawl-delay, named by ``origin``:
     ``"computed"``, the override's key prefix, or ``"crawl_delay"``), and why (``state``,
-    one of ``PACE_STATES``, and ``why``, a sentence for operators)."""
+    one of ``PACE_STATES``, and ``why``, a sentence for operators), and when the leader's
+    adaptive step set it (``decided_at_s``, Unix s on the leader's clock; None in a halted
+    record, and in records of monitors older than it): a monitor that takes the lead
+    resumes a cut from a record that is recent enough (``crawl_monitor.policy.takeover``).
+    """
 
     rate_rps: float
     configured_rps: float
     origin: str
     state: str
     why: str
+    decided_at_s: float | None = None
 
     def to_json(self) -> bytes:
         # By hand rather than dataclasses.asdict, which copies every field recursively: a
@@ -656,6 +662,7 @@ class PacingInfo:
                 "origin": self.origin,
                 "state": self.state,
                 "why": self.why,
+                "decided_at_s": self.decided_at_s,
             }
         )
 
@@ -663,12 +670,15 @@ class PacingInfo:
     def from_json(cls, raw: bytes | str) -> PacingInfo:
         obj = _decode_object(raw)
         try:
+            decided_at_s = obj.get("decided_at_s")
             return cls(
                 rate_rps=float(obj["rate_rps"]),
                 configured_rps=float(obj["configured_rps"]),
                 origin=str(obj["origin"]),
                 state=str(obj["state"]),
                 why=str(obj["why"]),
+                # Missing in the records of monitors older than it: their age is unknown.
+                decided_at_s=None if decided_at_s is None else float(decided_at_s),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise MalformedMessage(f"not a pacing record: {e!r}") from None

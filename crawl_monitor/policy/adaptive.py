@@ -45,6 +45,11 @@ class AdaptiveSettings:
     increase_share_per_s: float = 0.01
     min_increase_rps_per_s: float = 0.01
     cooldown_s: float = 1.0
+    # How old (s) a published cut may be for a monitor that takes the lead to resume from
+    # it (``takeover``). A take-over or a restart takes seconds; a cut from a crawl that
+    # stopped for longer says little about the server now, so its source starts afresh at
+    # its configured rate, as in a new crawl.
+    inherit_max_age_s: float = 600.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

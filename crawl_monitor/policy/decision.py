@@ -15,6 +15,10 @@ to the next. Per source and loop:
 - its effective rate follows its backoff signals (``adaptive``: cut when its server
   pushes back, climbing back while it answers well); a source in ``halted`` or
   ``temp_halted`` gets 0, and its effective rate waits, unchanged, until it is back;
+- at a term's first loop (a monitor that took the lead, or started), its effective rate
+  starts from the one the last leader published in ``crawl_rates`` when that is a recent
+  cut (``takeover``), else at its configured rate; ``pacing_inherited`` counts what
+  became of each source's record;
 - the breakers trip on the 60 s window and the last 50 statuses (see ``breakers``),
   without the backoff statuses while the effective rate is above its floor; each trip
   logs one ``crawl_halted`` event;
@@ -48,6 +52,7 @@ from crawl_monitor.policy.rates import (
     crawl_delay_why,
     parse_crawl_delay,
 )
+from crawl_monitor.policy.takeover import Outcome, counts, inherit
 from crawl_monitor.store import EMPTY_SOURCE, ObservedState, SourceState, Writes
 from image_crawler.contract import (
     OVERRIDE_RATE_ALIAS_PREFIX,
@@ -131,6 +136,9 @@ class ReadPlan:
     # The sources whose whole last-50 histogram is read (None: every source).
     full_last_statuses: frozenset[str] | None
     failure_counters: Mapping[str, str] | None
+    # Whether crawl_rates is read: at a term's first loop, to take over the last leader's
+    # rates (``takeover``).
+    published: bool = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -149,15 +157,16 @@ def plan_read(
 ) -> ReadPlan:
     """The read of the known sources (``computed``): the whole last-50 histograms of one
     source in ``full_last_statuses_every``, in turn (of every source at a term's first
-    loop), and the failure counters seen by the last loop."""
+    loop), the failure counters seen by the last loop, and at a term's first loop the
+    rates the last leader published."""
     sources = sorted(computed)
     turn = memory.loops % full_last_statuses_every
+    first = memory.loops == 0
     return ReadPlan(
         sources=sources,
-        full_last_statuses=None
-        if memory.loops == 0
-        else frozenset(sources[turn::full_last_statuses_every]),
+        full_last_statuses=None if first else frozenset(sources[turn::full_last_statuses_every]),
         failure_counters=memory.quiet_counters,
+        published=first,
     )
 
 
@@ -173,7 +182,9 @@ def decide(
     """One loop's decision (see the module's docstring).
 
     ``observed`` is what ``plan`` read, ``computed`` each known source's computed rate
-    (requests/s) and ``now_s`` the time of the read (Unix s).
+    (requests/s) and ``now_s`` the time of the read (Unix s). At a term's first loop
+    (``memory.loops == 0``), ``observed.published`` (None: not read) seeds the sources'
+    adaptive rates.
     """
     events: list[LogEvent] = []
     key_errors = _report_key_errors(observed, memory.reported_key_errors, events)
@@ -188,11 +199,14 @@ def decide(
         events=events,
         now_s=now_s,
         adaptive=adaptive,
+        published=observed.published if memory.loops == 0 else None,
     )
     # Each source: its configured rate, the breakers' verdict on it, its pace.
     tally = _Tally()
     for source in plan.sources:
         _decide_source(loop, tally, source, computed[source])
+    if loop.published is not None:
+        events.append(_inherited(loop.inherited, adaptive))
     # Temporary halts of sources no longer known are lifted (they get no rate anyway).
     trips = _trips(tally.verdicts, observed.temp_halted - computed.keys())
     events += _halt_events(observed, tally.rates, loop.resumed, trips)
@@ -242,6 +256,10 @@ class _Loop:
     events: list[LogEvent]
     now_s: float
     adaptive: AdaptiveSettings
+    # crawl_rates as the last leader left it, at a term's first loop (None: any other),
+    # and what became of each known source's record, appended as it is decided.
+    published: Mapping[str, str] | None = None
+    inherited: list[Outcome] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -273,11 +291,16 @@ def _decide_source(loop: _Loop, tally: _Tally, source: str, computed_rps: float)
     delay_s = loop.delays.get(source) if loop.delays else None
     rate, origin = _configured_rate(computed_rps, state, delay_s, loop.overrides, source)
     tally.rates[source] = rate
+    signals = observed.backoff_signals.get(source, 0)
+    if loop.published is not None and before is None:
+        # Before the breakers: whether its backoff statuses are excused depends on it.
+        taken = inherit(loop.published.get(source), rate, signals, loop.now_s, loop.adaptive)
+        loop.inherited.append(taken.outcome)
+        before = taken.pace
     verdict = _judge(loop, source, state, before, rate)
     if verdict is not None:
         tally.verdicts[source] = verdict
     halt_why = _halt_why(source in observed.halted, verdict)
-    signals = observed.backoff_signals.get(source, 0)
     if halt_why is not None:
         tally.paces[source] = hold(before, rate, signals, loop.now_s)
         tally.pace_rates[source] = 0.0
@@ -445,7 +468,8 @@ def _pacing_info(
     if origin == CRAWL_DELAY and delay_s is not None:
         capped = crawl_delay_why(delay_s)
         why = capped if pace.state == PACE_CONFIGURED else f"{why}; {capped}"
-    return PacingInfo(rate, pace.configured_rps, origin, pace.state, why)
+    # The step's time: a monitor that takes the lead judges the record's age by it.
+    return PacingInfo(rate, pace.configured_rps, origin, pace.state, why, round(pace.at_s, 3))
 
 
 def _noteworthy(before: str, after: str) -> bool:
@@ -466,6 +490,16 @@ def _pacing_changed(source: str, before: Pace, info: PacingInfo) -> LogEvent:
             "configured_rps": info.configured_rps,
             "why": info.why,
         },
+    )
+
+
+def _inherited(outcomes: Sequence[Outcome], adaptive: AdaptiveSettings) -> LogEvent:
+    """The term's first loop: how many sources took their rate over from the last leader,
+    and why the others start at their configured rate."""
+    return LogEvent(
+        "info",
+        "pacing_inherited",
+        {"sources": len(outcomes), **counts(outcomes), "max_age_s": adaptive.inherit_max_age_s},
     )
 
 

@@ -121,12 +121,22 @@ def test_window_members_carry_status_and_time():
         c.PacingInfo(35.0, 50.0, "computed", c.PACE_BACKOFF, "3 backoff signals: cut to 0.7 x"),
         c.PacingInfo(1e-05, 0.2, "override-rate:", c.PACE_FLOOR, 'a "quoted" why \u00e9'),
         c.PacingInfo(0.0, 0.0, "override_rate:", c.PACE_STOPPED, "stopped: configured at 0"),
+        c.PacingInfo(17.2, 50.0, "computed", c.PACE_RECOVERING, "recovering", 1764000000.123),
     ],
 )
 def test_pacing_info_is_encoded_with_every_field_and_decodes_to_itself(info):
     # to_json builds its object by hand: it must still hold every field, as asdict would.
     assert json.loads(info.to_json()) == dataclasses.asdict(info)
     assert c.PacingInfo.from_json(info.to_json()) == info
+
+
+def test_a_pacing_record_without_its_time_is_one_of_an_older_monitor():
+    older = (
+        '{"rate_rps": 17.2, "configured_rps": 50, "origin": "computed", "state": "x", "why": ""}'
+    )
+    assert c.PacingInfo.from_json(older).decided_at_s is None
+    with pytest.raises(c.MalformedMessage):
+        c.PacingInfo.from_json(older.replace("}", ', "decided_at_s": "yesterday"}'))
 
 
 def test_every_status_the_sets_name_is_a_member_and_equals_its_string():

@@ -25,6 +25,7 @@ from image_crawler.contract import (
     PACE_HALTED,
     PACE_RECOVERING,
     PACE_STOPPED,
+    PacingInfo,
 )
 
 NOW = 1000.0
@@ -460,3 +461,115 @@ def test_a_cap_follows_its_delay_and_lifts_when_it_expires():
     # At its configured rate, a source follows the cap down and back up at once.
     assert rates == [pytest.approx(r) for r in (0.1, 0.1, 0.5, 50.0, 50.0)]
     assert decision.snapshot.pacing["src"].origin == "computed"
+
+
+# --- a new term takes over the last leader's cuts ---------------------------------------
+
+
+def published(rate: float, state: str = PACE_RECOVERING, age_s: float | None = 4.0) -> str:
+    """A crawl_rates record of a source configured at 50/s, as a leader writes it."""
+    at = None if age_s is None else NOW - age_s
+    return PacingInfo(rate, 50.0, "computed", state, "why", at).to_json().decode()
+
+
+def test_a_new_term_starts_each_source_from_the_rate_the_last_leader_published():
+    computed = dict.fromkeys(
+        ["cut", "floor", "overridden", "delayed", "halted", "new", "stale", "bad", "calm"], 50.0
+    )
+    seen = dataclasses.replace(
+        observed(
+            {"overridden": SourceState(override="10")},
+            temp_halted=frozenset({"halted"}),
+            delays={"delayed": "0.5"},
+            signals={"cut": 40},
+        ),
+        sources={
+            "overridden": SourceState(override="10"),
+            "halted": SourceState(window=BAD_WINDOW),
+        },
+        published={
+            "cut": published(17.2),
+            "floor": published(0.1, PACE_FLOOR),
+            "overridden": published(17.2),  # the override (10/s) wins
+            "delayed": published(17.2),  # so does a Crawl-delay (2/s)
+            "halted": published(17.2),  # temp-halted now: it waits at its cut
+            "stale": published(17.2, age_s=3600),
+            "bad": "{not json",
+            "calm": published(50.0, PACE_CONFIGURED),
+            "gone": published(3.0),  # a source the new leader does not know
+        },
+    )
+    first = loop(seen, NEW_TERM, computed)
+    assert first.writes.pace_rates == pytest.approx(
+        {
+            "cut": 17.2,
+            "floor": 0.1,
+            "overridden": 10.0,
+            "delayed": 2.0,
+            "halted": 0.0,
+            "new": 50.0,
+            "stale": 50.0,
+            "bad": 50.0,
+            "calm": 50.0,
+        }
+    )
+    pacing = first.snapshot.pacing
+    assert pacing["cut"].state == PACE_RECOVERING
+    assert pacing["cut"].decided_at_s == NOW  # the new record's time: the new leader's
+    assert (pacing["overridden"].state, pacing["overridden"].origin) == (
+        PACE_CONFIGURED,
+        "override_rate:",
+    )
+    assert first.memory.paces["halted"].effective_rps == pytest.approx(17.2)
+    # The floor: a source that was there is recovering, and says so.
+    assert [(e.event, e.fields.get("source")) for e in first.events] == [
+        ("pacing_changed", "floor"),
+        ("pacing_inherited", None),
+    ]
+    assert first.events[-1].level == "info"
+    assert first.events[-1].fields == {
+        "sources": 9,
+        "inherited": 3,  # cut, floor, halted
+        "capped": 2,  # overridden, delayed
+        "uncut": 1,  # calm
+        "stale": 1,
+        "untimed": 0,
+        "malformed": 1,  # bad
+        "new": 1,
+        "max_age_s": 600.0,
+    }
+
+    # From there on, the cut climbs back and is cut again as the last leader's would:
+    # +0.5/s a second without signals, x 0.7 on new ones (counted from the first reading).
+    later = observed(signals={"cut": 40}, temp_halted=frozenset({"halted"}))
+    second = loop(later, first.memory, computed, NOW + 1)
+    assert second.writes.pace_rates["cut"] == pytest.approx(17.7)
+    third = loop(observed(signals={"cut": 43}), second.memory, computed, NOW + 2)
+    assert third.writes.pace_rates["cut"] == pytest.approx(17.7 * 0.7)
+    assert not [e for e in [*second.events, *third.events] if e.event == "pacing_inherited"]
+
+
+def test_a_taken_over_floor_keeps_backoff_statuses_breaker_errors():
+    # At the floor the last leader counted its 503s as errors: so does the new one, which
+    # starting afresh (at 50/s, above the floor) would have excused them.
+    seen = dataclasses.replace(
+        observed({"src": SourceState(window=PUSHBACK)}, signals={"src": 31}),
+        published={"src": published(0.1, PACE_FLOOR)},
+    )
+    decision = loop(seen, NEW_TERM)
+    assert set(decision.writes.temp_halt) == {"src"}
+    afresh = loop(dataclasses.replace(seen, published={}), NEW_TERM)
+    assert set(afresh.writes.temp_halt) == set()
+    assert afresh.writes.pace_rates == {"src": 50.0}
+
+
+def test_only_a_term_s_first_loop_reads_and_takes_over_what_was_published():
+    assert plan_read({"src": 50.0}, NEW_TERM, 5).published
+    assert not plan_read({"src": 50.0}, after_a_loop(), 5).published
+    # Mid-term, a record is what this leader wrote itself: its memory rules.
+    seen = dataclasses.replace(observed(), published={"src": published(17.2)})
+    decision = loop(seen, after_a_loop({"src": start(50.0, 0, NOW - 1)}))
+    assert decision.writes.pace_rates == {"src": 50.0}
+    assert decision.events == ()
+    # Nothing read (a store that was not asked): nothing taken over, nothing logged.
+    assert loop(observed(), NEW_TERM).events == ()

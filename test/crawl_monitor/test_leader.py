@@ -8,7 +8,9 @@ expiries, waited for as conditions).
 from __future__ import annotations
 
 import asyncio
+import time
 
+import pytest
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from structlog.testing import capture_logs
@@ -27,8 +29,8 @@ def regulator_with_lease(redis: Redis, name: str, ttl_ms: int = LEASE_MS) -> Reg
     return Regulator(RedisRegulatorStore(redis), lambda: rates, RegulatorSettings(), lease=lease)
 
 
-def events(logs, name):
-    return [e for e in logs if e["event"] == name]
+def events(logs, name, **fields):
+    return [e for e in logs if e["event"] == name and all(e.get(k) == v for k, v in fields.items())]
 
 
 async def rate(redis: Redis, source: str = "src") -> str | None:
@@ -158,3 +160,77 @@ async def test_a_redis_restart_loses_the_lease_and_the_monitor_takes_it_again(
     assert lost["holder"] is None
     assert len(events(logs, "leadership_acquired")) == 2
     assert not events(logs, "regulator_error")
+
+
+class Clock:
+    """The wall clock the regulators read, moved by the test."""
+
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def paced_at(redis: Redis, source: str = "src") -> float:
+    value = await rate(redis, source)
+    assert value is not None, f"no pace_rate:{source}"
+    return float(value)
+
+
+async def test_a_take_over_or_a_restart_keeps_the_cut(redis):
+    clock = Clock()
+
+    def monitor(name: str) -> Regulator:
+        lease = LeaderLease(token=f"{name}:{new_lease_token()}", ttl_ms=LEASE_MS)
+        store = RedisRegulatorStore(redis)
+        return Regulator(
+            store, lambda: {"src": 50.0}, RegulatorSettings(), lease=lease, clock=clock
+        )
+
+    first, second = monitor("first"), monitor("second")
+    with capture_logs() as logs:
+        await first.tick()  # takes the lease
+        await first.tick()
+        assert await paced_at(redis) == 50.0
+        # Its server pushes back: cut twice, 50 -> 35 -> 24.5.
+        for signals in (4, 9):
+            await redis.set(c.backoff_signals_key("src"), signals)
+            clock.now += 1
+            await first.tick()
+        assert await paced_at(redis) == pytest.approx(24.5)
+        assert await second.tick() is None  # standing by
+
+        # The leader dies (it stops renewing); the standby takes the lease once it expires,
+        # and its first rate is the cut, not the configured 50/s.
+        await wait_for(lambda: lease_gone(redis), 5, interval_s=0.01, what="lease expiry")
+        await redis.set(c.backoff_signals_key("src"), 12)  # in flight at the death: not new
+        clock.now += 4
+        assert await second.tick() is None and second.leading
+        clock.now += 1
+        await second.tick()
+        assert await paced_at(redis) == pytest.approx(24.5)
+        # (The first leader's term started with nothing published: its source was new.)
+        assert [
+            (e["sources"], e["new"], e["inherited"]) for e in events(logs, "pacing_inherited")
+        ] == [
+            (1, 1, 0),
+            (1, 0, 1),
+        ]
+        # From there it climbs (+0.5/s a second) and cuts (x 0.7) as the first would have.
+        clock.now += 2
+        await second.tick()
+        assert await paced_at(redis) == pytest.approx(25.5)
+        await redis.set(c.backoff_signals_key("src"), 13)
+        clock.now += 1
+        await second.tick()
+        assert await paced_at(redis) == pytest.approx(25.5 * 0.7)
+
+        # A clean stop, and a monitor started afresh (a restart): the cut again.
+        await second.release()
+        restarted = monitor("restarted")
+        await restarted.tick()
+        clock.now += 1
+        await restarted.tick()
+        assert await paced_at(redis) == pytest.approx(25.5 * 0.7)
+        assert len(events(logs, "pacing_inherited", inherited=1)) == 2

@@ -133,13 +133,22 @@ async def both_read(
     *,
     full: Collection[str] | None = None,
     counters: Mapping[str, str] | None = None,
+    published: bool = False,
 ) -> ObservedState:
     """The fast read and the plain one, asserted equal; the reading."""
     fast = await RedisRegulatorStore(redis).read(
-        sources, WINDOW_START, full_last_statuses=full, failure_counters=counters
+        sources,
+        WINDOW_START,
+        full_last_statuses=full,
+        failure_counters=counters,
+        published=published,
     )
     plain = await PlainRegulatorStore(redis).read(
-        sources, WINDOW_START, full_last_statuses=full, failure_counters=counters
+        sources,
+        WINDOW_START,
+        full_last_statuses=full,
+        failure_counters=counters,
+        published=published,
     )
     assert fast == plain
     return fast
@@ -285,8 +294,31 @@ async def test_a_partial_read_returns_every_list_the_permanent_breaker_trips_on(
 async def test_a_key_of_the_wrong_type_for_a_set_fails_both_reads(redis):
     await redis.set(c.HALTED_SET, "not a set")
     for store in (RedisRegulatorStore(redis), PlainRegulatorStore(redis)):
-        with pytest.raises(ResponseError):
-            await store.read(["a"], WINDOW_START)
+        for published in (False, True):
+            with pytest.raises(ResponseError):
+                await store.read(["a"], WINDOW_START, published=published)
+
+
+async def test_a_term_s_first_read_brings_what_the_last_leader_published(redis):
+    records = {"a": '{"rate_rps": 17.2}', "unknown": "scribbled", "": "?"}
+    await redis.hset(c.RATES_HASH, mapping=records)
+    for store in (RedisRegulatorStore(redis), PlainRegulatorStore(redis)):
+        read = await store.read(["a", "b"], WINDOW_START, published=True)
+        # As written, every field: judging them is the decision's business.
+        assert read.published == records
+        assert (await store.read(["a"], WINDOW_START)).published is None
+    # Scripts forgotten (a restarted Redis): loaded again, and the hash read with them.
+    await redis.script_flush()
+    read = await RedisRegulatorStore(redis).read(["a"], WINDOW_START, published=True)
+    assert read.published == records
+    # Missing, or not a hash (an operator's mistake): nothing published, and the read
+    # goes on, lest a new leader never take over.
+    await redis.delete(c.RATES_HASH)
+    assert (await both_read(redis, ["a"], published=True)).published == {}
+    await redis.set(c.RATES_HASH, "not a hash")
+    await redis.set(c.backoff_signals_key("a"), 3)
+    read = await both_read(redis, ["a"], published=True)
+    assert (read.published, read.backoff_signals) == ({}, {"a": 3})
 
 
 # --- write.lua --------------------------------------------------------------------------

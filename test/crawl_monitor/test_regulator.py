@@ -124,14 +124,16 @@ async def test_rates_over_several_seconds(redis, regulator, rates):
     assert await redis.exists(*[c.tokens_key(s) for s in rates]) == 0  # the old buckets
 
 
-async def test_unknown_sources_get_no_rate(redis, regulator, rates):
+async def test_unknown_sources_get_no_rate(redis, regulator, rates, clock):
     rates["known"] = 1.0
     await redis.sadd(c.INBOUND_SOURCES_SET, "known", "stranger")
     await regulator.tick()
     assert await rate(redis, "known") == 1
     assert await redis.exists(c.pace_rate_key("stranger")) == 0
     assert await pacing(redis) == {
-        "known": c.PacingInfo(1.0, 1.0, "computed", c.PACE_CONFIGURED, "at its configured rate")
+        "known": c.PacingInfo(
+            1.0, 1.0, "computed", c.PACE_CONFIGURED, "at its configured rate", round(clock.now, 3)
+        )
     }
 
 
@@ -578,7 +580,7 @@ async def set_crawl_delay(redis: Redis, source: str, delay: str, px: int | None 
     await redis.sadd(c.CRAWL_DELAYED_SET, source)
 
 
-async def test_a_crawl_delay_caps_the_rate_until_its_key_goes(redis, regulator, rates):
+async def test_a_crawl_delay_caps_the_rate_until_its_key_goes(redis, regulator, rates, clock):
     rates.update({"src": 50.0, "other": 50.0})
     await regulator.tick()
     assert await rate(redis, "src") == 50
@@ -587,7 +589,8 @@ async def test_a_crawl_delay_caps_the_rate_until_its_key_goes(redis, regulator, 
     assert await rate(redis, "src") == 0.1  # one request every 10 s
     assert await rate(redis, "other") == 50
     assert (await pacing(redis))["src"] == c.PacingInfo(
-        0.1, 0.1, "crawl_delay", c.PACE_CONFIGURED, "robots.txt Crawl-delay 10 s: at most 0.1/s"
+        *(0.1, 0.1, "crawl_delay", c.PACE_CONFIGURED, "robots.txt Crawl-delay 10 s: at most 0.1/s"),
+        round(clock.now, 3),
     )
     assert regulator.snapshot is not None and regulator.snapshot.rates["src"] == 0.1
     # An override does not lift it.

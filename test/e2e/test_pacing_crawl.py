@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections import deque
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -27,7 +26,7 @@ import pytest
 from aiohttp import web
 
 from image_crawler import contract as c
-from test.harness.crawl import Crawl, Outputs, tiny_jpeg
+from test.harness.crawl import Capacity, Crawl, Outputs, tiny_jpeg
 from test.harness.origin import Origin
 from test.harness.services import wait_for
 from test.harness.windows import busiest_gaps_ms, max_in_window, over_bound, paced_bound
@@ -184,26 +183,6 @@ async def test_a_retry_after_holds_every_worker_and_its_url_is_tried_again(
 
 
 # --- finding the server's capacity ----------------------------------------------------------
-
-
-class Capacity:
-    """Serves at most ``capacity_rps`` images in any second and answers 503 beyond."""
-
-    def __init__(self, body: bytes, capacity_rps: float) -> None:
-        self.body = body
-        self.capacity_rps = capacity_rps
-        self._served: deque[float] = deque()
-        self.refused: list[float] = []  # monotonic times of the 503s
-
-    async def __call__(self, request: web.Request) -> web.Response:
-        now = time.monotonic()
-        while self._served and self._served[0] <= now - 1.0:
-            self._served.popleft()
-        if len(self._served) >= self.capacity_rps:
-            self.refused.append(now)
-            return web.Response(status=503, text="over capacity\n")
-        self._served.append(now)
-        return web.Response(body=self.body, content_type="image/jpeg")
 
 
 LIMITED, CONFIGURED_RPS = "limited", 50.0

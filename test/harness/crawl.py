@@ -10,7 +10,7 @@ import io
 import json
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Self
@@ -90,6 +90,26 @@ class Gate:
         # Opened from the test's thread, so a threading.Event polled here, not an asyncio one.
         while not self.opened.is_set():  # noqa: ASYNC110
             await asyncio.sleep(0.02)
+        return web.Response(body=self.body, content_type="image/jpeg")
+
+
+class Capacity:
+    """Serves at most ``capacity_rps`` images in any second and answers 503 beyond."""
+
+    def __init__(self, body: bytes, capacity_rps: float) -> None:
+        self.body = body
+        self.capacity_rps = capacity_rps
+        self._served: deque[float] = deque()
+        self.refused: list[float] = []  # monotonic times of the 503s
+
+    async def __call__(self, request: web.Request) -> web.Response:
+        now = time.monotonic()
+        while self._served and self._served[0] <= now - 1.0:
+            self._served.popleft()
+        if len(self._served) >= self.capacity_rps:
+            self.refused.append(now)
+            return web.Response(status=503, text="over capacity\n")
+        self._served.append(now)
         return web.Response(body=self.body, content_type="image/jpeg")
 
 
