@@ -577,8 +577,8 @@ def _broken(src: dict[str, Image.Image]) -> list[CorpusImage]:
         ("truncated-half.webp", _truncated(webp), decode),
         ("corrupt-idat.png", _corrupt_idat(png), decode),
         # Over the default max_pixels: 1.1x (Pillow alone would only warn) and 4.5x.
-        ("bomb-10000x10000.png", _bilevel_png(10_000, 10_000), bomb),
-        ("bomb-20000x20000.png", _bilevel_png(20_000, 20_000), bomb),
+        ("bomb-10000x10000.png", bilevel_png(10_000, 10_000), bomb),
+        ("bomb-20000x20000.png", bilevel_png(20_000, 20_000), bomb),
     ]
     return [
         CorpusImage(
@@ -638,7 +638,7 @@ def _corrupt_idat(png: bytes) -> bytes:
     return corrupted
 
 
-def _bilevel_png(width: int, height: int) -> bytes:
+def bilevel_png(width: int, height: int) -> bytes:
     """A valid all-black 1-bit PNG, written row by row so that it never sits in memory."""
 
     def chunk(kind: bytes, data: bytes) -> bytes:
