@@ -5,7 +5,7 @@ import warnings
 from typing import Any
 
 import pytest
-from PIL import Image, ImageChops, ImageStat, JpegImagePlugin
+from PIL import IcoImagePlugin, Image, ImageChops, ImageStat, JpegImagePlugin
 
 from test.harness.corpus import CorpusImage, broken_images, build, good_images
 from worker.images import kernel
@@ -177,6 +177,30 @@ def test_max_pixels(size: tuple[int, int], max_pixels: int, status: str | None, 
         assert isinstance(result, ImageFailure)
         assert result.status == status
         assert str(max_pixels) in result.detail
+
+
+def test_an_icos_pixel_limit_applies_before_pillow_decodes_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Pillow decodes an ICO's largest entry inside Image.open: the limit must come first.
+    body = _encode(Image.new("RGBA", (48, 48), (10, 20, 30, 255)), "ICO")  # 16 to 48 px
+    decoded: list[int] = []
+    frame = IcoImagePlugin.IcoFile.frame
+
+    def spy(self: IcoImagePlugin.IcoFile, idx: int) -> Image.Image:
+        decoded.append(idx)
+        return frame(self, idx)
+
+    monkeypatch.setattr(IcoImagePlugin.IcoFile, "frame", spy)
+    with_ico = (*DEFAULT_LIMITS.formats, "ICO")
+    refused = process_image(body, ImageLimits(max_pixels=48 * 48 - 1, formats=with_ico))
+    assert isinstance(refused, ImageFailure)
+    assert refused.status == "DecompressionBombError"
+    assert "48x48" in refused.detail
+    assert decoded == []
+    result = _processed(body, ImageLimits(max_pixels=48 * 48, formats=with_ico))
+    assert (result.width, result.height) == (48, 48)
+    assert decoded == [0]  # the spy sees a decode when there is one
 
 
 def test_formats_are_restricted() -> None:

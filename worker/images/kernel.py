@@ -30,6 +30,7 @@ import simplejpeg
 from PIL import Image, JpegImagePlugin
 
 from image_crawler.contract import Status
+from worker.images import ico
 from worker.images.exif import EXIF_IFD, GPS_IFD, ExifLimits, exif_to_json
 from worker.images.quality import estimate_jpeg_quality
 
@@ -62,10 +63,13 @@ class ImageLimits:
     """What `process_image` accepts and produces.
 
     `thumbnail_px` is the longest side of the thumbnail in pixels, `max_pixels` the
-    largest width * height decoded (a bigger image is a DecompressionBombError),
-    `formats` the Pillow format names tried, `thumbnail_quality` the JPEG quality of the
-    thumbnail (1..100). Note that Pillow itself refuses images over twice its global
-    `Image.MAX_IMAGE_PIXELS` in `Image.open`, whatever `max_pixels` says.
+    largest width * height decoded (a bigger image is a DecompressionBombError; for an
+    ICO, the size its largest entry's own header states), `formats` the Pillow format
+    names tried, `thumbnail_quality` the JPEG quality of the thumbnail (1..100). Note that
+    Pillow itself refuses images over twice its global `Image.MAX_IMAGE_PIXELS` in
+    `Image.open`, whatever `max_pixels` says.
+
+    An ICO gives its largest entry.
     """
 
     thumbnail_px: int = 640
@@ -92,12 +96,13 @@ DEFAULT_LIMITS = ImageLimits()
 class ProcessedImage:
     """A decoded image.
 
-    `width` and `height` are the stored pixel size of the original (no EXIF rotation),
-    `format` Pillow's format name ("JPEG", "PNG", "MPO"...), `compression_quality` the
-    estimated JPEG quality (1..100) or None for other formats, `exif` the EXIF as JSON
-    (see `exif_to_json`) or None when the image has none, `thumbnail` a baseline JPEG
-    (RGB or L) whose longest side is at most `ImageLimits.thumbnail_px`, same aspect,
-    never upscaled, as stored (not rotated by EXIF Orientation).
+    `width` and `height` are the stored pixel size of the original (no EXIF rotation; for
+    an ICO, of its largest entry), `format` Pillow's format name ("JPEG", "PNG", "MPO",
+    "ICO"...), `compression_quality` the estimated JPEG quality (1..100) or None for
+    other formats, `exif` the EXIF as JSON (see `exif_to_json`) or None when the image
+    has none, `thumbnail` a baseline JPEG (RGB or L) whose longest side is at most
+    `ImageLimits.thumbnail_px`, same aspect, never upscaled, as stored (not rotated by
+    EXIF Orientation).
     """
 
     width: int
@@ -155,8 +160,14 @@ def process_image(
         # restates the limit that we enforce ourselves.
         warnings.simplefilter("ignore", UserWarning)
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        fp = _readable(body)
         try:
-            im = Image.open(_readable(body), formats=limits.formats)
+            # Pillow decodes an ICO inside Image.open, before its size could be checked.
+            ico_size = ico.decoded_size(fp) if "ICO" in limits.formats else None
+            if ico_size is not None and (too_big := _over_limit(*ico_size, limits)):
+                return too_big
+            with Image.open(fp, formats=limits.formats) as im:
+                return _process(im, body, limits)
         except Image.UnidentifiedImageError:
             return ImageFailure(
                 Status.UNIDENTIFIED_IMAGE,
@@ -166,13 +177,15 @@ def process_image(
             return _failure(Status.DECOMPRESSION_BOMB, err)
         except _DECODE_ERRORS as err:
             return _failure(Status.IMAGE_DECODE_ERROR, err)
-        with im:
-            try:
-                return _process(im, body, limits)
-            except Image.DecompressionBombError as err:
-                return _failure(Status.DECOMPRESSION_BOMB, err)
-            except _DECODE_ERRORS as err:
-                return _failure(Status.IMAGE_DECODE_ERROR, err)
+
+
+def _over_limit(width: int, height: int, limits: ImageLimits) -> ImageFailure | None:
+    if width * height <= limits.max_pixels:
+        return None
+    return ImageFailure(
+        Status.DECOMPRESSION_BOMB,
+        f"{width}x{height} is {width * height} pixels, over the limit of {limits.max_pixels}",
+    )
 
 
 def _readable(body: bytes | mmap.mmap) -> IO[bytes]:
@@ -188,11 +201,8 @@ def _process(
     im: Image.Image, body: bytes | mmap.mmap, limits: ImageLimits
 ) -> ProcessedImage | ImageFailure:
     width, height = im.size
-    if width * height > limits.max_pixels:
-        return ImageFailure(
-            Status.DECOMPRESSION_BOMB,
-            f"{width}x{height} is {width * height} pixels, over the limit of {limits.max_pixels}",
-        )
+    if (too_big := _over_limit(width, height, limits)) is not None:
+        return too_big
     jpeg = im if isinstance(im, JpegImagePlugin.JpegImageFile) else None  # MPO too
     quality = estimate_jpeg_quality(jpeg.quantization) if jpeg is not None else None
     if im.format == "PNG":
