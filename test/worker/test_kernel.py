@@ -167,7 +167,7 @@ def test_pillow_global_state_untouched() -> None:
         ((40, 30), 10_000, None),
     ],
 )
-@pytest.mark.parametrize("fmt", ["JPEG", "PNG", "GIF"])
+@pytest.mark.parametrize("fmt", ["JPEG", "PNG", "GIF", "AVIF"])
 def test_max_pixels(size: tuple[int, int], max_pixels: int, status: str | None, fmt: str) -> None:
     body = _encode(Image.new("RGB", size, (10, 20, 30)), fmt)
     result = process_image(body, ImageLimits(max_pixels=max_pixels))
@@ -192,13 +192,12 @@ def test_an_icos_pixel_limit_applies_before_pillow_decodes_it(
         return frame(self, idx)
 
     monkeypatch.setattr(IcoImagePlugin.IcoFile, "frame", spy)
-    with_ico = (*DEFAULT_LIMITS.formats, "ICO")
-    refused = process_image(body, ImageLimits(max_pixels=48 * 48 - 1, formats=with_ico))
+    refused = process_image(body, ImageLimits(max_pixels=48 * 48 - 1))
     assert isinstance(refused, ImageFailure)
     assert refused.status == "DecompressionBombError"
     assert "48x48" in refused.detail
     assert decoded == []
-    result = _processed(body, ImageLimits(max_pixels=48 * 48, formats=with_ico))
+    result = _processed(body, ImageLimits(max_pixels=48 * 48))
     assert (result.width, result.height) == (48, 48)
     assert decoded == [0]  # the spy sees a decode when there is one
 
@@ -323,6 +322,8 @@ def _sixteen_bit(value: int) -> Image.Image:
             (255, 255, 255),
         ),
         ("RGBA TIFF", _encode(_flat("RGBA", (0, 0, 0, 0)), "TIFF"), "RGB", (255, 255, 255)),
+        ("RGBA AVIF", _encode(_flat("RGBA", (0, 0, 0, 0)), "AVIF"), "RGB", (255, 255, 255)),
+        ("RGBA ICO", _encode(_flat("RGBA", (0, 0, 255, 128)), "ICO"), "RGB", (127, 127, 255)),
         ("P BMP", _encode(_flat("RGB", (0, 128, 255)).quantize(4), "BMP"), "RGB", (0, 128, 255)),
     ],
 )
@@ -346,7 +347,7 @@ def test_wide_range_images_are_stretched(mode: str) -> None:
 def test_animation_gives_first_frame() -> None:
     first = Image.linear_gradient("L").resize((120, 80)).convert("RGB")
     second = first.rotate(180)
-    for fmt in ("GIF", "WEBP"):
+    for fmt in ("GIF", "WEBP", "AVIF"):
         body = _encode(first, fmt, save_all=True, append_images=[second], duration=100)
         thumbnail = _thumbnail(_processed(body)).convert("RGB")
         to_first = ImageStat.Stat(ImageChops.difference(thumbnail, first)).mean[0]
