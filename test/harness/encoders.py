@@ -114,6 +114,7 @@ class Encoders:
         self.executables = executables
         self.root = root
         self._made: dict[str, bytes] = {}
+        self._avifenc_help: str | None = None
 
     def avif(
         self,
@@ -137,11 +138,30 @@ class Encoders:
                 metadata = ["--exif", str(work / "exif.bin")]
             return [
                 self.executables["avifenc"],
-                *("--depth", str(depth), "--yuv", yuv, *_avif_quality(quality), *metadata),
+                *("--depth", str(depth), "--yuv", yuv, *self._avif_quality(quality), *metadata),
                 *("--speed", "10", "--jobs", "1", *inputs, str(work / "out.avif")),
             ]
 
         return self._make(name, "out.avif", encode)
+
+    def _avif_quality(self, quality: int) -> list[str]:
+        if self._avifenc_help is None:
+            help_run = subprocess.run(
+                [self.executables["avifenc"], "--help"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+                check=False,
+            )
+            self._avifenc_help = help_run.stdout + help_run.stderr
+        if "--qcolor" in self._avifenc_help:  # libavif 1.0 and later
+            return ["--qcolor", str(quality), "--qalpha", str(quality)]
+        # avifenc 0.11 (Debian 12) sets quality through quantizers (0 best .. 63 worst).
+        # Its default rate control (libaom's CBR) fails an assertion on longer image
+        # sequences; constant quality does not.
+        quantizer = str(round((100 - quality) * 63 / 100))
+        constant_quality = ["-a", "end-usage=q", "-a", f"cq-level={quantizer}"]
+        return ["--min", quantizer, "--max", quantizer, *constant_quality]
 
     def animated_webp(self, name: str, frames: Sequence[Image.Image], *, lossy: bool) -> bytes:
         """An animated WebP of ``frames``, 100 ms each, through img2webp."""
@@ -193,23 +213,6 @@ class Encoders:
             _run(command(work))
             self._made[name] = (work / output).read_bytes()
         return self._made[name]
-
-
-def _avif_quality(quality: int) -> list[str]:
-    # avifenc 0.11 (Debian 12) sets quality through quantizers (0 best .. 63 worst). Its
-    # default rate control (libaom's CBR) fails an assertion on longer image sequences;
-    # constant quality does not.
-    quantizer = str(round((100 - quality) * 63 / 100))
-    return [
-        "--min",
-        quantizer,
-        "--max",
-        quantizer,
-        "-a",
-        "end-usage=q",
-        "-a",
-        f"cq-level={quantizer}",
-    ]
 
 
 def _png(work: Path, name: str, im: Image.Image) -> Path:
