@@ -79,6 +79,10 @@ class ImageLimits:
     Pillow itself refuses images over twice its global `Image.MAX_IMAGE_PIXELS` in
     `Image.open`, whatever `max_pixels` says.
 
+    For an AVIF, `max_pixels` bounds the size the file states (its ispe box), which is
+    what libavif gives Pillow; the AV1 frame inside is decoded at its own size, bounded
+    only by libavif's default limit of 16384 x 16384 pixels, and scaled to the stated one.
+
     An animated GIF, WebP or AVIF gives its first frame; an ICO its largest entry.
     """
 
