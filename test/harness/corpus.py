@@ -68,7 +68,9 @@ _CONTENT_TYPES = {
     "tiff": "image/tiff",
     "tif": "image/tiff",
     "bmp": "image/bmp",
+    "avif": "image/avif",
     "ico": "image/vnd.microsoft.icon",
+    "ppm": "image/x-portable-pixmap",
     "svg": "image/svg+xml",
     "html": "text/html; charset=utf-8",
     "bin": "application/octet-stream",
@@ -361,6 +363,21 @@ def _other_formats(
             "TIFF",
         ),
         _entry("chelsea.bmp", _encode(chelsea, "BMP"), chelsea.size, "BMP"),
+        # AVIF at libaom's fastest speed: the corpus is built again in every test process.
+        _entry("coffee.avif", _encode(coffee, "AVIF", quality=70, speed=10), coffee.size, "AVIF"),
+        _entry(
+            "horse-alpha.avif", _encode(horse, "AVIF", quality=70, speed=10), horse.size, "AVIF"
+        ),
+        _entry(
+            "anim-2frames.avif",
+            _encode(
+                frames[0], "AVIF", save_all=True, append_images=frames[1:], duration=200, speed=10
+            ),
+            (180, 120),
+            "AVIF",
+        ),
+        # Pillow writes each of its standard sizes up to the image's: 16, 24, 32 and 48.
+        _entry("astronaut-48.ico", _encode(_resized(astronaut, (48, 48)), "ICO"), (48, 48), "ICO"),
         _entry(
             "camera-palette.bmp",
             _encode(_resized(camera, (256, 256)).quantize(16), "BMP"),
@@ -557,6 +574,7 @@ def _broken(src: dict[str, Image.Image]) -> list[CorpusImage]:
     png = _encode(chelsea, "PNG")
     gif = _encode(chelsea.quantize(64), "GIF")
     webp = _encode(chelsea, "WEBP", quality=80)
+    avif = _encode(chelsea, "AVIF", quality=70, speed=10)
     scan = jpeg.index(b"\xff\xda")
     scan_header_end = scan + 2 + struct.unpack(">H", jpeg[scan + 2 : scan + 4])[0]
     garbage = random.Random("garbage").randbytes(20_000)
@@ -568,17 +586,18 @@ def _broken(src: dict[str, Image.Image]) -> list[CorpusImage]:
         ("not-found.html", _HTML, unidentified),
         ("empty.jpg", b"", unidentified),
         ("vector.svg", _SVG, unidentified),
-        ("icon.ico", _encode(_resized(astronaut, (32, 32)), "ICO"), unidentified),  # not allowed
+        ("pixmap.ppm", _encode(_resized(astronaut, (32, 32)), "PPM"), unidentified),  # not allowed
         ("jpeg-soi-garbage.jpg", jpeg[:20] + garbage, unidentified),  # no frame header
         ("jpeg-header-garbage.jpg", jpeg[:scan_header_end] + garbage + b"\xff\xd9", decode),
         ("truncated-half.jpg", _truncated(jpeg), decode),
         ("truncated-half.png", _truncated(png), decode),
         ("truncated-half.gif", _truncated(gif), decode),
         ("truncated-half.webp", _truncated(webp), decode),
+        ("truncated-half.avif", _truncated(avif), decode),
         ("corrupt-idat.png", _corrupt_idat(png), decode),
         # Over the default max_pixels: 1.1x (Pillow alone would only warn) and 4.5x.
-        ("bomb-10000x10000.png", _bilevel_png(10_000, 10_000), bomb),
-        ("bomb-20000x20000.png", _bilevel_png(20_000, 20_000), bomb),
+        ("bomb-10000x10000.png", bilevel_png(10_000, 10_000), bomb),
+        ("bomb-20000x20000.png", bilevel_png(20_000, 20_000), bomb),
     ]
     return [
         CorpusImage(
@@ -638,7 +657,7 @@ def _corrupt_idat(png: bytes) -> bytes:
     return corrupted
 
 
-def _bilevel_png(width: int, height: int) -> bytes:
+def bilevel_png(width: int, height: int) -> bytes:
     """A valid all-black 1-bit PNG, written row by row so that it never sits in memory."""
 
     def chunk(kind: bytes, data: bytes) -> bytes:

@@ -5,7 +5,7 @@ import warnings
 from typing import Any
 
 import pytest
-from PIL import Image, ImageChops, ImageStat, JpegImagePlugin
+from PIL import IcoImagePlugin, Image, ImageChops, ImageStat, JpegImagePlugin
 
 from test.harness.corpus import CorpusImage, broken_images, build, good_images
 from worker.images import kernel
@@ -167,7 +167,7 @@ def test_pillow_global_state_untouched() -> None:
         ((40, 30), 10_000, None),
     ],
 )
-@pytest.mark.parametrize("fmt", ["JPEG", "PNG", "GIF"])
+@pytest.mark.parametrize("fmt", ["JPEG", "PNG", "GIF", "AVIF"])
 def test_max_pixels(size: tuple[int, int], max_pixels: int, status: str | None, fmt: str) -> None:
     body = _encode(Image.new("RGB", size, (10, 20, 30)), fmt)
     result = process_image(body, ImageLimits(max_pixels=max_pixels))
@@ -177,6 +177,29 @@ def test_max_pixels(size: tuple[int, int], max_pixels: int, status: str | None, 
         assert isinstance(result, ImageFailure)
         assert result.status == status
         assert str(max_pixels) in result.detail
+
+
+def test_an_icos_pixel_limit_applies_before_pillow_decodes_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Pillow decodes an ICO's largest entry inside Image.open: the limit must come first.
+    body = _encode(Image.new("RGBA", (48, 48), (10, 20, 30, 255)), "ICO")  # 16 to 48 px
+    decoded: list[int] = []
+    frame = IcoImagePlugin.IcoFile.frame
+
+    def spy(self: IcoImagePlugin.IcoFile, idx: int) -> Image.Image:
+        decoded.append(idx)
+        return frame(self, idx)
+
+    monkeypatch.setattr(IcoImagePlugin.IcoFile, "frame", spy)
+    refused = process_image(body, ImageLimits(max_pixels=48 * 48 - 1))
+    assert isinstance(refused, ImageFailure)
+    assert refused.status == "DecompressionBombError"
+    assert "48x48" in refused.detail
+    assert decoded == []
+    result = _processed(body, ImageLimits(max_pixels=48 * 48))
+    assert (result.width, result.height) == (48, 48)
+    assert decoded == [0]  # the spy sees a decode when there is one
 
 
 def test_formats_are_restricted() -> None:
@@ -299,6 +322,8 @@ def _sixteen_bit(value: int) -> Image.Image:
             (255, 255, 255),
         ),
         ("RGBA TIFF", _encode(_flat("RGBA", (0, 0, 0, 0)), "TIFF"), "RGB", (255, 255, 255)),
+        ("RGBA AVIF", _encode(_flat("RGBA", (0, 0, 0, 0)), "AVIF"), "RGB", (255, 255, 255)),
+        ("RGBA ICO", _encode(_flat("RGBA", (0, 0, 255, 128)), "ICO"), "RGB", (127, 127, 255)),
         ("P BMP", _encode(_flat("RGB", (0, 128, 255)).quantize(4), "BMP"), "RGB", (0, 128, 255)),
     ],
 )
@@ -322,7 +347,7 @@ def test_wide_range_images_are_stretched(mode: str) -> None:
 def test_animation_gives_first_frame() -> None:
     first = Image.linear_gradient("L").resize((120, 80)).convert("RGB")
     second = first.rotate(180)
-    for fmt in ("GIF", "WEBP"):
+    for fmt in ("GIF", "WEBP", "AVIF"):
         body = _encode(first, fmt, save_all=True, append_images=[second], duration=100)
         thumbnail = _thumbnail(_processed(body)).convert("RGB")
         to_first = ImageStat.Stat(ImageChops.difference(thumbnail, first)).mean[0]

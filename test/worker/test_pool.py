@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from test.harness.corpus import broken_images, good_images
+from test.harness.real_images import many_frames
 from worker.images import pool as pool_module
 from worker.images.kernel import (
     DEFAULT_LIMITS,
@@ -277,3 +278,36 @@ async def test_a_memfd_grown_past_the_keep_size_is_shrunk_after_its_image(pool, 
     assert all(lane.memfd is not None for lane in process.lanes)
     assert all(os.fstat(lane.memfd).st_size == 0 for lane in process.lanes)
     assert isinstance(await pool.process(a_jpeg().body), ProcessedImage)
+
+
+def _peak_rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmHWM for {pid}")
+
+
+# What a pool process's peak memory may grow by over all the hostile bodies: the only
+# pixels they get decoded to are their small images' (256x256 at most). Measured: 5.5
+# MiB; decoding the ICO entry that claims 10000x10000 alone added 97 MiB.
+HOSTILE_PEAK_GROWTH_BYTES = 32 * 1024 * 1024
+
+
+async def test_hostile_bodies_cost_the_pool_no_process_and_bounded_memory(
+    one_process, hostile, encoders
+):
+    bodies = [h.body for h in hostile] + [
+        # Valid, with a thousand frames: the first is thumbnailed.
+        encoders.avif("avif-1000-frames", many_frames(1000)),
+        encoders.animated_webp("webp-lossy-1000-frames", many_frames(1000), lossy=True),
+    ]
+    assert isinstance(await one_process.process(a_jpeg().body), ProcessedImage)
+    (pid,) = one_process.pids
+    before = _peak_rss_bytes(pid)
+
+    outcomes = await asyncio.gather(*(one_process.process(body) for body in bodies))
+    assert outcomes == [process_image(body) for body in bodies]
+    assert [o.status for o in outcomes[: len(hostile)]] == [h.status for h in hostile]
+    assert one_process.pids == [pid]  # no process died on any of them
+    growth = _peak_rss_bytes(pid) - before
+    assert growth < HOSTILE_PEAK_GROWTH_BYTES, f"peak memory grew by {growth / 2**20:.0f} MiB"

@@ -27,9 +27,10 @@ from typing import IO, Any, Final, cast
 import cv2
 import numpy as np
 import simplejpeg
-from PIL import Image, JpegImagePlugin
+from PIL import AvifImagePlugin, Image, JpegImagePlugin
 
 from image_crawler.contract import Status
+from worker.images import ico
 from worker.images.exif import EXIF_IFD, GPS_IFD, ExifLimits, exif_to_json
 from worker.images.quality import estimate_jpeg_quality
 
@@ -41,6 +42,16 @@ _REDUCING_GAP = 2.0
 # What Pillow raises on bodies it recognised but cannot decode: truncated data, bad
 # chunks, impossible headers, broken compressed streams.
 _DECODE_ERRORS = (OSError, SyntaxError, ValueError, EOFError, struct.error, zlib.error)
+# What Pillow's AVIF plugin raises besides those: a plain RuntimeError for whatever
+# libavif refuses beyond a malformed container (a broken AV1 stream, a feature it lacks,
+# a frame over its own size limit), ZeroDivisionError for a sequence whose timescale is 0.
+# Caught only for a body that is an ISO BMFF file (AVIF's container: "ftyp" at bytes 4-8),
+# where they mean the data; anywhere else they are bugs.
+_AVIF_ERRORS = (RuntimeError, ZeroDivisionError)
+_FTYP = slice(4, 8)
+# The major brands of an AVIF file (bytes 8-12); "mif1" and "msf1", which Pillow also
+# tries as AVIF, are HEIF's and as often HEIC, a format not read here.
+_AVIF_BRANDS = (b"avif", b"avis")
 # What Pillow raises while parsing an EXIF block's header (the tags are parsed lazily,
 # and exif_to_json guards those itself).
 _EXIF_ERRORS = (SyntaxError, OSError, ValueError, TypeError, struct.error)
@@ -62,15 +73,22 @@ class ImageLimits:
     """What `process_image` accepts and produces.
 
     `thumbnail_px` is the longest side of the thumbnail in pixels, `max_pixels` the
-    largest width * height decoded (a bigger image is a DecompressionBombError),
-    `formats` the Pillow format names tried, `thumbnail_quality` the JPEG quality of the
-    thumbnail (1..100). Note that Pillow itself refuses images over twice its global
-    `Image.MAX_IMAGE_PIXELS` in `Image.open`, whatever `max_pixels` says.
+    largest width * height decoded (a bigger image is a DecompressionBombError; for an
+    ICO, the size its largest entry's own header states), `formats` the Pillow format
+    names tried, `thumbnail_quality` the JPEG quality of the thumbnail (1..100). Note that
+    Pillow itself refuses images over twice its global `Image.MAX_IMAGE_PIXELS` in
+    `Image.open`, whatever `max_pixels` says.
+
+    For an AVIF, `max_pixels` bounds the size the file states (its ispe box), which is
+    what libavif gives Pillow; the AV1 frame inside is decoded at its own size, bounded
+    only by libavif's default limit of 16384 x 16384 pixels, and scaled to the stated one.
+
+    An animated GIF, WebP or AVIF gives its first frame; an ICO its largest entry.
     """
 
     thumbnail_px: int = 640
     max_pixels: int = 89_478_485
-    formats: tuple[str, ...] = ("JPEG", "PNG", "GIF", "WEBP", "TIFF", "BMP")
+    formats: tuple[str, ...] = ("JPEG", "PNG", "GIF", "WEBP", "TIFF", "BMP", "AVIF", "ICO")
     thumbnail_quality: int = 85
     exif: ExifLimits = field(default_factory=ExifLimits)
 
@@ -92,12 +110,13 @@ DEFAULT_LIMITS = ImageLimits()
 class ProcessedImage:
     """A decoded image.
 
-    `width` and `height` are the stored pixel size of the original (no EXIF rotation),
-    `format` Pillow's format name ("JPEG", "PNG", "MPO"...), `compression_quality` the
-    estimated JPEG quality (1..100) or None for other formats, `exif` the EXIF as JSON
-    (see `exif_to_json`) or None when the image has none, `thumbnail` a baseline JPEG
-    (RGB or L) whose longest side is at most `ImageLimits.thumbnail_px`, same aspect,
-    never upscaled, as stored (not rotated by EXIF Orientation).
+    `width` and `height` are the stored pixel size of the original (no EXIF rotation; for
+    an ICO, of its largest entry), `format` Pillow's format name ("JPEG", "PNG", "MPO",
+    "AVIF"...), `compression_quality` the estimated JPEG quality (1..100) or None for
+    other formats, `exif` the EXIF as JSON (see `exif_to_json`) or None when the image
+    has none, `thumbnail` a baseline JPEG (RGB or L) whose longest side is at most
+    `ImageLimits.thumbnail_px`, same aspect, never upscaled, as stored (not rotated by
+    EXIF Orientation).
     """
 
     width: int
@@ -113,9 +132,9 @@ class ImageFailure:
     """A body that did not give a thumbnail.
 
     `status` is "UnidentifiedImageError" (not an image, or a format not allowed),
-    "ImageDecodeError" (recognised but truncated or corrupt) or "DecompressionBombError"
-    (width * height over `ImageLimits.max_pixels`); `detail` a short reason, at most
-    200 characters.
+    "ImageDecodeError" (recognised but truncated or corrupt; an AVIF is recognised by its
+    brand) or "DecompressionBombError" (width * height over `ImageLimits.max_pixels`);
+    `detail` a short reason, at most 200 characters.
     """
 
     status: str
@@ -155,24 +174,49 @@ def process_image(
         # restates the limit that we enforce ourselves.
         warnings.simplefilter("ignore", UserWarning)
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        fp = _readable(body)
         try:
-            im = Image.open(_readable(body), formats=limits.formats)
+            # Pillow decodes an ICO inside Image.open, before its size could be checked.
+            ico_size = ico.decoded_size(fp) if "ICO" in limits.formats else None
+            if ico_size is not None and (too_big := _over_limit(*ico_size, limits)):
+                return too_big
+            with Image.open(fp, formats=limits.formats) as im:
+                return _process(im, body, limits)
         except Image.UnidentifiedImageError:
-            return ImageFailure(
-                Status.UNIDENTIFIED_IMAGE,
-                f"not an image in an allowed format ({', '.join(limits.formats)})",
-            )
+            return _unidentified(fp, body, limits)
         except Image.DecompressionBombError as err:
             return _failure(Status.DECOMPRESSION_BOMB, err)
         except _DECODE_ERRORS as err:
             return _failure(Status.IMAGE_DECODE_ERROR, err)
-        with im:
-            try:
-                return _process(im, body, limits)
-            except Image.DecompressionBombError as err:
-                return _failure(Status.DECOMPRESSION_BOMB, err)
-            except _DECODE_ERRORS as err:
-                return _failure(Status.IMAGE_DECODE_ERROR, err)
+        except _AVIF_ERRORS as err:
+            if type(err) not in _AVIF_ERRORS or body[_FTYP] != b"ftyp":
+                raise
+            return _failure(Status.IMAGE_DECODE_ERROR, err)
+
+
+def _unidentified(fp: IO[bytes], body: bytes | mmap.mmap, limits: ImageLimits) -> ImageFailure:
+    if "AVIF" in limits.formats and body[_FTYP] == b"ftyp" and body[8:12] in _AVIF_BRANDS:
+        # An AVIF by its brand that libavif could not parse (cut short, or broken boxes):
+        # recognised, so a decode error. Image.open only says that no format took it;
+        # libavif says why.
+        fp.seek(0)
+        try:
+            AvifImagePlugin.AvifImageFile(fp).close()
+        except SyntaxError as err:
+            return _failure(Status.IMAGE_DECODE_ERROR, err)
+    return ImageFailure(
+        Status.UNIDENTIFIED_IMAGE,
+        f"not an image in an allowed format ({', '.join(limits.formats)})",
+    )
+
+
+def _over_limit(width: int, height: int, limits: ImageLimits) -> ImageFailure | None:
+    if width * height <= limits.max_pixels:
+        return None
+    return ImageFailure(
+        Status.DECOMPRESSION_BOMB,
+        f"{width}x{height} is {width * height} pixels, over the limit of {limits.max_pixels}",
+    )
 
 
 def _readable(body: bytes | mmap.mmap) -> IO[bytes]:
@@ -188,11 +232,8 @@ def _process(
     im: Image.Image, body: bytes | mmap.mmap, limits: ImageLimits
 ) -> ProcessedImage | ImageFailure:
     width, height = im.size
-    if width * height > limits.max_pixels:
-        return ImageFailure(
-            Status.DECOMPRESSION_BOMB,
-            f"{width}x{height} is {width * height} pixels, over the limit of {limits.max_pixels}",
-        )
+    if (too_big := _over_limit(width, height, limits)) is not None:
+        return too_big
     jpeg = im if isinstance(im, JpegImagePlugin.JpegImageFile) else None  # MPO too
     quality = estimate_jpeg_quality(jpeg.quantization) if jpeg is not None else None
     if im.format == "PNG":
