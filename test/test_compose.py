@@ -47,6 +47,7 @@ from crawl_monitor.settings import MonitorSettings
 from image_crawler import contract, healthcheck
 from image_crawler.config import RENAMED, MetricsSettings, S3Settings
 from image_crawler.metrics import serving
+from test.harness.apt import AptUnavailable, apt_install
 from test.harness.production_seaweedfs import ComposeSeaweedFS, NoWeed, find_or_install_weed
 from test.harness.services import free_port_range
 from worker.settings import WorkerSettings
@@ -96,23 +97,11 @@ OVERRIDES = {
     "S3_BUCKET": "thumbnails-under-test",
 }
 
-APT_TIMEOUT_S = 240
 CONFIG_TIMEOUT_S = 60
 PROBE_TIMEOUT_S = 30
 
 
 # --- docker-compose ----------------------------------------------------------------------
-
-
-def _apt_get(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["apt-get", "-q", "-o", "DPkg::Lock::Timeout=60", *args],
-        env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
-        capture_output=True,
-        text=True,
-        timeout=APT_TIMEOUT_S,
-        check=False,
-    )
 
 
 @pytest.fixture(scope="session")
@@ -121,24 +110,15 @@ def docker_compose() -> str:
     found = shutil.which("docker-compose")
     if found is not None:
         return found
-    if shutil.which("apt-get") is None or os.geteuid() != 0:
-        pytest.skip(
-            "docker-compose is not on PATH and cannot be installed here (needs root and "
-            "apt-get): apt-get install docker-compose, or put it on PATH"
-        )
-    # Recommends would pull in the Docker engine; `config` needs only the Python tool.
-    install = ("install", "-y", "--no-install-recommends", "docker-compose")
-    result = _apt_get(*install)
-    if result.returncode != 0:
-        # A fresh machine may have no package lists yet: fetch them once, try again.
-        _apt_get("update")
-        result = _apt_get(*install)
+    # Without recommends, which would pull in the Docker engine: `config` needs only the
+    # Python tool.
+    try:
+        apt_install(["docker-compose"])
+    except AptUnavailable as e:
+        pytest.skip(f"docker-compose is not on PATH and {e}: apt-get install docker-compose")
     found = shutil.which("docker-compose")
-    if result.returncode != 0 or found is None:
-        pytest.skip(
-            "docker-compose is not on PATH and `apt-get install docker-compose` failed: "
-            + (result.stderr.strip().splitlines() or ["(no output)"])[-1]
-        )
+    if found is None:
+        pytest.skip("docker-compose is still not on PATH after apt-get install docker-compose")
     return found
 
 

@@ -17,7 +17,6 @@ import base64
 import contextlib
 import itertools
 import json
-import os
 import shutil
 import subprocess
 from collections.abc import AsyncIterator, Sequence
@@ -26,27 +25,16 @@ from typing import Any
 
 import aiohttp
 
+from test.harness.apt import AptUnavailable, apt_install
 from test.harness.services import wait_for, wait_until
 
 BROWSERS = ("chromium", "chromium-browser")
-APT_TIMEOUT_S = 600
 START_TIMEOUT_S = 60
 CALL_TIMEOUT_S = 30
 
 
 class NoBrowser(Exception):
     """No Chromium here, and it could not be installed; the message says why."""
-
-
-def _apt_get(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["apt-get", "-q", "-o", "DPkg::Lock::Timeout=120", *args],
-        env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
-        capture_output=True,
-        text=True,
-        timeout=APT_TIMEOUT_S,
-        check=False,
-    )
 
 
 def _which() -> str | None:
@@ -61,22 +49,15 @@ def find_or_install_chromium() -> str:
     found = _which()
     if found is not None:
         return found
-    if shutil.which("apt-get") is None or os.geteuid() != 0:
+    try:
+        apt_install(["chromium"])
+    except AptUnavailable as e:
         raise NoBrowser(
-            "chromium is not on PATH and cannot be installed here (needs root and apt-get): "
-            "apt-get install chromium, or put it on PATH"
-        )
-    # Recommends are desktop integration; the headless browser and its fonts come without.
-    install = ("install", "-y", "--no-install-recommends", "chromium")
-    result = _apt_get(*install)
-    if result.returncode != 0:
-        # A fresh machine may have no package lists yet: fetch them once, try again.
-        _apt_get("update")
-        result = _apt_get(*install)
+            f"chromium is not on PATH and {e}: apt-get install chromium, or put it on PATH"
+        ) from None
     found = _which()
-    if result.returncode != 0 or found is None:
-        last = (result.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise NoBrowser(f"chromium is not on PATH and `apt-get install chromium` failed: {last}")
+    if found is None:
+        raise NoBrowser("chromium is still not on PATH after `apt-get install chromium`")
     return found
 
 

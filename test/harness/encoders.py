@@ -11,7 +11,6 @@ are kept for the session.
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 from collections.abc import Callable, Sequence
@@ -19,7 +18,8 @@ from pathlib import Path
 
 from PIL import Image
 
-APT_TIMEOUT_S = 600
+from test.harness.apt import AptUnavailable, apt_install
+
 ENCODE_TIMEOUT_S = 120
 
 # Executable -> the Debian package that ships it.
@@ -37,17 +37,6 @@ _MAGICK_COMMANDS = ("magick", "convert-im6.q16", "convert")
 
 class NoEncoder(Exception):
     """An encoder is not here and could not be installed; the message says which and why."""
-
-
-def _apt_get(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["apt-get", "-q", "-o", "DPkg::Lock::Timeout=120", *args],
-        env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
-        capture_output=True,
-        text=True,
-        timeout=APT_TIMEOUT_S,
-        check=False,
-    )
 
 
 def _imagemagick() -> str | None:
@@ -85,21 +74,13 @@ def find_or_install_encoders(root: Path) -> Encoders:
 
 def _install(packages: Sequence[str]) -> None:
     wanted = " ".join(packages)
-    if shutil.which("apt-get") is None or os.geteuid() != 0:
+    try:
+        apt_install(packages)
+    except AptUnavailable as e:
         raise NoEncoder(
-            f"the encoders of {wanted} are not on PATH and cannot be installed here (needs "
-            f"root and apt-get): apt-get install {wanted}, or put them on PATH"
-        )
-    # Recommends are desktop integration and more delegates; the encoders come without.
-    install = ("install", "-y", "--no-install-recommends", *packages)
-    result = _apt_get(*install)
-    if result.returncode != 0:
-        # A fresh machine may have no package lists yet: fetch them once, try again.
-        _apt_get("update")
-        result = _apt_get(*install)
-    if result.returncode != 0:
-        last = (result.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise NoEncoder(f"`apt-get install {wanted}` failed: {last}")
+            f"the encoders of {wanted} are not on PATH and {e}: apt-get install {wanted}, "
+            "or put them on PATH"
+        ) from None
 
 
 class Encoders:

@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from test.harness import encoders
+from test.harness import apt, encoders
 
 
 def test_a_missing_encoder_that_cannot_be_installed_is_named(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setattr(encoders, "_find", lambda name: None)
-    monkeypatch.setattr(encoders.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(apt.os, "geteuid", lambda: 1000)
     with pytest.raises(encoders.NoEncoder) as raised:
         encoders.find_or_install_encoders(tmp_path)
     message = str(raised.value)
