@@ -15,7 +15,6 @@ from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 import aiohttp
-from multidict import CIMultiDictProxy
 from yarl import URL
 
 from image_crawler.contract import Status
@@ -245,8 +244,9 @@ class Fetcher:
             max(mean, _MIN_ESTIMATE_BYTES), self._settings.max_body_bytes
         )
 
-    def _signals(self, headers: CIMultiDictProxy[str]) -> Signals:
+    def _signals(self, response: aiohttp.ClientResponse) -> Signals:
         # Most answers carry neither header: two lookups, nothing parsed.
+        headers = response.headers
         x_robots = headers.getall("X-Robots-Tag", ())
         reservation = headers.get("tdm-reservation")
         if not x_robots and reservation is None:
@@ -288,7 +288,7 @@ class Fetcher:
                     return FetchResult(
                         str(response.status), retry_after=retry_after, response_s=response_s
                     )
-                signals = self._signals(response.headers) if read.signals else NO_SIGNALS
+                signals = self._signals(response) if read.signals else NO_SIGNALS
                 if signals.noindex:
                     # Not read: the server asked that the image not be indexed, and it
                     # will not be. The connection is closed rather than drained.
