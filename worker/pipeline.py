@@ -17,6 +17,12 @@ Before any of that, the URL's host's robots.txt is asked (``RobotsGuard``; so is
 redirect hop's): a URL it disallows ends as ``RobotsDisallowed`` without a request, and
 a URL whose host's robots.txt cannot be fetched waits for it.
 
+What the server says of the image's use (worker.politeness.signals) is obeyed and
+published: a URL whose host's robots.txt says ``Content-Signal: search=no``, or whose
+answer's X-Robots-Tag keeps it out of the index, ends as ``NoIndex`` in ``crawl_errors``
+with the directives, nothing stored; the opt-outs of the host's files and of the answer
+go with the image's resolution message (``opt_outs``, ``tdm_policy``).
+
 The worker's per-source metrics (worker/metrics.py) are counted here: a request once
 pacing grants its slot, the bytes of each body downloaded, and each recorded status as
 the statistics get it (an outcome).
