@@ -466,13 +466,7 @@ class RobotsGuard:
         self.fetches += 1
         settings = self._settings
         started = time.monotonic()
-        try:
-            async with asyncio.timeout(settings.fetch_timeout_s):
-                result = await self._fetcher.fetch_text(
-                    robots_url, ROBOTS_MAX_BYTES, ROBOTS_MAX_REDIRECTS
-                )
-        except TimeoutError:
-            result = FetchResult(Status.TIMEOUT, detail=f"over {settings.fetch_timeout_s:g} s")
+        result = await self._get(robots_url)
         now, status = self._clock(), result.status
         took_s = round(time.monotonic() - started, 3)
         if status.isdigit() and 200 <= int(status) < 300:
@@ -492,6 +486,16 @@ class RobotsGuard:
             return RobotsEntry(status, None, now, now + settings.cache_s)
         return await self._unavailable(source, origin, result, previous, now)
 
+    async def _get(self, url: str) -> FetchResult:
+        """A host's file (robots.txt, tdmrep.json), within the files' limits of size,
+        redirects and time."""
+        timeout_s = self._settings.fetch_timeout_s
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await self._fetcher.fetch_text(url, ROBOTS_MAX_BYTES, ROBOTS_MAX_REDIRECTS)
+        except TimeoutError:
+            return FetchResult(Status.TIMEOUT, detail=f"over {timeout_s:g} s")
+
     async def _with_tdmrep(
         self, entry: RobotsEntry, origin: str, lock: str, lock_ms: int
     ) -> RobotsEntry:
@@ -500,12 +504,7 @@ class RobotsGuard:
         await self._redis.pexpire(lock, lock_ms)
         await self._slot(origin)
         self.tdmrep_fetches += 1
-        url = str(URL(origin).with_path(TDMREP_PATH))
-        try:
-            async with asyncio.timeout(self._settings.fetch_timeout_s):
-                result = await self._fetcher.fetch_text(url, ROBOTS_MAX_BYTES, ROBOTS_MAX_REDIRECTS)
-        except TimeoutError:
-            result = FetchResult(Status.TIMEOUT)
+        result = await self._get(str(URL(origin).with_path(TDMREP_PATH)))
         if not (result.status.isdigit() and 200 <= int(result.status) < 300):
             log.debug("tdmrep_fetched", origin=origin, status=result.status, rules=0)
             return entry

@@ -27,15 +27,21 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import email.utils
+import itertools
 import json
 import re
 from collections.abc import Iterable
 from typing import Final
 
+from image_crawler.contract import OPT_OUTS
+
 # X-Robots-Tag directives that keep an image out of the index, and those that are
 # opt-outs carried with it (named as the header names them).
 NOINDEX_DIRECTIVES: Final = frozenset({"noindex", "noimageindex", "none"})
-AI_DIRECTIVES: Final = ("noai", "noimageai")
+# The opt-outs published in a resolution message's ``opt_outs``, as the contract names
+# them: X-Robots-Tag's two, TDMRep's reservation, Content Signals' two.
+NOAI, NOIMAGEAI, TDM_RESERVATION, AI_TRAIN, AI_INPUT = OPT_OUTS
+AI_DIRECTIVES: Final = (NOAI, NOIMAGEAI)
 # Directives whose value follows a colon: a name before a colon that is not one of these
 # is a user agent's.
 _VALUED_DIRECTIVES: Final = frozenset(
@@ -43,10 +49,6 @@ _VALUED_DIRECTIVES: Final = frozenset(
 )
 UNAVAILABLE_AFTER: Final = "unavailable_after"
 
-# The opt-out names published in a resolution message's ``opt_outs``.
-TDM_RESERVATION: Final = "tdm-reservation"
-AI_TRAIN: Final = "ai-train"
-AI_INPUT: Final = "ai-input"
 # Content-Signal names and the opt-out each "no" means (search=no is not an opt-out: the
 # image is not indexed at all).
 _CONTENT_SIGNAL_OPT_OUTS: Final = {"ai-train": AI_TRAIN, "ai-input": AI_INPUT}
@@ -103,7 +105,7 @@ def x_robots_tag(values: Iterable[str], token: str, now: dt.datetime) -> Signals
     token = token.lower()
     noindex: list[str] = []
     opt_outs: list[str] = []
-    for value in _capped(values, MAX_HEADER_INSTANCES):
+    for value in itertools.islice(values, MAX_HEADER_INSTANCES):
         agent: str | None = None
         pieces = value.split(",", MAX_DIRECTIVES)[:MAX_DIRECTIVES]
         i = 0
@@ -135,20 +137,7 @@ def x_robots_tag(values: Iterable[str], token: str, now: dt.datetime) -> Signals
                         i += 1
                 if when is not None and when <= now:
                     noindex.append(" ".join(said.split()))
-    return Signals(noindex=tuple(dict.fromkeys(noindex)), opt_outs=_ordered(opt_outs))
-
-
-def _ordered(opt_outs: Iterable[str]) -> tuple[str, ...]:
-    return tuple(dict.fromkeys(opt_outs))
-
-
-def _capped(values: Iterable[str], n: int) -> list[str]:
-    out: list[str] = []
-    for value in values:
-        if len(out) == n:
-            break
-        out.append(value)
-    return out
+    return Signals(noindex=tuple(dict.fromkeys(noindex)), opt_outs=tuple(dict.fromkeys(opt_outs)))
 
 
 def _date(text: str) -> dt.datetime | None:
