@@ -23,6 +23,9 @@ SOURCE_TOPIC_PREFIX: Final = "urls."
 METADATA_TOPIC: Final = "image_metadata_updates"
 LINK_ROT_TOPIC: Final = "link_rot"
 CRAWL_ERRORS_TOPIC: Final = "crawl_errors"
+# Beyond the original (issue 30): one message per re-check (an inbound message carrying
+# an earlier crawl's etag, last_modified or sha256), LinkCheckMessage.
+LINK_CHECKS_TOPIC: Final = "link_checks"
 
 SPLITTER_GROUP: Final = "splitter"
 WORKER_GROUP: Final = "image_handlers"
@@ -127,6 +130,10 @@ BACKLOG_AT: Final = "backlog_measured_at"
 # logs ``urls_lost``.
 URLS_LOST: Final = "urls_lost"
 
+# Beyond the original (issue 30): re-checks ended, per source and LinkCheckMessage status
+# ("rechecks:{source}:{status}", an integer the workers' stats flush adds to).
+RECHECKS_PREFIX: Final = "rechecks:"
+
 LAST_N_STATUSES: Final = 50
 # (key prefix, window length in seconds) of the time-based sliding windows.
 STATUS_WINDOWS: Final[tuple[tuple[str, float], ...]] = (
@@ -187,6 +194,11 @@ def resize_errors_key(source: str, status: str | None = None) -> str:
     return f"{RESIZE_ERRORS}:{source}:{status}"
 
 
+def rechecks_key(source: str, status: str) -> str:
+    """``status`` is one of RECHECK_STATUSES."""
+    return f"{RECHECKS_PREFIX}{source}:{status}"
+
+
 def urls_lost_key(source: str) -> str:
     return f"{URLS_LOST}:{source}"
 
@@ -215,10 +227,12 @@ class Status(enum.StrEnum):
     MULTIPLE_CHOICES = "300"
     MOVED_PERMANENTLY = "301"
     FOUND = "302"
+    NOT_MODIFIED = "304"  # a re-check's conditional request: the file is unchanged
     BAD_REQUEST = "400"
     UNAUTHORIZED = "401"
     FORBIDDEN = "403"
     NOT_FOUND = "404"  # to link_rot
+    GONE = "410"  # to link_rot when a re-check sees it; to crawl_errors otherwise
     TOO_MANY_REQUESTS = "429"
     INTERNAL_SERVER_ERROR = "500"
     BAD_GATEWAY = "502"
@@ -287,6 +301,7 @@ EXPECTED_STATUSES: Final[frozenset[str]] = frozenset(
         Status.MULTIPLE_CHOICES,
         Status.MOVED_PERMANENTLY,
         Status.FOUND,
+        Status.NOT_MODIFIED,
         Status.NOT_FOUND,
         Status.UNIDENTIFIED_IMAGE,
         Status.ROBOTS_DISALLOWED,
@@ -343,6 +358,18 @@ ROBOTS_MAX_REDIRECTS: Final = 5
 
 RAW_MESSAGE_CAP_BYTES: Final = 4096
 
+# What a re-check found (LinkCheckMessage.status): the server answered 304, or 200 with
+# the body of the earlier crawl (same sha256); a 200 with another body, crawled again; a
+# 404 or 410; or a failure that will not be tried again (also in crawl_errors).
+CHECK_UNCHANGED: Final = "unchanged"
+CHECK_CHANGED: Final = "changed"
+CHECK_GONE: Final = "gone"
+CHECK_FAILED: Final = "failed"
+RECHECK_STATUSES: Final = (CHECK_UNCHANGED, CHECK_CHANGED, CHECK_GONE, CHECK_FAILED)
+# The longest ETag or Last-Modified value a re-check carries, or a resolution message
+# reports: a header line is capped near 8 KiB anyway, and no real validator is close.
+MAX_VALIDATOR_CHARS: Final = 1024
+
 # Retention of the urls.{source} topics the splitter creates (URL_TOPIC_RETENTION_MS):
 # -1, never delete, because a backlog may wait longer than any broker default (7 days on
 # Apache Kafka) and a deleted URL is one the crawl never ends.
@@ -387,19 +414,86 @@ def _encode(obj: dict[str, Any]) -> bytes:
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
 
 
+_SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _validator(obj: dict[str, Any], field: str) -> str | None:
+    """An ETag or Last-Modified value as an earlier crawl reported it, None when absent.
+    It goes into a request header, so nothing that could end or split the header line
+    (control characters, non-Latin-1 text) is accepted."""
+    value = obj.get(field)
+    if value is None:
+        return None
+    if (
+        not isinstance(value, str)
+        or not value.strip()
+        or len(value) > MAX_VALIDATOR_CHARS
+        or any(ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 or ord(c) > 0xFF for c in value)
+    ):
+        raise MalformedMessage(
+            f"field {field!r} is not a header value (a non-empty string of at most "
+            f"{MAX_VALIDATOR_CHARS} printable Latin-1 characters)"
+        )
+    return value.strip()
+
+
+def _sha256(obj: dict[str, Any]) -> str | None:
+    value = obj.get("sha256")
+    if value is None:
+        return None
+    if not isinstance(value, str) or not _SHA256_HEX.match(value.lower()):
+        raise MalformedMessage("field 'sha256' is not 64 hex digits")
+    return value.lower()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Earlier:
+    """What an earlier crawl of a URL reported of its file (its resolution message's
+    ``etag``, ``last_modified`` and ``sha256``): a message that carries any of them is a
+    re-check. The validators are sent back as ``If-None-Match`` and ``If-Modified-Since``;
+    ``sha256`` tells a 200 with the same body (a server that ignores the condition) from a
+    changed file."""
+
+    etag: str | None = None
+    last_modified: str | None = None
+    sha256: str | None = None
+
+    @classmethod
+    def from_fields(cls, obj: dict[str, Any]) -> Earlier | None:
+        """The re-check fields of a decoded message, None for a plain crawl."""
+        etag = _validator(obj, "etag")
+        last_modified = _validator(obj, "last_modified")
+        sha256 = _sha256(obj)
+        if etag is None and last_modified is None and sha256 is None:
+            return None
+        return cls(etag=etag, last_modified=last_modified, sha256=sha256)
+
+    def put(self, obj: dict[str, Any]) -> None:
+        """Add the fields that are set to ``obj``, a message being encoded."""
+        if self.etag is not None:
+            obj["etag"] = self.etag
+        if self.last_modified is not None:
+            obj["last_modified"] = self.last_modified
+        if self.sha256 is not None:
+            obj["sha256"] = self.sha256
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class InboundImage:
-    """A message of ``inbound_images``: one URL to crawl."""
+    """A message of ``inbound_images``: one URL to crawl, or with ``earlier``, to re-check."""
 
     url: str
     uuid: str
     source: str
     attempts: int = 0
+    earlier: Earlier | None = None
 
     def to_json(self) -> bytes:
         obj: dict[str, Any] = {"url": self.url, "uuid": self.uuid, "source": self.source}
         if self.attempts:
             obj["attempts"] = self.attempts
+        if self.earlier is not None:
+            self.earlier.put(obj)
         return _encode(obj)
 
     @classmethod
@@ -410,10 +504,13 @@ class InboundImage:
             uuid=_required_str(obj, "uuid"),
             source=_required_str(obj, "source"),
             attempts=_attempts(obj),
+            earlier=Earlier.from_fields(obj),
         )
 
     def to_source_task(self) -> SourceTask:
-        return SourceTask(url=self.url, uuid=self.uuid, attempts=self.attempts)
+        return SourceTask(
+            url=self.url, uuid=self.uuid, attempts=self.attempts, earlier=self.earlier
+        )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -423,31 +520,49 @@ class SourceTask:
     url: str
     uuid: str
     attempts: int = 0
+    earlier: Earlier | None = None
 
     def to_json(self) -> bytes:
         obj: dict[str, Any] = {"url": self.url, "uuid": self.uuid}
         if self.attempts:
             obj["attempts"] = self.attempts
+        if self.earlier is not None:
+            self.earlier.put(obj)
         return _encode(obj)
 
     @classmethod
     def from_json(cls, raw: bytes | str) -> SourceTask:
         obj = _decode_object(raw)
         return cls(
-            url=_required_str(obj, "url"), uuid=_required_str(obj, "uuid"), attempts=_attempts(obj)
+            url=_required_str(obj, "url"),
+            uuid=_required_str(obj, "uuid"),
+            attempts=_attempts(obj),
+            earlier=Earlier.from_fields(obj),
         )
 
     def with_source(self, source: str) -> InboundImage:
-        return InboundImage(url=self.url, uuid=self.uuid, source=source, attempts=self.attempts)
+        return InboundImage(
+            url=self.url,
+            uuid=self.uuid,
+            source=source,
+            attempts=self.attempts,
+            earlier=self.earlier,
+        )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ResolutionMessage:
     """Published to ``image_metadata_updates`` for every crawled image.
 
-    ``opt_outs`` names what the server reserved (OPT_OUTS; in the order found) and
-    ``tdm_policy`` is the TDMRep policy URL given with a ``tdm-reservation``: both are left
-    out of the JSON when empty, so a message of a server that says nothing is as before.
+    ``sha256`` is the hex SHA-256 of the downloaded body and ``phash`` the image's 64-bit
+    DCT perceptual hash as 16 hex digits (``imagehash.phash``'s algorithm, see
+    worker/images/phash.py); both are None only in messages of workers older than them.
+    ``etag`` and ``last_modified`` are the answer's ``ETag`` and ``Last-Modified`` headers
+    exactly as the server sent them, left out of the JSON when it sent none: a re-check
+    sends them back. ``opt_outs`` names what the server reserved (OPT_OUTS; in the order
+    found) and ``tdm_policy`` is the TDMRep policy URL given with a ``tdm-reservation``:
+    both are left out of the JSON when empty, so a message of a server that says nothing
+    is as before.
     """
 
     identifier: str
@@ -457,6 +572,10 @@ class ResolutionMessage:
     compression_quality: int | None
     opt_outs: tuple[str, ...] = ()
     tdm_policy: str | None = None
+    sha256: str | None = None
+    phash: str | None = None
+    etag: str | None = None
+    last_modified: str | None = None
 
     def to_json(self) -> bytes:
         # Not ``dataclasses.asdict``, which deep-copies each value: 6.3 us against 3.2 us a
@@ -468,6 +587,14 @@ class ResolutionMessage:
             "filesize": self.filesize,
             "compression_quality": self.compression_quality,
         }
+        if self.sha256 is not None:
+            obj["sha256"] = self.sha256
+        if self.phash is not None:
+            obj["phash"] = self.phash
+        if self.etag is not None:
+            obj["etag"] = self.etag
+        if self.last_modified is not None:
+            obj["last_modified"] = self.last_modified
         if self.opt_outs:
             obj["opt_outs"] = list(self.opt_outs)
         if self.tdm_policy is not None:
@@ -485,6 +612,10 @@ class ResolutionMessage:
             compression_quality=obj["compression_quality"],
             opt_outs=tuple(obj.get("opt_outs") or ()),
             tdm_policy=obj.get("tdm_policy"),
+            sha256=obj.get("sha256"),
+            phash=obj.get("phash"),
+            etag=obj.get("etag"),
+            last_modified=obj.get("last_modified"),
         )
 
 
@@ -521,6 +652,48 @@ class LinkRotMessage:
     def from_json(cls, raw: bytes | str) -> LinkRotMessage:
         obj = _decode_object(raw)
         return cls(identifier=obj["identifier"], timestamp=obj["timestamp"])
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LinkCheckMessage:
+    """Published to ``link_checks`` once for every re-check that ends.
+
+    ``status`` is one of RECHECK_STATUSES; ``http_status`` the final answer's HTTP code
+    (304, or 200 for ``unchanged``; 200 for ``changed``; 404 or 410 for ``gone``), or None
+    when a ``failed`` check got no answer; ``error`` (``failed`` only, left out of the
+    JSON otherwise) the crawl status it ended with, as in ``crawl_errors``.
+    """
+
+    identifier: str
+    url: str
+    status: str
+    http_status: int | None
+    time: str
+    error: str | None = None
+
+    def to_json(self) -> bytes:
+        obj: dict[str, Any] = {
+            "identifier": self.identifier,
+            "url": self.url,
+            "status": self.status,
+            "http_status": self.http_status,
+            "time": self.time,
+        }
+        if self.error is not None:
+            obj["error"] = self.error
+        return _encode(obj)
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> LinkCheckMessage:
+        obj = _decode_object(raw)
+        return cls(
+            identifier=obj["identifier"],
+            url=obj["url"],
+            status=obj["status"],
+            http_status=obj["http_status"],
+            time=obj["time"],
+            error=obj.get("error"),
+        )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
