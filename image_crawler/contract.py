@@ -417,23 +417,29 @@ def _encode(obj: dict[str, Any]) -> bytes:
 _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 
 
+def is_validator(value: object) -> bool:
+    """Whether ``value`` may be reported and sent back as an ETag or Last-Modified: a
+    non-empty string of at most MAX_VALIDATOR_CHARS printable Latin-1 characters. It goes
+    into a request header, so nothing that could end or split the header line is."""
+    return (
+        isinstance(value, str)
+        and bool(value.strip())
+        and len(value) <= MAX_VALIDATOR_CHARS
+        and not any(ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 or ord(c) > 0xFF for c in value)
+    )
+
+
 def _validator(obj: dict[str, Any], field: str) -> str | None:
-    """An ETag or Last-Modified value as an earlier crawl reported it, None when absent.
-    It goes into a request header, so nothing that could end or split the header line
-    (control characters, non-Latin-1 text) is accepted."""
+    """An ETag or Last-Modified value as an earlier crawl reported it, None when absent."""
     value = obj.get(field)
     if value is None:
         return None
-    if (
-        not isinstance(value, str)
-        or not value.strip()
-        or len(value) > MAX_VALIDATOR_CHARS
-        or any(ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 or ord(c) > 0xFF for c in value)
-    ):
+    if not is_validator(value):
         raise MalformedMessage(
             f"field {field!r} is not a header value (a non-empty string of at most "
             f"{MAX_VALIDATOR_CHARS} printable Latin-1 characters)"
         )
+    assert isinstance(value, str)
     return value.strip()
 
 

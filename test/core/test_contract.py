@@ -5,6 +5,8 @@ import pytest
 
 from image_crawler import contract as c
 
+SHA = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
+
 
 @pytest.mark.parametrize(
     "message",
@@ -12,6 +14,35 @@ from image_crawler import contract as c
         c.InboundImage(url="https://example.gov/a.jpg", uuid="u-1", source="example"),
         c.InboundImage(url="https://example.gov/a.jpg", uuid="u-1", source="example", attempts=1),
         c.SourceTask(url="https://example.gov/a.jpg", uuid="u-1"),
+        c.InboundImage(
+            url="https://example.gov/a.jpg",
+            uuid="u-1",
+            source="example",
+            earlier=c.Earlier(etag='W/"5f-1a"', last_modified="Tue, 03 Nov 2026 10:00:00 GMT"),
+        ),
+        c.SourceTask(url="https://example.gov/a.jpg", uuid="u-1", earlier=c.Earlier(sha256=SHA)),
+        c.ResolutionMessage(
+            identifier="u",
+            width=1,
+            height=2,
+            filesize=3,
+            compression_quality=None,
+            sha256=SHA,
+            phash="d1c4b2a3f0e19887",
+            etag='"5f-1a"',
+            last_modified="Tue, 03 Nov 2026 10:00:00 GMT",
+        ),
+        c.LinkCheckMessage(
+            identifier="u", url="http://x/y", status="gone", http_status=410, time="t"
+        ),
+        c.LinkCheckMessage(
+            identifier="u",
+            url="http://x/y",
+            status="failed",
+            http_status=None,
+            time="t",
+            error="Timeout",
+        ),
         c.ResolutionMessage(
             identifier="u", width=640, height=480, filesize=1234, compression_quality=75
         ),
@@ -61,6 +92,73 @@ def test_source_task_drops_the_source_and_keeps_attempts():
 def test_malformed_source_tasks_say_why(raw, reason):
     with pytest.raises(c.MalformedMessage, match=reason):
         c.SourceTask.from_json(raw)
+
+
+def test_a_re_check_keeps_its_fields_through_the_splitter_and_back():
+    earlier = c.Earlier(etag='"e"', last_modified="Tue, 03 Nov 2026 10:00:00 GMT", sha256=SHA)
+    inbound = c.InboundImage(url="u", uuid="i", source="s", earlier=earlier)
+    task = c.SourceTask.from_json(inbound.to_source_task().to_json())
+    assert task.earlier == earlier
+    assert task.with_source("s") == inbound
+    assert json.loads(task.to_json()) == {
+        "url": "u",
+        "uuid": "i",
+        "etag": '"e"',
+        "last_modified": "Tue, 03 Nov 2026 10:00:00 GMT",
+        "sha256": SHA,
+    }
+
+
+def test_a_message_without_earlier_fields_is_a_plain_crawl():
+    assert c.SourceTask.from_json(b'{"url": "u", "uuid": "i", "etag": null}').earlier is None
+
+
+def test_a_hash_in_capitals_is_the_same_hash():
+    raw = json.dumps({"url": "u", "uuid": "i", "sha256": SHA.upper()})
+    assert c.SourceTask.from_json(raw).earlier == c.Earlier(sha256=SHA)
+
+
+@pytest.mark.parametrize(
+    ("fields", "reason"),
+    [
+        ({"etag": ""}, "'etag'"),
+        ({"etag": 7}, "'etag'"),
+        ({"etag": '"a"\r\nX-Injected: 1'}, "'etag'"),
+        ({"etag": "x" * (c.MAX_VALIDATOR_CHARS + 1)}, "'etag'"),
+        ({"etag": '"\u2603"'}, "'etag'"),  # not Latin-1: no header carries it
+        ({"last_modified": "Tue\x00"}, "'last_modified'"),
+        ({"last_modified": ["Tue"]}, "'last_modified'"),
+        ({"sha256": "abc"}, "'sha256'"),
+        ({"sha256": "z" * 64}, "'sha256'"),
+        ({"sha256": 12}, "'sha256'"),
+    ],
+)
+def test_hostile_re_check_fields_make_a_malformed_message(fields, reason):
+    raw = json.dumps({"url": "u", "uuid": "i", "source": "s", **fields})
+    with pytest.raises(c.MalformedMessage, match=reason):
+        c.InboundImage.from_json(raw)
+
+
+def test_a_resolution_message_leaves_out_what_the_server_did_not_send():
+    message = c.ResolutionMessage(
+        identifier="u",
+        width=1,
+        height=2,
+        filesize=3,
+        compression_quality=None,
+        sha256=SHA,
+        phash="0" * 16,
+    )
+    assert json.loads(message.to_json()) == {
+        "identifier": "u",
+        "width": 1,
+        "height": 2,
+        "filesize": 3,
+        "compression_quality": None,
+        "sha256": SHA,
+        "phash": "0" * 16,
+    }
+
 
 
 def test_unparseable_message_caps_raw_at_4_kib():
@@ -153,7 +251,9 @@ def test_every_status_the_sets_name_is_a_member_and_equals_its_string():
     ("status", "expected", "retried", "backoff"),
     [
         ("200", True, False, False),
+        ("304", True, False, False),  # a re-check's "unchanged": a success
         ("404", True, False, False),
+        ("410", False, False, False),
         ("RobotsDisallowed", True, False, False),
         ("RobotsUnavailable", True, False, False),
         ("NoRateToken", True, False, False),  # the original's, still in old windows
