@@ -48,6 +48,7 @@ from image_crawler.contract import (
     backoff_signals_key,
     last50_key,
     num_resized_key,
+    rechecks_key,
     resize_errors_key,
     window_member,
 )
@@ -71,20 +72,30 @@ REDIS_RETRY_CAP_S: Final = 5.0
 class QueuedOutcome(NamedTuple):
     """An outcome waiting to be written: its ``source`` (None for a malformed message),
     ``status``, whether it was a ``backoff`` signal, the Unix time it was recorded ``at``,
-    and the future resolved once it is stored."""
+    and the future resolved once it is stored. With ``check`` set, it is a re-check's
+    verdict instead (``status`` is then that verdict): counted, outside the windows."""
 
     source: str | None
     status: str
     backoff: bool
     at: float
     stored: asyncio.Future[None]
+    check: bool = False
 
 
-def counted_keys(source: str | None, status: str, backoff: bool) -> tuple[str, ...]:
+# Successes: a 304 is the answer a re-check hopes for.
+_SUCCESSES: Final = frozenset({Status.OK, Status.NOT_MODIFIED})
+
+
+def counted_keys(
+    source: str | None, status: str, backoff: bool, check: bool = False
+) -> tuple[str, ...]:
     """The counters one outcome adds 1 to."""
     if source is None:
         return (NUM_MALFORMED,)
-    if status == Status.OK:
+    if check:
+        return (rechecks_key(source, status),)
+    if status in _SUCCESSES:
         keys: tuple[str, ...] = (NUM_RESIZED, num_resized_key(source))
     else:
         keys = (RESIZE_ERRORS, resize_errors_key(source), resize_errors_key(source, status))
@@ -99,15 +110,16 @@ def flush_commands(
 
     An outcome adds its member ``"{status}:{time}"``, scored by its time, to each of its
     source's windows and its status to the source's last-N list (trimmed to the newest
-    ``last_n``), and adds 1 to each of its counters (``counted_keys``). A window drops
+    ``last_n``), and adds 1 to each of its counters (``counted_keys``); a re-check's
+    verdict (``check``) only adds to its counter. A window drops
     what fell out of it once a flush, just before the flush's first outcome of that
     window is added, by that outcome's time: a batch queued while Redis was away may span
     more than a window, and none of its own outcomes is dropped.
     """
     commands: list[tuple[str, ...]] = []
     trimmed: set[str] = set()
-    for source, status, backoff, at, _ in batch:
-        if source is not None:
+    for source, status, backoff, at, _, check in batch:
+        if source is not None and not check:
             for prefix, window_s in STATUS_WINDOWS:
                 key = f"{prefix}{source}"
                 if key not in trimmed:
@@ -116,17 +128,22 @@ def flush_commands(
                 commands.append(("ZADD", key, repr(at), window_member(status, at)))
             last = last50_key(source)
             commands += [("RPUSH", last, status), ("LTRIM", last, str(-last_n), "-1")]
-        commands += [("INCR", key) for key in counted_keys(source, status, backoff)]
+        commands += [("INCR", key) for key in counted_keys(source, status, backoff, check)]
     return commands
 
 
 class StatsRecorder(Protocol):
     async def record(self, source: str, status: str, *, backoff: bool = False) -> None:
-        """Store one outcome of ``source``; status "200" is a success, anything else not.
+        """Store one outcome of ``source``; "200" and "304" are successes, anything else
+        not.
         ``backoff``: the response asked us to slow down (counted for the monitor)."""
         ...
 
     async def record_malformed(self) -> None: ...
+
+    async def record_check(self, source: str, check: str) -> None:
+        """Count one re-check of ``source`` that found ``check`` (RECHECK_STATUSES)."""
+        ...
 
 
 class RedisStats:
@@ -157,11 +174,17 @@ class RedisStats:
     async def record_malformed(self) -> None:
         await self._enqueue(None, "", False)
 
-    async def _enqueue(self, source: str | None, status: str, backoff: bool) -> None:
+    async def record_check(self, source: str, check: str) -> None:
+        await self._enqueue(source, check, False, check=True)
+
+    async def _enqueue(
+        self, source: str | None, status: str, backoff: bool, *, check: bool = False
+    ) -> None:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         # Stamped now, not when written: a batch written twice (a timed-out write that
         # Redis still ran, then the retry) adds the same window members, not new ones.
-        self._pending.append(QueuedOutcome(source, status, backoff, self._timestamp(), future))
+        stamp = self._timestamp()
+        self._pending.append(QueuedOutcome(source, status, backoff, stamp, future, check))
         self._wake.set()
         # Not shielded: a caller cancelled meanwhile cancels its own future, which ``run``
         # then leaves alone; its outcome is written all the same.
@@ -216,9 +239,9 @@ class RedisStats:
         windows: dict[str, list[Any]] = {}
         statuses: defaultdict[str, list[str]] = defaultdict(list)
         counts: Counter[str] = Counter()
-        for source, status, backoff, now, _ in batch:
-            counts.update(counted_keys(source, status, backoff))
-            if source is None:
+        for source, status, backoff, now, _, check in batch:
+            counts.update(counted_keys(source, status, backoff, check))
+            if source is None or check:
                 continue
             score = repr(now)
             member = window_member(status, now)

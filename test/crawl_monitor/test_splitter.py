@@ -39,6 +39,10 @@ def test_route_table():
     assert route(inbound("http://a/1.jpg", "u1", "met", attempts=1)) == Split(
         "met", c.SourceTask("http://a/1.jpg", "u1", attempts=1)
     )
+    # A re-check keeps what the earlier crawl saw.
+    assert route(inbound("http://a/1.jpg", "u1", "met", etag='"e"', sha256="a" * 64)) == Split(
+        "met", c.SourceTask("http://a/1.jpg", "u1", earlier=c.Earlier(etag='"e"', sha256="a" * 64))
+    )
     for raw in [
         None,
         b"",
@@ -47,6 +51,7 @@ def test_route_table():
         b'"flickr"',
         b'{"url": "http://a/1.jpg", "source": "flickr"}',
         inbound("", "u1", "flickr"),
+        inbound("http://a/1.jpg", "u1", "flickr", etag='"e"\r\nX-Evil: 1'),
         inbound("http://a/1.jpg", "u1", ""),
         inbound("http://a/1.jpg", "u1", "two words"),
         inbound("http://a/1.jpg", "u1", "a/b"),

@@ -462,3 +462,50 @@ async def test_x_robots_tag_groups_are_read_for_the_fetchers_token(origin):
         assert (await fetcher.fetch(url)).ok
     finally:
         await session.close()
+
+
+async def test_a_200_reports_its_etag_and_last_modified_as_sent(origin, fetch):
+    headers = {"ETag": 'W/"5f3-1a2b"', "Last-Modified": "Tue, 03 Nov 2026 10:00:00 GMT"}
+    url = origin.add("/v.jpg", b"img", "image/jpeg", headers=headers)
+    result = await fetch(url)
+    assert (result.status, result.etag, result.last_modified) == (
+        "200",
+        'W/"5f3-1a2b"',
+        "Tue, 03 Nov 2026 10:00:00 GMT",
+    )
+
+
+async def test_a_200_without_validators_reports_none(origin, fetch):
+    result = await fetch(origin.add("/n.jpg", b"img", "image/jpeg"))
+    assert (result.ok, result.etag, result.last_modified) == (True, None, None)
+
+
+async def test_a_validator_no_header_could_carry_back_is_not_reported(origin, fetch):
+    url = origin.add("/long.jpg", b"img", "image/jpeg", headers={"ETag": '"' + "x" * 2000 + '"'})
+    result = await fetch(url)
+    assert (result.ok, result.etag) == (True, None)
+
+
+async def test_conditions_go_with_the_request_and_a_304_has_no_body(origin, fetch):
+    url = origin.add_sequence("/c.jpg", [Reply(status=304, headers={"ETag": '"e"'})])
+    conditions = {"If-None-Match": '"e"', "If-Modified-Since": "Tue, 03 Nov 2026 10:00:00 GMT"}
+    result = await fetch(url, None, conditions)
+    assert (result.status, result.body, result.ok) == ("304", None, False)
+    sent = origin.request_headers("/c.jpg")[-1]
+    assert sent["If-None-Match"] == '"e"'
+    assert sent["If-Modified-Since"] == "Tue, 03 Nov 2026 10:00:00 GMT"
+
+
+async def test_conditions_go_with_every_redirect_hop(origin, fetch):
+    target = origin.add("/final.jpg", b"img", "image/jpeg")
+    url = origin.add_sequence("/moved.jpg", [Reply(status=301, headers={"Location": target})])
+    result = await fetch(url, None, {"If-None-Match": '"e"'})
+    assert result.ok
+    assert [h.get("If-None-Match") for h in origin.request_headers()][-2:] == ['"e"', '"e"']
+
+
+async def test_a_plain_fetch_sends_no_condition(origin, fetch):
+    url = origin.add("/p.jpg", b"img", "image/jpeg")
+    assert (await fetch(url)).ok
+    sent = origin.request_headers("/p.jpg")[-1]
+    assert "If-None-Match" not in sent and "If-Modified-Since" not in sent

@@ -408,12 +408,17 @@ async def test_a_flush_leaves_redis_as_flush_commands_one_at_a_time_do(redis, re
     stats = RedisStats(redis, clock=lambda: now[0])
     loop = asyncio.get_running_loop()
 
-    def outcome(source: str | None, status: str, backoff: bool = False) -> QueuedOutcome:
-        return QueuedOutcome(source, status, backoff, stats._timestamp(), loop.create_future())
+    def outcome(
+        source: str | None, status: str, backoff: bool = False, check: bool = False
+    ) -> QueuedOutcome:
+        stamp = stats._timestamp()
+        return QueuedOutcome(source, status, backoff, stamp, loop.create_future(), check)
 
     first = []
     for i in range(70):
-        first.append(outcome("a", ["200", "404", "500", "200"][i % 4]))
+        first.append(outcome("a", ["200", "404", "500", "304"][i % 4]))
+        if i % 4 == 3:  # the 304's re-check, counted outside the windows
+            first.append(outcome("a", c.CHECK_UNCHANGED, check=True))
         if i % 10 == 3:
             first.append(outcome("b", "200" if i % 20 == 3 else "UnidentifiedImageError"))
         if i % 30 == 5:
@@ -423,6 +428,7 @@ async def test_a_flush_leaves_redis_as_flush_commands_one_at_a_time_do(redis, re
     second += [outcome("a", "200", backoff=True), outcome("a", "429", backoff=True)]
     now[0] += 3601  # within the batch: each window trimmed by its first outcome's time
     second += [outcome("a", "404"), outcome("b", "200"), outcome(None, "")]
+    second += [outcome("a", c.CHECK_GONE, check=True), outcome("b", c.CHECK_CHANGED, check=True)]
     for batch in (first, second):
         await stats._flush(batch)
         for command in flush_commands(batch):
@@ -434,6 +440,10 @@ async def test_a_flush_leaves_redis_as_flush_commands_one_at_a_time_do(redis, re
     assert state[c.NUM_MALFORMED] == ("string", "4")
     assert state[c.backoff_signals_key("a")] == ("string", "2")
     assert state[c.backoff_signals_key("c")] == ("string", "1")
+    assert state[c.rechecks_key("a", c.CHECK_UNCHANGED)] == ("string", "17")
+    assert state[c.rechecks_key("a", c.CHECK_GONE)] == ("string", "1")
+    assert state[c.rechecks_key("b", c.CHECK_CHANGED)] == ("string", "1")
+    assert state[c.num_resized_key("a")] == ("string", "37")  # 200s and 304s
 
 
 async def test_a_flush_of_a_batch_over_lua_s_unpack_limit_is_the_same_too(redis, reference):

@@ -1,7 +1,8 @@
 """Downloading one URL: the only place the worker speaks HTTP to a source.
 
 A fetch ends in a ``FetchResult`` whose status is the HTTP code or an error name; network
-failures are outcomes, not exceptions.
+failures are outcomes, not exceptions. A re-check's fetch is conditional (its
+``conditions``, worker/download/recheck.py): a 304 ends it with status "304", no body.
 """
 
 from __future__ import annotations
@@ -11,13 +12,13 @@ import dataclasses
 import datetime as dt
 import time
 import types
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Protocol
 
 import aiohttp
 from yarl import URL
 
-from image_crawler.contract import Status
+from image_crawler.contract import Status, is_validator
 from worker.download.budget import ByteBudget
 from worker.download.netguard import AddressPolicy, BlockedAddressError, GuardedResolver
 from worker.images.pool import Body, body_size
@@ -57,6 +58,10 @@ class FetchResult:
     # that keeps the image out of the index ends as NoIndex, its body unread, the
     # directives in ``detail``.
     signals: Signals = NO_SIGNALS
+    # The 200's ETag and Last-Modified headers as the server sent them, None without one
+    # (or with one no request header could carry back: see contract.is_validator).
+    etag: str | None = None
+    last_modified: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -69,8 +74,15 @@ HopPermit = Callable[[URL], Awaitable[str | None]]
 
 
 class UrlFetcher(Protocol):
-    async def fetch(self, url: str, permit: HopPermit | None = None) -> FetchResult:
-        """Download ``url``; every failure is a status, never an exception."""
+    async def fetch(
+        self,
+        url: str,
+        permit: HopPermit | None = None,
+        conditions: Mapping[str, str] | None = None,
+    ) -> FetchResult:
+        """Download ``url`` (sending ``conditions``, a re-check's If-None-Match and
+        If-Modified-Since, with each hop's request); every failure is a status, never an
+        exception."""
         ...
 
 
@@ -171,8 +183,14 @@ class Fetcher:
         self._token = token
         self._typical_body_bytes = _FIRST_ESTIMATE_BYTES
 
-    async def fetch(self, url: str, permit: HopPermit | None = None) -> FetchResult:
-        """Download ``url``, asking ``permit`` before each redirect hop."""
+    async def fetch(
+        self,
+        url: str,
+        permit: HopPermit | None = None,
+        conditions: Mapping[str, str] | None = None,
+    ) -> FetchResult:
+        """Download ``url``, asking ``permit`` before each redirect hop; ``conditions``
+        (request headers) go with every hop's request."""
         try:
             current = URL(url)
         except (ValueError, TypeError) as e:
@@ -183,7 +201,9 @@ class Fetcher:
         hold = _Hold(self._budget)
         if self._budget is not None:
             hold.held = await self._budget.acquire(self._typical_body_bytes)
-        read = _Read(self._settings.max_body_bytes, truncate=False, signals=True)
+        read = _Read(
+            self._settings.max_body_bytes, truncate=False, signals=True, headers=conditions
+        )
         try:
             result = await self._follow(current, hold, read, permit, self._settings.max_redirects)
         except BaseException:
@@ -268,7 +288,10 @@ class Fetcher:
         started = time.monotonic()
         try:
             async with self._session.get(
-                url, allow_redirects=False, trace_request_ctx={"timing": timing}
+                url,
+                allow_redirects=False,
+                headers=read.headers,
+                trace_request_ctx={"timing": timing},
             ) as response:
                 sent_at = started if timing.sent_at is None else timing.sent_at
                 response_s = max(0.0, time.monotonic() - sent_at)
@@ -299,7 +322,9 @@ class Fetcher:
                         signals=signals,
                     )
                 result = await self._read_body(response, hold, read, response_s)
-                return dataclasses.replace(result, signals=signals) if signals else result
+                if not result.ok:
+                    return dataclasses.replace(result, signals=signals) if signals else result
+                return _with_validators(result, response.headers, signals)
         except aiohttp.ServerDisconnectedError as e:
             return FetchResult(Status.SERVER_DISCONNECTED, detail=str(e))
         except (TimeoutError, aiohttp.ServerTimeoutError) as e:
@@ -350,6 +375,21 @@ class Fetcher:
         )
 
 
+def _with_validators(
+    result: FetchResult, headers: Mapping[str, str], signals: Signals
+) -> FetchResult:
+    etag = headers.get("ETag")
+    last_modified = headers.get("Last-Modified")
+    if etag is None and last_modified is None and not signals:
+        return result  # no copy of the result for an answer that says nothing more
+    return dataclasses.replace(
+        result,
+        signals=signals,
+        etag=etag if is_validator(etag) else None,
+        last_modified=last_modified if is_validator(last_modified) else None,
+    )
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Read:
     """How much of a body is read: over ``max_bytes`` it is TooLarge, or, with
@@ -359,6 +399,8 @@ class _Read:
     max_bytes: int
     truncate: bool
     signals: bool = False
+    # Sent with the request: a re-check's conditions.
+    headers: Mapping[str, str] | None = None
 
 
 class _Hold:
