@@ -1,0 +1,270 @@
+"""The nginx harness: Debian's nginx serving a folder, with its own ETag, Last-Modified and
+304 answers, as the re-check tests will meet them (requests with aiohttp, as the worker's)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import time
+from collections.abc import Iterator, Mapping
+from email.utils import formatdate
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from test.harness import nginx as harness
+from test.harness.nginx import AccessLogEntry, Nginx, NoNginx, find_or_install_nginx
+from test.harness.services import ServiceError
+
+pytestmark = pytest.mark.integration
+
+# 2026-01-02 03:04:05 UTC, and a day later.
+FIRST_MTIME = 1767323045
+SECOND_MTIME = FIRST_MTIME + 86400
+
+
+@pytest.fixture(scope="session")
+def nginx_binary() -> str:
+    started = time.monotonic()
+    try:
+        found = find_or_install_nginx()
+    except NoNginx as e:
+        pytest.fail(f"the re-check tests need a real nginx: {e}", pytrace=False)
+    print(f"\nnginx: {found} (found or installed in {time.monotonic() - started:.1f} s)")
+    return found
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    served = tmp_path / "www"
+    served.mkdir()
+    return served
+
+
+@pytest.fixture
+def nginx(folder: Path, tmp_path: Path, nginx_binary: str) -> Iterator[Nginx]:
+    with Nginx(folder, work_dir=tmp_path / "nginx", binary=nginx_binary) as server:
+        yield server
+
+
+def _write(path: Path, body: bytes, mtime: int) -> None:
+    path.write_bytes(body)
+    os.utime(path, (mtime, mtime))
+
+
+@dataclasses.dataclass(frozen=True)
+class Answer:
+    status: int
+    headers: Mapping[str, str]
+    body: bytes
+
+
+async def _get(url: str, headers: Mapping[str, str] | None = None) -> Answer:
+    async with aiohttp.ClientSession() as session, session.get(url, headers=headers) as response:
+        return Answer(response.status, response.headers.copy(), await response.read())
+
+
+async def test_a_file_is_served_with_its_etag_and_last_modified(nginx: Nginx, folder: Path) -> None:
+    body = b"\xff\xd8 not quite a jpeg \xff\xd9"
+    _write(folder / "cat.jpg", body, FIRST_MTIME)
+
+    answer = await _get(nginx.url("/cat.jpg"))
+
+    assert answer.status == 200 and answer.body == body
+    assert answer.headers["Content-Type"] == "image/jpeg"
+    # nginx's strong ETag: the mtime and the size, in hex.
+    assert answer.headers["ETag"] == f'"{FIRST_MTIME:x}-{len(body):x}"'
+    assert answer.headers["Last-Modified"] == formatdate(FIRST_MTIME, usegmt=True)
+    [entry] = nginx.wait_for_requests(1)
+    assert entry == AccessLogEntry(
+        method="GET",
+        path="/cat.jpg",
+        status=200,
+        body_bytes=len(body),
+        bytes_sent=entry.bytes_sent,
+        etag=answer.headers["ETag"],
+        if_none_match=None,
+        if_modified_since=None,
+    )
+    assert entry.bytes_sent > len(body)
+
+
+async def test_a_conditional_get_with_the_etag_gets_304_without_a_body(
+    nginx: Nginx, folder: Path
+) -> None:
+    _write(folder / "cat.jpg", b"cat" * 1000, FIRST_MTIME)
+    first = await _get(nginx.url("/cat.jpg"))
+    etag, last_modified = first.headers["ETag"], first.headers["Last-Modified"]
+
+    by_etag = await _get(nginx.url("/cat.jpg"), {"If-None-Match": etag})
+    by_date = await _get(nginx.url("/cat.jpg"), {"If-Modified-Since": last_modified})
+    weak = await _get(nginx.url("/cat.jpg"), {"If-None-Match": f"W/{etag}"})
+
+    for answer in (by_etag, by_date, weak):
+        assert answer.status == 304 and answer.body == b""
+        assert answer.headers["ETag"] == etag
+        assert answer.headers["Last-Modified"] == last_modified
+    entries = nginx.wait_for_requests(4)
+    assert [(e.status, e.body_bytes) for e in entries] == [
+        (200, 3000),
+        (304, 0),
+        (304, 0),
+        (304, 0),
+    ]
+    assert entries[1].if_none_match == etag
+    assert entries[2].if_modified_since == last_modified
+    assert all(e.bytes_sent < 300 for e in entries[1:])  # headers only
+
+
+async def test_if_modified_since_is_exact_and_if_none_match_wins(
+    nginx: Nginx, folder: Path
+) -> None:
+    _write(folder / "cat.jpg", b"cat", FIRST_MTIME)
+    later = formatdate(SECOND_MTIME, usegmt=True)
+    last_modified = formatdate(FIRST_MTIME, usegmt=True)
+
+    # `if_modified_since exact` (the default): a later date is not the file's date.
+    assert (await _get(nginx.url("/cat.jpg"), {"If-Modified-Since": later})).status == 200
+    # An If-None-Match that does not match is answered in full, whatever the date says.
+    other = {"If-None-Match": '"0-0"', "If-Modified-Since": last_modified}
+    assert (await _get(nginx.url("/cat.jpg"), other)).status == 200
+
+
+async def test_if_modified_since_before_answers_304_to_any_later_date(
+    folder: Path, tmp_path: Path, nginx_binary: str
+) -> None:
+    _write(folder / "cat.jpg", b"cat", FIRST_MTIME)
+    later = formatdate(SECOND_MTIME, usegmt=True)
+    earlier = formatdate(FIRST_MTIME - 1, usegmt=True)
+    with Nginx(
+        folder, work_dir=tmp_path / "before", if_modified_since="before", binary=nginx_binary
+    ) as server:
+        assert (await _get(server.url("/cat.jpg"), {"If-Modified-Since": later})).status == 304
+        assert (await _get(server.url("/cat.jpg"), {"If-Modified-Since": earlier})).status == 200
+
+
+async def test_a_replaced_file_gets_a_new_etag_and_200(nginx: Nginx, folder: Path) -> None:
+    _write(folder / "cat.jpg", b"old cat", FIRST_MTIME)
+    old = await _get(nginx.url("/cat.jpg"))
+
+    _write(folder / "cat.jpg", b"new cat", SECOND_MTIME)  # the same size
+    conditional = {
+        "If-None-Match": old.headers["ETag"],
+        "If-Modified-Since": old.headers["Last-Modified"],
+    }
+    new = await _get(nginx.url("/cat.jpg"), conditional)
+
+    assert new.status == 200 and new.body == b"new cat"
+    assert new.headers["ETag"] == f'"{SECOND_MTIME:x}-7"' != old.headers["ETag"]
+    assert new.headers["Last-Modified"] == formatdate(SECOND_MTIME, usegmt=True)
+    by_date = {"If-Modified-Since": old.headers["Last-Modified"]}
+    assert (await _get(nginx.url("/cat.jpg"), by_date)).status == 200
+    assert [e.status for e in nginx.wait_for_requests(3)] == [200, 200, 200]
+
+
+async def test_a_deleted_file_is_404(nginx: Nginx, folder: Path) -> None:
+    _write(folder / "cat.jpg", b"cat", FIRST_MTIME)
+    etag = (await _get(nginx.url("/cat.jpg"))).headers["ETag"]
+    (folder / "cat.jpg").unlink()
+
+    gone = await _get(nginx.url("/cat.jpg"), {"If-None-Match": etag})
+
+    assert gone.status == 404
+    assert nginx.wait_for_requests(1, path="/cat.jpg")[-1].status == 404
+    assert (await _get(nginx.url("/never.jpg"))).status == 404
+
+
+async def test_server_config_adds_locations(
+    folder: Path, tmp_path: Path, nginx_binary: str
+) -> None:
+    gone = "location = /gone.jpg { return 410; }"
+    with Nginx(
+        folder, work_dir=tmp_path / "gone", server_config=gone, binary=nginx_binary
+    ) as server:
+        assert (await _get(server.url("/gone.jpg"))).status == 410
+        [entry] = server.wait_for_requests(1)
+        assert (entry.path, entry.status) == ("/gone.jpg", 410)
+
+
+async def test_another_loopback_address(folder: Path, tmp_path: Path, nginx_binary: str) -> None:
+    _write(folder / "cat.jpg", b"cat", FIRST_MTIME)
+    with Nginx(
+        folder, host="127.0.0.2", work_dir=tmp_path / "second", binary=nginx_binary
+    ) as server:
+        assert server.base_url.startswith("http://127.0.0.2:")
+        assert (await _get(server.url("/cat.jpg?size=1"))).body == b"cat"
+        assert server.wait_for_requests(1)[0].path == "/cat.jpg?size=1"
+    with pytest.raises(ValueError, match="loopback"):
+        Nginx(folder, host="10.0.0.1")
+
+
+def test_the_readiness_probe_is_not_logged(nginx: Nginx) -> None:
+    assert nginx._answers()
+    assert nginx.requests() == []
+
+
+def test_stop_is_graceful_and_frees_the_port(nginx: Nginx) -> None:
+    pid = nginx.pid
+    nginx.stop()
+    assert not nginx.running and nginx.returncode == 0
+    assert "signal 3 (SIGQUIT)" in nginx.error_log_path.read_text()
+    assert pid is not None
+    with pytest.raises(OSError):
+        socket.create_connection((nginx.host, nginx.port), timeout=0.5).close()
+
+
+def test_a_taken_port_is_replaced(
+    folder: Path, tmp_path: Path, nginx_binary: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with socket.socket() as taken:
+        taken.bind((harness.LOOPBACK, 0))
+        taken.listen()
+        server = Nginx(folder, work_dir=tmp_path / "w", binary=nginx_binary)
+        server.port = taken.getsockname()[1]
+        # The race itself: nginx is started on the port and fails to bind it.
+        monkeypatch.setattr(harness, "_port_free", lambda host, port: True)
+        with server:
+            assert server.port != taken.getsockname()[1]
+            assert server._answers()
+        assert "Address already in use" in server.log_path.read_text()
+
+
+def test_a_given_port_that_is_taken_is_an_error(
+    folder: Path, tmp_path: Path, nginx_binary: str
+) -> None:
+    with socket.socket() as taken:
+        taken.bind((harness.LOOPBACK, 0))
+        taken.listen()
+        server = Nginx(
+            folder, port=taken.getsockname()[1], work_dir=tmp_path / "w", binary=nginx_binary
+        )
+        with pytest.raises(ServiceError, match="taken"):
+            server.start()
+        assert not server.running
+
+
+def test_a_bad_config_fails_with_nginx_s_words(
+    folder: Path, tmp_path: Path, nginx_binary: str
+) -> None:
+    server = Nginx(folder, work_dir=tmp_path / "w", server_config="nonsense;", binary=nginx_binary)
+    with pytest.raises(ServiceError, match='unknown directive "nonsense"'):
+        server.start()
+    assert not server.running
+
+
+def test_no_nginx_and_no_apt_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(harness, "_find", lambda: None)
+
+    def refuse(packages: list[str]) -> None:
+        raise harness.AptUnavailable("cannot be installed here (needs root and apt-get)")
+
+    monkeypatch.setattr(harness, "apt_install", refuse)
+    with pytest.raises(NoNginx, match="apt-get install nginx"):
+        find_or_install_nginx()
+
+
+def test_paths_nginx_would_read_otherwise_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="cannot be given"):
+        harness.render_config(root=tmp_path / "$uri", host="127.0.0.1", port=80, work_dir=tmp_path)
