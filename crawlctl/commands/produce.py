@@ -1,21 +1,26 @@
 """Feeding ``inbound_images`` from a file: ``image-crawler produce``.
 
-Reading is pure: ``read_rows`` turns JSON Lines, CSV or TSV, and ``read_parquet`` a
-Parquet file, into ``GoodRow`` (an ``InboundImage`` that the contract's own decoder
-accepts), ``BadRow`` (where and why) and, once per column or field the crawler does not
-use, ``Ignored``; one at a time, so a file of any size streams. The columns are ``url``,
-``uuid`` (or ``identifier``, the original crawler's TSV and the catalog's name) and
-``source``; any other is ignored, as a catalog dump has many. A URL without a scheme gets
-``http://``, as the original's producer added it. Sending is ``send_images``: one
-producer, acks=all, batches of sends whose acknowledgements are awaited before the next.
-The command sends the good rows of a file with bad ones all the same, reports each bad
-row by line (or Parquet row) number on stderr, and ends with the counts.
+Reading is pure and in two steps, shared with ``recheck``: ``read_records`` turns JSON
+Lines, CSV or TSV, and ``read_parquet_records`` a Parquet file, into ``Record`` (the
+values of the fields a command reads, named by ``Fields``), ``BadRow`` (where and why)
+and, once per column or field not used, ``Ignored``; one at a time, so a file of any size
+streams. Then each command judges its records: ``read_rows`` and ``read_parquet`` give
+produce's ``GoodRow`` (an ``InboundImage`` that the contract's own decoder accepts) or
+``BadRow``. produce's columns are ``url``, ``uuid`` (or ``identifier``, the original
+crawler's TSV and the catalog's name) and ``source``; any other is ignored, as a catalog
+dump has many. A URL without a scheme gets ``http://``, as the original's producer added
+it. Sending is ``send_images``: one producer, acks=all, batches of sends whose
+acknowledgements are awaited before the next; ``send_feed`` sends the good rows of a
+stream of items, counted and shown by a ``Tally``. The command sends the good rows of a
+file with bad ones all the same, reports each bad row by line (or Parquet row) number on
+stderr, and ends with the counts.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import csv
 import dataclasses
@@ -95,6 +100,44 @@ class FeedError(ValueError):
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Fields:
+    """The fields a command reads from a file, and their other names.
+
+    ``aliases`` maps another name to its field; a field's own name wins, then its aliases
+    in the order given. ``used`` names the fields in the note on ignored columns.
+    ``quiet`` are names known and not used, never named as ignored (the other fields of a
+    message whose file a command reads). A Parquet column of a field must hold strings,
+    but one of ``loose`` may hold any type, converted as pyarrow converts it (a timestamp
+    to a ``datetime``), for the command's judging to accept or refuse.
+    """
+
+    names: tuple[str, ...]
+    aliases: Mapping[str, str]
+    used: str
+    quiet: frozenset[str] = frozenset()
+    loose: frozenset[str] = frozenset()
+
+    def spellings(self, field: str) -> list[str]:
+        """The names that give ``field``, the first found winning."""
+        return [field, *(alias for alias, target in self.aliases.items() if target == field)]
+
+
+# What produce reads.
+FEED: Final = Fields(FIELDS, ALIASES, USED)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Record:
+    """One record of a file, not yet judged: the values of the fields it gives (a field it
+    does not give is absent; ``\\N`` in TSV is None), and where it is."""
+
+    line: int
+    values: dict[str, Any]
+    # What ``line`` counts: lines of a text file, or rows of a Parquet file.
+    unit: str = "line"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class GoodRow:
     line: int
     image: InboundImage
@@ -125,15 +168,28 @@ class Ignored:
     line: int | None
     names: tuple[str, ...]
     kind: str = "column"
+    # The fields that are used, as Fields.used says them.
+    used: str = USED
 
     def __str__(self) -> str:
         names = ", ".join(map(repr, self.names))
         where = "" if self.line is None else f"line {self.line}: "
-        return f"{where}ignored {self.kind}(s) {names} (used: {USED})"
+        return f"{where}ignored {self.kind}(s) {names} (used: {self.used})"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Skipped:
+    """A row read and, on purpose, not sent (``recheck``: not due); counted by ``reason``."""
+
+    line: int
+    reason: str
 
 
 Row = GoodRow | BadRow
 Item = GoodRow | BadRow | Ignored
+# What ``send_feed`` and a ``Tally`` take.
+FeedItem = GoodRow | BadRow | Ignored | Skipped
+Records = Iterator[Record | BadRow | Ignored]
 
 
 def format_of(path: Path, explicit: str | None = None) -> Format:
@@ -168,7 +224,8 @@ def add_scheme(url: str) -> str:
     return url
 
 
-def _blank(value: Any) -> bool:
+def is_blank(value: Any) -> bool:
+    """A value that counts as missing: None, or a string of blanks."""
     return value is None or (isinstance(value, str) and not value.strip())
 
 
@@ -183,7 +240,7 @@ def validate(
     """One record's ``url``, ``uuid`` and ``source`` -> a row the crawler accepts, or the
     reason it would not. A None or blank value is a missing one."""
     url = fields.get("url")
-    if _blank(url):
+    if is_blank(url):
         return BadRow(line, "missing url", unit)
     if not isinstance(url, str):
         return BadRow(line, f"url is not a string: {url!r}", unit)
@@ -192,13 +249,13 @@ def validate(
     if parts.scheme not in ("http", "https") or not parts.netloc:
         return BadRow(line, f"url is not an http(s) URL: {url.strip()!r}", unit)
     raw_uuid = fields.get("uuid")
-    generated = _blank(raw_uuid)
+    generated = is_blank(raw_uuid)
     if generated:
         raw_uuid = new_uuid()
     elif not isinstance(raw_uuid, str):
         return BadRow(line, f"uuid is not a string: {raw_uuid!r}", unit)
     source = fields.get("source")
-    if _blank(source):
+    if is_blank(source):
         if default_source is None:
             return BadRow(line, "missing source (give the field, or --source)", unit)
         source = default_source
@@ -223,15 +280,18 @@ class Columns:
     ignored: tuple[str, ...]
 
 
-def pick_columns(names: Sequence[str], default_source: str | None) -> Columns:
-    """The columns ``url``, ``uuid`` (else ``identifier``) and ``source`` among ``names``
-    (compared without case and surrounding blanks); ``FeedError`` when ``url`` is missing,
-    ``source`` is missing without ``default_source``, or a used column is there twice."""
+# A command's rule for a header: raises FeedError when the columns cannot feed it.
+HeaderRule = Callable[[Columns], None]
+
+
+def pick_columns(names: Sequence[str], fields: Fields) -> Columns:
+    """The columns of ``fields`` among ``names`` (compared without case and surrounding
+    blanks; a field's own name first, then its aliases); ``FeedError`` when a used column
+    is there twice. Columns that are ``quiet`` are neither used nor ignored."""
     cleaned = [name.strip().lower() for name in names]
     used: dict[str, int] = {}
-    for field in FIELDS:
-        spellings = [field, *(alias for alias, target in ALIASES.items() if target == field)]
-        for spelling in spellings:
+    for field in fields.names:
+        for spelling in fields.spellings(field):
             where = [i for i, name in enumerate(cleaned) if name == spelling]
             if len(where) > 1:
                 raise FeedError(f"column(s) {spelling} given twice")
@@ -239,16 +299,69 @@ def pick_columns(names: Sequence[str], default_source: str | None) -> Columns:
                 used[field] = where[0]
                 break
     taken = set(used.values())
-    ignored = tuple(names[i].strip() for i in range(len(names)) if i not in taken)
-    if "url" not in used:
-        unknown = ", ".join(map(repr, ignored))
-        raise FeedError(
-            (f"unknown column(s) {unknown} and " if ignored else "")
-            + f"no url column; the columns used are {USED}"
-        )
-    if "source" not in used and default_source is None:
-        raise FeedError("no source column; give --source")
+    ignored = tuple(
+        names[i].strip()
+        for i in range(len(names))
+        if i not in taken and cleaned[i] not in fields.quiet
+    )
     return Columns(used, ignored)
+
+
+def no_column(columns: Columns, name: str, fields: Fields) -> FeedError:
+    """The error for a header without the column ``name``, naming the columns not used
+    (a misspelt one is among them)."""
+    unknown = ", ".join(map(repr, columns.ignored))
+    return FeedError(
+        (f"unknown column(s) {unknown} and " if columns.ignored else "")
+        + f"no {name} column; the columns used are {fields.used}"
+    )
+
+
+def feed_header(default_source: str | None) -> HeaderRule:
+    """produce's rule: a ``url`` column, and a ``source`` column unless ``default_source``."""
+
+    def check(columns: Columns) -> None:
+        if "url" not in columns.used:
+            raise no_column(columns, "url", FEED)
+        if "source" not in columns.used and default_source is None:
+            raise FeedError("no source column; give --source")
+
+    return check
+
+
+def read_records(text: TextIO, fmt: Format, fields: Fields, check_header: HeaderRule) -> Records:
+    """Every record of ``text`` as a ``Record`` (or a ``BadRow`` when it cannot be read), in
+    file order, with an ``Ignored`` for the columns (fields) not used, before the first
+    record that has them.
+
+    Blank lines are skipped. CSV and TSV need a header row that ``check_header`` accepts
+    (its ``FeedError`` is raised with the header's line number), and ``FeedError`` is
+    raised for a file with no record at all. TSV is read as PostgreSQL's COPY writes it:
+    one line a row, no quoting, ``\\N`` for null.
+    """
+    if fmt == "jsonl":
+        records = _jsonl_records(text, fields)
+    elif fmt in ("csv", "tsv"):
+        records = _delimited_records(text, fmt, fields, check_header)
+    else:
+        raise FeedError(f"{fmt} is not a text format")
+    yield from _not_empty(records)
+
+
+def _validated(
+    records: Records, default_source: str | None, new_uuid: Callable[[], str]
+) -> Iterator[Item]:
+    for record in records:
+        if isinstance(record, Record):
+            yield validate(
+                record.values,
+                record.line,
+                default_source=default_source,
+                new_uuid=new_uuid,
+                unit=record.unit,
+            )
+        else:
+            yield record
 
 
 def read_rows(
@@ -261,21 +374,14 @@ def read_rows(
     """Every record of ``text`` as a ``GoodRow`` or a ``BadRow``, in file order, with an
     ``Ignored`` for the columns (fields) not used, before the first row that has them.
 
-    Blank lines are skipped. CSV and TSV need a header row with a ``url`` column (and
-    ``source`` unless ``default_source``); a header that has none raises ``FeedError``,
-    as does a file with no record at all. TSV is read as PostgreSQL's COPY writes it: one
-    line a row, no quoting, ``\\N`` for null.
+    As ``read_records`` reads them; CSV and TSV need a ``url`` column, and ``source``
+    unless ``default_source``.
     """
-    if fmt == "jsonl":
-        rows = _jsonl_rows(text, default_source, new_uuid)
-    elif fmt in ("csv", "tsv"):
-        rows = _delimited_rows(text, fmt, default_source, new_uuid)
-    else:
-        raise FeedError(f"{fmt} is not a text format")
-    yield from _not_empty(rows)
+    records = read_records(text, fmt, FEED, feed_header(default_source))
+    yield from _validated(records, default_source, new_uuid)
 
 
-def _not_empty(items: Iterator[Item]) -> Iterator[Item]:
+def _not_empty(items: Iterator[Any]) -> Iterator[Any]:
     empty = True
     for item in items:
         empty = empty and isinstance(item, Ignored)
@@ -290,9 +396,7 @@ def _undecodable(value: str) -> bool:
     return any("\udc80" <= ch <= "\udcff" for ch in value)
 
 
-def _jsonl_rows(
-    text: TextIO, default_source: str | None, new_uuid: Callable[[], str]
-) -> Iterator[Item]:
+def _jsonl_records(text: TextIO, fields: Fields) -> Records:
     reported: set[str] = set()
     for line_number, line in enumerate(text, start=1):
         if not line.strip():
@@ -308,35 +412,31 @@ def _jsonl_rows(
         if not isinstance(value, dict):
             yield BadRow(line_number, f"not a JSON object but {type(value).__name__}")
             continue
-        new = tuple(name for name in _ignored_fields(value) if name not in reported)
+        given = _json_names(value, fields)
+        new = tuple(
+            name
+            for name in value
+            if name not in given.values() and name not in fields.quiet and name not in reported
+        )
         if new:
             reported.update(new)
-            yield Ignored(line_number, new, kind="field")
-        yield validate(
-            _json_fields(value), line_number, default_source=default_source, new_uuid=new_uuid
-        )
+            yield Ignored(line_number, new, kind="field", used=fields.used)
+        yield Record(line_number, {field: value[name] for field, name in given.items()})
 
 
-def _json_fields(value: Mapping[str, Any]) -> dict[str, Any]:
-    fields = {name: value[name] for name in FIELDS if name in value}
-    for alias, field in ALIASES.items():
-        if field not in fields and alias in value:
-            fields[field] = value[alias]
-    return fields
+def _json_names(value: Mapping[str, Any], fields: Fields) -> dict[str, str]:
+    """field -> the name that gives it in ``value``: its own, else its first alias there."""
+    given = {}
+    for field in fields.names:
+        name = next((n for n in fields.spellings(field) if n in value), None)
+        if name is not None:
+            given[field] = name
+    return given
 
 
-def _ignored_fields(value: Mapping[str, Any]) -> list[str]:
-    # An alias is used only where its field is absent.
-    return [
-        name
-        for name in value
-        if name not in FIELDS and not (name in ALIASES and ALIASES[name] not in value)
-    ]
-
-
-def _delimited_rows(
-    text: TextIO, fmt: Format, default_source: str | None, new_uuid: Callable[[], str]
-) -> Iterator[Item]:
+def _delimited_records(
+    text: TextIO, fmt: Format, fields: Fields, check_header: HeaderRule
+) -> Records:
     if fmt == "tsv":
         reader = csv.reader(text, delimiter="\t", quoting=csv.QUOTE_NONE)
     else:
@@ -352,11 +452,12 @@ def _delimited_rows(
         if columns is None:
             header_line, width = first_line, len(record)
             try:
-                columns = pick_columns(record, default_source)
+                columns = pick_columns(record, fields)
+                check_header(columns)
             except FeedError as e:
                 raise FeedError(f"line {header_line}: {e}") from None
             if columns.ignored:
-                yield Ignored(header_line, columns.ignored)
+                yield Ignored(header_line, columns.ignored, used=fields.used)
             continue
         if any(_undecodable(cell) for cell in record):
             yield BadRow(first_line, "not valid UTF-8")
@@ -367,11 +468,11 @@ def _delimited_rows(
                 f"{len(record)} fields, but the header (line {header_line}) has {width}",
             )
             continue
-        fields = {
+        values = {
             field: None if fmt == "tsv" and record[i] == TSV_NULL else record[i]
             for field, i in columns.used.items()
         }
-        yield validate(fields, first_line, default_source=default_source, new_uuid=new_uuid)
+        yield Record(first_line, values)
 
 
 # --- Parquet ------------------------------------------------------------------------------
@@ -399,18 +500,19 @@ def _string_like(data_type: pa.DataType) -> bool:
     )
 
 
-def read_parquet(
+def read_parquet_records(
     path: Path,
+    fields: Fields,
+    check_header: HeaderRule,
     *,
-    default_source: str | None = None,
-    new_uuid: Callable[[], str] = lambda: str(uuid.uuid4()),
     batch_rows: int = PARQUET_BATCH_ROWS,
-) -> Iterator[Item]:
-    """Every row of the Parquet file at ``path`` as a ``GoodRow`` or a ``BadRow`` (rows
-    counted from 1), after an ``Ignored`` for its columns not used; only the used columns
-    are read, ``batch_rows`` at a time. A row group that cannot be read is one ``BadRow``
-    for all its rows, and the next is read. ``FeedError`` for no pyarrow, a file that is
-    not Parquet, a missing or non-string column, or no row at all."""
+) -> Records:
+    """Every row of the Parquet file at ``path`` as a ``Record`` (rows counted from 1),
+    after an ``Ignored`` for its columns not used; only the used columns are read,
+    ``batch_rows`` at a time. A row group that cannot be read is one ``BadRow`` for all its
+    rows, and the next is read. ``FeedError`` for no pyarrow, a file that is not Parquet, a
+    schema ``check_header`` refuses, a used column (not ``loose``) that does not hold
+    strings, or no row at all."""
     pq = _parquet()
     import pyarrow as pa
 
@@ -419,30 +521,38 @@ def read_parquet(
     except (pa.ArrowException, OSError) as e:
         raise FeedError(f"not a Parquet file: {e}") from None
     schema = parquet.schema_arrow
-    columns = pick_columns(schema.names, default_source)
+    columns = pick_columns(schema.names, fields)
+    check_header(columns)
     for field, index in columns.used.items():
         data_type = schema.field(index).type
-        if not _string_like(data_type):
+        if field not in fields.loose and not _string_like(data_type):
             raise FeedError(
                 f"column {schema.names[index]!r} ({field}) holds {data_type}, not strings"
             )
-    return _not_empty(_parquet_rows(parquet, columns, default_source, new_uuid, batch_rows))
+    return _not_empty(_parquet_records(parquet, columns, fields, batch_rows))
 
 
-def _parquet_rows(
-    parquet: Any,
-    columns: Columns,
-    default_source: str | None,
-    new_uuid: Callable[[], str],
-    batch_rows: int,
+def read_parquet(
+    path: Path,
+    *,
+    default_source: str | None = None,
+    new_uuid: Callable[[], str] = lambda: str(uuid.uuid4()),
+    batch_rows: int = PARQUET_BATCH_ROWS,
 ) -> Iterator[Item]:
+    """Every row of the Parquet file at ``path`` as a ``GoodRow`` or a ``BadRow``, as
+    ``read_parquet_records`` reads them; the columns are produce's, as in ``read_rows``."""
+    records = read_parquet_records(path, FEED, feed_header(default_source), batch_rows=batch_rows)
+    return _validated(records, default_source, new_uuid)
+
+
+def _parquet_records(parquet: Any, columns: Columns, fields: Fields, batch_rows: int) -> Records:
     import pyarrow as pa
 
     if columns.ignored:
-        yield Ignored(None, columns.ignored)
+        yield Ignored(None, columns.ignored, used=fields.used)
     names = parquet.schema_arrow.names
     wanted = [names[i] for i in columns.used.values()]
-    fields = list(columns.used)
+    used = list(columns.used)
     row = 0
     for group in range(parquet.metadata.num_row_groups):
         group_rows = parquet.metadata.row_group(group).num_rows
@@ -451,16 +561,10 @@ def _parquet_rows(
             for batch in parquet.iter_batches(
                 batch_size=batch_rows, row_groups=[group], columns=wanted
             ):
-                values = [batch.column(i).to_pylist() for i in range(len(fields))]
+                values = [batch.column(i).to_pylist() for i in range(len(used))]
                 for record in zip(*values, strict=True):
                     row += 1
-                    yield validate(
-                        dict(zip(fields, record, strict=True)),
-                        row,
-                        default_source=default_source,
-                        new_uuid=new_uuid,
-                        unit="row",
-                    )
+                    yield Record(row, dict(zip(used, record, strict=True)), "row")
         except (pa.ArrowException, OSError) as e:
             yield BadRow(
                 row + 1,
@@ -531,6 +635,99 @@ async def send_images(
     return sent
 
 
+# --- sending a file, shown as it goes -------------------------------------------------------
+
+
+def progress_bar() -> Progress:
+    """A progress display on stderr, one bar a task (its description in front), shown only
+    when stderr is a terminal."""
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        disable=not err.is_terminal,
+    )
+
+
+class Tally:
+    """The counts of one file being sent, shown as it goes: each bad row and the ignored
+    columns on stderr, and a progress bar of the rows done (a bad or skipped row at once, a
+    good one once acknowledged)."""
+
+    def __init__(self, progress: Progress, task: TaskID) -> None:
+        self._progress = progress
+        self._task = task
+        self.sent = 0
+        self.bad = 0
+        self.generated = 0
+        self.schemes = 0
+        self.skipped: collections.Counter[str] = collections.Counter()
+
+    def images(self, items: Iterable[FeedItem]) -> Iterator[InboundImage]:
+        """The images of the good rows; the bad ones are counted and reported, the skipped
+        ones counted, and the columns ignored reported."""
+        for item in items:
+            if isinstance(item, GoodRow):
+                self.generated += item.generated_uuid
+                self.schemes += item.added_scheme
+                yield item.image
+            elif isinstance(item, Skipped):
+                self.skipped[item.reason] += 1
+                self._progress.advance(self._task, 1)
+            else:
+                self._progress.console.print(str(item), markup=False)
+                if isinstance(item, BadRow):
+                    self.bad += item.count
+                    self._progress.advance(self._task, item.count)
+
+    def acked(self, n: int) -> None:
+        self.sent += n
+        self._progress.advance(self._task, n)
+
+    def notes(self) -> list[str]:
+        """What was done to rows to send them, for the summary."""
+        notes = []
+        if self.generated:
+            notes.append(f"{self.generated} without uuid got a new uuid4")
+        if self.schemes:
+            notes.append(f"{self.schemes} without a scheme got {DEFAULT_SCHEME}")
+        return notes
+
+
+async def send_feed(items: Iterable[FeedItem], tally: Tally, kafka: KafkaSettings) -> bool:
+    """Send the images of ``items`` (``send_images``), counted and shown by ``tally``; False
+    when Kafka is away or refuses, which is then reported on stderr."""
+    try:
+        await send_images(SendSettings(kafka), tally.images(items), on_acked=tally.acked)
+    except KafkaError as e:
+        acknowledged = f"(after {tally.sent} acknowledged)"
+        error(f"Kafka at {kafka.bootstrap_servers}: {e!r} {acknowledged}")
+        return False
+    return True
+
+
+def open_records(
+    path: Path, fmt: Format, fields: Fields, check_header: HeaderRule, stack: contextlib.ExitStack
+) -> Records:
+    """The records of the file at ``path`` (``read_records``, ``read_parquet_records``),
+    its text kept open by ``stack``."""
+    if fmt == "parquet":
+        return read_parquet_records(path, fields, check_header)
+    text = path.open(encoding="utf-8-sig", errors="surrogateescape", newline="")
+    return read_records(stack.enter_context(text), fmt, fields, check_header)
+
+
+def size_of(path: Path, fmt: Format) -> int:
+    """How many rows the file at ``path`` holds at most (its lines, or its Parquet rows),
+    for a progress bar's total."""
+    if fmt == "parquet":
+        return int(_parquet().ParquetFile(path).metadata.num_rows)
+    return count_lines(path)
+
+
 # --- the command --------------------------------------------------------------------------
 
 
@@ -560,49 +757,42 @@ def register(subcommands: Subcommands) -> None:
     produce.set_defaults(run=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    path = Path(args.file)
-    if not path.is_file():
-        raise UsageError(f"no such file: {args.file}")
+def file_format(name: str, explicit: str | None) -> Format:
+    """The format of the file ``name`` a command was given; ``UsageError`` when it is not a
+    file or its format is unknown."""
+    if not Path(name).is_file():
+        raise UsageError(f"no such file: {name}")
     try:
-        fmt = format_of(path, args.format)
+        return format_of(Path(name), explicit)
     except FeedError as e:
         raise UsageError(str(e)) from None
-    if args.source is not None and not is_valid_source_name(args.source):
-        raise UsageError(f"--source is not a valid source name: {args.source!r}")
-    return asyncio.run(_produce(path, fmt, args.source, kafka_settings(args)))
+
+
+def source_option(source: str | None) -> str | None:
+    """``--source``, checked; ``UsageError`` when it cannot be a source's name."""
+    if source is not None and not is_valid_source_name(source):
+        raise UsageError(f"--source is not a valid source name: {source!r}")
+    return source
+
+
+def run(args: argparse.Namespace) -> int:
+    path = Path(args.file)
+    fmt = file_format(args.file, args.format)
+    source = source_option(args.source)
+    return asyncio.run(_produce(path, fmt, source, kafka_settings(args)))
 
 
 def open_feed(
     path: Path, fmt: Format, default_source: str | None, stack: contextlib.ExitStack
 ) -> Iterator[Item]:
     """The items of the file at ``path``, its text kept open by ``stack``."""
-    if fmt == "parquet":
-        return read_parquet(path, default_source=default_source)
-    text = path.open(encoding="utf-8-sig", errors="surrogateescape", newline="")
-    return read_rows(stack.enter_context(text), fmt, default_source=default_source)
-
-
-def size_of(path: Path, fmt: Format) -> int:
-    """How many rows the file at ``path`` holds at most (its lines, or its Parquet rows),
-    for a progress bar's total."""
-    if fmt == "parquet":
-        return int(_parquet().ParquetFile(path).metadata.num_rows)
-    return count_lines(path)
+    records = open_records(path, fmt, FEED, feed_header(default_source), stack)
+    return _validated(records, default_source, lambda: str(uuid.uuid4()))
 
 
 async def _produce(
     path: Path, fmt: Format, default_source: str | None, kafka: KafkaSettings
 ) -> int:
-    err = Console(stderr=True, highlight=False, soft_wrap=True)
-    progress = Progress(
-        TextColumn(f"{INBOUND_TOPIC}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=err,
-        disable=not err.is_terminal,
-    )
     with contextlib.ExitStack() as stack:
         try:
             items = open_feed(path, fmt, default_source, stack)
@@ -611,56 +801,12 @@ async def _produce(
             error(f"{path}: {e}")
             out("sent 0, bad 0")
             return EXIT_FAILED
-        with progress:
-            feed = _Feed(progress, progress.add_task("sending", total=size_of(path, fmt)))
-            images = feed.images(itertools.chain([first], items))
-            try:
-                await send_images(SendSettings(kafka), images, on_acked=feed.acked)
-            except KafkaError as e:
-                acknowledged = f"(after {feed.sent} acknowledged)"
-                error(f"Kafka at {kafka.bootstrap_servers}: {e!r} {acknowledged}")
-                out(f"sent {feed.sent}, bad {feed.bad}")
-                return EXIT_UNAVAILABLE
-    out(feed.summary())
-    return EXIT_FAILED if feed.bad else EXIT_OK
-
-
-class _Feed:
-    """The counts of one file being sent, shown as it goes: each bad row and the ignored
-    columns on stderr, and a progress bar of the rows done (a bad row at once, a good one
-    once acknowledged)."""
-
-    def __init__(self, progress: Progress, task: TaskID) -> None:
-        self._progress = progress
-        self._task = task
-        self.sent = 0
-        self.bad = 0
-        self.generated = 0
-        self.schemes = 0
-
-    def images(self, items: Iterable[Item]) -> Iterator[InboundImage]:
-        """The images of the good rows; the bad ones are counted and reported, and so are
-        the columns ignored."""
-        for item in items:
-            if isinstance(item, GoodRow):
-                self.generated += item.generated_uuid
-                self.schemes += item.added_scheme
-                yield item.image
-                continue
-            self._progress.console.print(str(item), markup=False)
-            if isinstance(item, BadRow):
-                self.bad += item.count
-                self._progress.advance(self._task, item.count)
-
-    def acked(self, n: int) -> None:
-        self.sent += n
-        self._progress.advance(self._task, n)
-
-    def summary(self) -> str:
-        notes = []
-        if self.generated:
-            notes.append(f"{self.generated} without uuid got a new uuid4")
-        if self.schemes:
-            notes.append(f"{self.schemes} without a scheme got {DEFAULT_SCHEME}")
-        summary = f"sent {self.sent}, bad {self.bad}"
-        return f"{summary} ({'; '.join(notes)})" if notes else summary
+        progress = stack.enter_context(progress_bar())
+        tally = Tally(progress, progress.add_task(INBOUND_TOPIC, total=size_of(path, fmt)))
+        if not await send_feed(itertools.chain([first], items), tally, kafka):
+            out(f"sent {tally.sent}, bad {tally.bad}")
+            return EXIT_UNAVAILABLE
+    summary = f"sent {tally.sent}, bad {tally.bad}"
+    notes = tally.notes()
+    out(f"{summary} ({'; '.join(notes)})" if notes else summary)
+    return EXIT_FAILED if tally.bad else EXIT_OK
