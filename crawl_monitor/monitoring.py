@@ -6,7 +6,7 @@ Its keys are those of the original README's example, and the pacing of each sour
               circuit_breaker_tripped, num_resized, resize_errors, split_rate,
               backlog, eta_s, specific_omitted
     specific: {source: {successful, error, last_50_statuses, rate_limit,
-                        effective_rate, pacing, pacing_why, backlog, eta_s}}
+                        effective_rate, pacing, pacing_why, backlog, eta_s[, rechecks]}}
 
 Counters come from Redis (one pipelined round trip); rates, pacing, halts and the
 last-50 histograms from the regulator's latest snapshot. ``*_rps`` and ``*_rate`` values
@@ -25,12 +25,16 @@ crawled). Both are null until a first measurement, and ``eta_s`` is null when in
 a source with a backlog and no rate (halted, stopped, or not a known source). Rates are
 rounded to six significant digits and ETAs to the second.
 
-``specific`` lists the sources with any success, error, recent status or backlog, every
-halted one, and every one held below its configured rate; with ``top_sources`` > 0 at
-most that many (``MONITORING_TOP_SOURCES``): first the halted ones, then the busiest
-(most URLs finished since the last event), then the largest backlogs.
-``specific_omitted`` counts the sources left out; ``/metrics`` and ``image-crawler
-status`` have every source.
+``rechecks`` (issue 30) is in a source's entry only when it has any: its re-checks of
+earlier crawls ended so far, by status (``image_crawler.contract.RECHECK_STATUSES``, in
+that order, the statuses with none left out), from ``rechecks:{source}:{status}``.
+
+``specific`` lists the sources with any success, error, recent status, backlog or
+re-check, every halted one, and every one held below its configured rate; with
+``top_sources`` > 0 at most that many (``MONITORING_TOP_SOURCES``): first the halted
+ones, then the busiest (most URLs finished since the last event), then the largest
+backlogs. ``specific_omitted`` counts the sources left out; ``/metrics`` and
+``image-crawler status`` have every source.
 """
 
 from __future__ import annotations
@@ -55,12 +59,14 @@ from image_crawler.contract import (
     PACE_BACKOFF,
     PACE_FLOOR,
     PACE_RECOVERING,
+    RECHECK_STATUSES,
     RESIZE_ERRORS,
     PacingInfo,
     Status,
     crawl_eta_s,
     eta_s,
     num_resized_key,
+    rechecks_key,
     resize_errors_key,
 )
 from image_crawler.logs import get_logger
@@ -84,6 +90,9 @@ class Counters:
     # Of the errors, images their servers asked us not to index
     # (resize_errors:{source}:NoIndex).
     no_index: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    # Re-checks ended, by status in the order of RECHECK_STATUSES, of the sources that
+    # have any (rechecks:{source}:{status}; a status with none is left out).
+    rechecks: Mapping[str, Mapping[str, int]] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -122,16 +131,16 @@ def build_update(
     last_statuses: Mapping[str, Mapping[str, int]] = snapshot.last_statuses if snapshot else {}
     waiting: Mapping[str, int] = backlog.sources if backlog else {}
     specific: dict[str, dict[str, Any]] = {}
-    for source in sorted(
-        set(rates) | tripped | set(now.successful) | set(now.errors) | set(waiting)
-    ):
+    listed = set(rates) | tripped | set(now.successful) | set(now.errors) | set(waiting)
+    for source in sorted(listed | set(now.rechecks)):
         successful = now.successful.get(source, 0)
         error = now.errors.get(source, 0)
         last = dict(sorted(last_statuses.get(source, {}).items()))
         paced = pacing.get(source)
         adapted = paced is not None and paced.state in _CUT
         urls = waiting.get(source, 0)
-        if not (successful or error or last or urls or source in tripped or adapted):
+        rechecked = now.rechecks.get(source)
+        if not (successful or error or last or urls or rechecked or source in tripped or adapted):
             continue
         effective_rps = paced.rate_rps if paced else 0.0
         specific[source] = {
@@ -145,6 +154,8 @@ def build_update(
             "backlog": urls if backlog else None,
             "eta_s": _seconds(eta_s(urls, effective_rps)) if backlog else None,
         }
+        if rechecked:
+            specific[source]["rechecks"] = dict(rechecked)
     omitted = 0
     if 0 < top_sources < len(specific):
         kept = sorted(specific, key=lambda s: _rank(s, specific[s], before, tripped))[:top_sources]
@@ -202,6 +213,18 @@ def _int(value: object) -> int:
         return 0
 
 
+def _rechecks(sources: list[str], values: list[Any]) -> dict[str, dict[str, int]]:
+    """The non-zero ``rechecks:{source}:{status}`` counts of the sources with any, from
+    their values read source by source, each in the order of RECHECK_STATUSES."""
+    width = len(RECHECK_STATUSES)
+    found: dict[str, dict[str, int]] = {}
+    # Most sources have none: the absent keys are skipped before any parsing.
+    for i in [i for i, value in enumerate(values) if value is not None]:
+        if count := _int(values[i]):
+            found.setdefault(sources[i // width], {})[RECHECK_STATUSES[i % width]] = count
+    return found
+
+
 async def read_counters(redis: aioredis.Redis, sources: list[str]) -> Counters:
     """Global and per-source counters in one pipelined round trip."""
     async with redis.pipeline(transaction=False) as pipe:
@@ -212,14 +235,17 @@ async def read_counters(redis: aioredis.Redis, sources: list[str]) -> Counters:
             pipe.mget([num_resized_key(s) for s in sources])
             pipe.mget([resize_errors_key(s) for s in sources])
             pipe.mget([resize_errors_key(s, Status.NO_INDEX) for s in sources])
+            pipe.mget([rechecks_key(s, status) for s in sources for status in RECHECK_STATUSES])
         replies = await pipe.execute()
     successful: dict[str, int] = {}
     errors: dict[str, int] = {}
     no_index: dict[str, int] = {}
+    rechecks: dict[str, dict[str, int]] = {}
     if sources:
         successful = {s: n for s, v in zip(sources, replies[3], strict=True) if (n := _int(v))}
         errors = {s: n for s, v in zip(sources, replies[4], strict=True) if (n := _int(v))}
         no_index = {s: n for s, v in zip(sources, replies[5], strict=True) if (n := _int(v))}
+        rechecks = _rechecks(sources, replies[6])
     return Counters(
         num_resized=_int(replies[0]),
         resize_errors=_int(replies[1]),
@@ -227,6 +253,7 @@ async def read_counters(redis: aioredis.Redis, sources: list[str]) -> Counters:
         successful=successful,
         errors=errors,
         no_index=no_index,
+        rechecks=rechecks,
     )
 
 

@@ -19,6 +19,8 @@ CUT = "3 backoff signals in the last second: cut to 0.7 x"
 # how many sources ``specific`` left out.
 BACKLOG_KEYS = {"backlog", "eta_s"}
 GENERAL_BACKLOG_KEYS = BACKLOG_KEYS | {"specific_omitted"}
+# Beyond the original (issue 30): a source's re-checks by status, only when it has any.
+RECHECK_KEYS = {"rechecks"}
 
 
 def snapshot(**overrides) -> RegulatorSnapshot:
@@ -109,6 +111,37 @@ def test_build_update():
     }  # "idle" has done nothing and is left out
 
 
+def test_rechecks_are_in_a_sources_entry_only_when_it_has_any():
+    now = Counters(
+        successful={"flickr": 140},
+        rechecks={
+            "flickr": {c.CHECK_UNCHANGED: 12, c.CHECK_CHANGED: 3, c.CHECK_GONE: 1},
+            # Re-checked and nothing else: listed for its re-checks alone.
+            "archive": {c.CHECK_FAILED: 2},
+        },
+    )
+    update = build_update(now, None, 5.0, snapshot())
+    assert update.specific["flickr"]["rechecks"] == {"unchanged": 12, "changed": 3, "gone": 1}
+    assert list(update.specific["flickr"]["rechecks"]) == ["unchanged", "changed", "gone"]
+    assert update.specific["archive"] == {
+        "successful": 0,
+        "error": 0,
+        "last_50_statuses": {},
+        "rate_limit": 0.0,
+        "effective_rate": 0.0,
+        "pacing": None,
+        "pacing_why": None,
+        "backlog": None,
+        "eta_s": None,
+        "rechecks": {"failed": 2},
+    }
+    # The others' entries keep their keys, with no empty "rechecks".
+    assert set(update.specific) == {"archive", "flickr", "met", "phylopic", "slow"}
+    for source in ("met", "phylopic", "slow"):
+        assert set(update.specific[source]) == SPECIFIC_KEYS | PACING_KEYS | BACKLOG_KEYS
+    assert set(update.general) == GENERAL_KEYS | GENERAL_BACKLOG_KEYS
+
+
 @pytest.mark.parametrize(
     ("before", "elapsed_s", "success_rps"),
     [
@@ -150,6 +183,13 @@ async def test_a_seeded_redis_is_reported(redis):
             c.resize_errors_key("flickr"): 1,
             c.num_resized_key("animaldiversity"): 18,
             c.resize_errors_key("broken"): 30,
+            c.rechecks_key("flickr", c.CHECK_UNCHANGED): 12,
+            c.rechecks_key("flickr", c.CHECK_CHANGED): 3,
+            c.rechecks_key("flickr", c.CHECK_GONE): 1,
+            c.rechecks_key("flickr", c.CHECK_FAILED): 0,  # none: left out
+            c.rechecks_key("quiet", c.CHECK_FAILED): 2,
+            c.rechecks_key("animaldiversity", c.CHECK_GONE): "x",  # no count: left out
+            c.rechecks_key("stranger", c.CHECK_GONE): 7,  # no known source: not read
         }
     )
     regulator = Regulator(RedisRegulatorStore(redis), lambda: rates)
@@ -175,8 +215,13 @@ async def test_a_seeded_redis_is_reported(redis):
     assert event["specific"] == update.specific
     assert set(event["general"]) == GENERAL_KEYS | GENERAL_BACKLOG_KEYS
     assert all(
-        set(v) == SPECIFIC_KEYS | PACING_KEYS | BACKLOG_KEYS for v in event["specific"].values()
+        set(v) - RECHECK_KEYS == SPECIFIC_KEYS | PACING_KEYS | BACKLOG_KEYS
+        for v in event["specific"].values()
     )
+    assert {s for s, v in event["specific"].items() if "rechecks" in v} == {
+        "flickr",
+        "quiet",
+    }
     assert event["general"] == {
         "global_max_rps": 152.6,  # overridden flickr, animaldiversity and quiet as cut
         "error_rps": 1.0,
@@ -223,6 +268,7 @@ async def test_a_seeded_redis_is_reported(redis):
             "pacing_why": AT_RATE,
             "backlog": 3000,
             "eta_s": 20,
+            "rechecks": {"unchanged": 12, "changed": 3, "gone": 1},
         },
         "queued": {
             "successful": 0,
@@ -245,11 +291,16 @@ async def test_a_seeded_redis_is_reported(redis):
             "pacing_why": "2 backoff signals in the last second: cut to 0.7 x",
             "backlog": 0,
             "eta_s": 0,
+            "rechecks": {"failed": 2},
         },
     }
     # The metrics read this reading instead of Redis.
     assert monitoring.counters is not None
     assert monitoring.counters.successful == {"flickr": 982, "animaldiversity": 18}
+    assert monitoring.counters.rechecks == {
+        "flickr": {"unchanged": 12, "changed": 3, "gone": 1},
+        "quiet": {"failed": 2},
+    }
 
 
 def busy(successful: dict[str, int]) -> Counters:
