@@ -19,7 +19,10 @@ with a ``urls.{source}`` topic for the backlog):
 - ``crawler_source_successes_total``, ``crawler_source_errors_total``
   (``num_resized:{source}``, ``resize_errors:{source}``), and of the errors
   ``crawler_source_no_index_total``, images their servers asked us not to index
-  (``resize_errors:{source}:NoIndex``).
+  (``resize_errors:{source}:NoIndex``);
+- ``crawler_source_rechecks_total`` (labels ``source`` and ``status``, one of
+  ``image_crawler.contract.RECHECK_STATUSES``): re-checks of earlier crawls ended
+  (``rechecks:{source}:{status}``), a series only for the statuses a source has had.
 
 Totals: ``crawler_successes_total``, ``crawler_errors_total`` (``num_resized``,
 ``resize_errors``), ``crawler_split_total`` (``num_split``), ``crawler_backlog_urls``,
@@ -199,7 +202,20 @@ def _counters(counters: Counters, known: Collection[str]) -> list[Metric]:
         "crawler_split", "Messages split from inbound_images into urls.{source} (num_split)."
     )
     split.add_metric([], counters.num_split)
-    return [successes, errors, no_index, total_successes, total_errors, split]
+    return [successes, errors, no_index, _rechecks(counters), total_successes, total_errors, split]
+
+
+def _rechecks(counters: Counters) -> Metric:
+    rechecks = CounterMetricFamily(
+        "crawler_source_rechecks",
+        "Re-checks of a source's earlier crawls ended, by status: unchanged, changed, gone, "
+        "failed (rechecks:{source}:{status}).",
+        labels=["source", "status"],
+    )
+    for source, by_status in sorted(counters.rechecks.items()):
+        for status, count in by_status.items():
+            rechecks.add_metric([source, status], count)
+    return rechecks
 
 
 class MonitorCollector(Collector):

@@ -12,6 +12,7 @@ import aiohttp
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 from structlog.testing import capture_logs
 
 from crawl_monitor.__main__ import run
@@ -50,15 +51,30 @@ def snapshot() -> RegulatorSnapshot:
     )
 
 
-def scrape(view: MonitorView) -> dict[tuple[str, str | None], float]:
-    """Every sample of a scrape: (name, source label or None) -> value."""
+def samples_of(view: MonitorView) -> list[Sample]:
+    """Every sample of a scrape, as prometheus-client parses the text."""
     registry = CollectorRegistry()
     registry.register(MonitorCollector(lambda: view))
     text = generate_latest(registry).decode()
+    return [sample for family in text_string_to_metric_families(text) for sample in family.samples]
+
+
+def scrape(view: MonitorView) -> dict[tuple[str, str | None], float]:
+    """Every sample of a scrape but those labelled by status: (name, source label or
+    None) -> value."""
     return {
         (sample.name, sample.labels.get("source")): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
+        for sample in samples_of(view)
+        if "status" not in sample.labels
+    }
+
+
+def by_status(view: MonitorView, name: str) -> dict[tuple[str, str], float]:
+    """The samples of ``name``: (source, status) -> value."""
+    return {
+        (sample.labels["source"], sample.labels["status"]): sample.value
+        for sample in samples_of(view)
+        if sample.name == name
     }
 
 
@@ -74,6 +90,8 @@ FULL = MonitorView(
         successful={"flickr": 982, "slow": 18},
         errors={"met": 30, "flickr": 1},
         no_index={"met": 12},
+        # "slow" has had no re-check: no series at all, not four zeros.
+        rechecks={"flickr": {"unchanged": 40, "changed": 2}, "met": {"gone": 5, "failed": 1}},
     ),
     leading=True,
 )
@@ -130,8 +148,27 @@ def test_every_metric_of_a_full_view():
     }
     for name, value in totals.items():
         assert samples[(name, None)] == pytest.approx(value), name
+    rechecks = "crawler_source_rechecks_total"
+    assert by_status(FULL, rechecks) == {
+        ("flickr", "unchanged"): 40,
+        ("flickr", "changed"): 2,
+        ("met", "gone"): 5,
+        ("met", "failed"): 1,
+    }
     names = {n for n, _ in samples}
     assert names == set(per_source) | set(totals)
+    assert {sample.name for sample in samples_of(FULL)} == names | {rechecks}
+
+
+def test_the_rechecks_family_is_there_without_any_series():
+    """Counters read, no re-check yet: the family is described, with no sample."""
+    registry = CollectorRegistry()
+    view = MonitorView(["flickr"], None, None, Counters(), leading=True)
+    registry.register(MonitorCollector(lambda: view))
+    text = generate_latest(registry).decode()
+    assert "# TYPE crawler_source_rechecks_total counter" in text
+    assert "\ncrawler_source_rechecks_total{" not in text
+    assert by_status(view, "crawler_source_rechecks_total") == {}
 
 
 def test_what_the_monitor_does_not_know_yet_is_left_out():
@@ -207,10 +244,12 @@ async def test_the_monitor_serves_metrics_health_and_the_dashboard(
     kafka, redis, redis_url, tmp_path
 ):
     """The whole monitor, in this process: its scrape has the backlog of a source's topic,
-    the rates, the counters and the loop histogram; /healthz is 200 and / the dashboard."""
+    the rates, the counters (a re-check's too) and the loop histogram; /healthz is 200 and
+    / the dashboard."""
     await create_topics(kafka.bootstrap, ["urls.alpha"], partitions=1)
     await produce(kafka.bootstrap, "urls.alpha", [b'{"url": "u", "uuid": "1"}'])
     await redis.set(c.num_resized_key("alpha"), 3)
+    await redis.set(c.rechecks_key("alpha", c.CHECK_GONE), 2)
     env = {
         **kafka.env,
         "REDIS_URL": redis_url,
@@ -246,6 +285,8 @@ async def test_the_monitor_serves_metrics_health_and_the_dashboard(
             assert await asyncio.wait_for(task, 30) == 0
     assert _value(text, 'crawler_source_backlog_urls{source="alpha"}') == 1.0
     assert _value(text, 'crawler_source_successes_total{source="alpha"}') == 3.0
+    assert _value(text, 'crawler_source_rechecks_total{source="alpha",status="gone"}') == 2.0
+    assert 'crawler_source_rechecks_total{source="alpha",status="unchanged"}' not in text
     assert _value(text, 'crawler_source_configured_requests_per_second{source="alpha"}') == 0.2
     assert _value(text, "crawler_sources") == 1.0
     assert _value(text, "crawler_monitor_loop_seconds_count") >= 1
