@@ -613,9 +613,10 @@ async def send_images(
         linger_ms=20,
         request_timeout_ms=int(settings.request_timeout_s * 1000),
     )
-    await producer.start()
     sent = 0
     try:
+        # Inside: a producer that could not start is closed all the same.
+        await producer.start()
         batch: list[asyncio.Future[Any]] = []
         for image in images:
             batch.append(
@@ -709,6 +710,18 @@ async def send_feed(items: Iterable[FeedItem], tally: Tally, kafka: KafkaSetting
     return True
 
 
+def judged_start(items: Iterator[FeedItem]) -> Iterator[FeedItem]:
+    """``items`` with their start read: up to the first item that is not an ``Ignored``,
+    so that a header that cannot feed, and a file with no row, raise ``FeedError`` here,
+    before anything is sent."""
+    start: list[FeedItem] = []
+    for item in items:
+        start.append(item)
+        if not isinstance(item, Ignored):
+            break
+    return itertools.chain(start, items)
+
+
 def open_records(
     path: Path, fmt: Format, fields: Fields, check_header: HeaderRule, stack: contextlib.ExitStack
 ) -> Records:
@@ -795,15 +808,14 @@ async def _produce(
 ) -> int:
     with contextlib.ExitStack() as stack:
         try:
-            items = open_feed(path, fmt, default_source, stack)
-            first = next(items)  # the header and an empty file are judged before connecting
+            items = judged_start(open_feed(path, fmt, default_source, stack))
         except FeedError as e:
             error(f"{path}: {e}")
             out("sent 0, bad 0")
             return EXIT_FAILED
         progress = stack.enter_context(progress_bar())
         tally = Tally(progress, progress.add_task(INBOUND_TOPIC, total=size_of(path, fmt)))
-        if not await send_feed(itertools.chain([first], items), tally, kafka):
+        if not await send_feed(items, tally, kafka):
             out(f"sent {tally.sent}, bad {tally.bad}")
             return EXIT_UNAVAILABLE
     summary = f"sent {tally.sent}, bad {tally.bad}"

@@ -286,6 +286,7 @@ def test_produce_without_kafka_says_so_with_status_3(tmp_path: Path) -> None:
     result = run("produce", str(feed), "--kafka", f"{LOOPBACK}:{free_port()}")
     assert result.returncode == 3
     assert "Kafka at" in result.stderr
+    assert "Unclosed" not in result.stderr  # the producer that could not start is closed
 
 
 # --- status, halt, resume, override -------------------------------------------------------

@@ -592,3 +592,17 @@ def test_produce_refuses_a_parquet_file_it_cannot_feed_before_connecting(
     assert code == 1
     assert "unknown column(s) 'link' and no url column" in captured.err
     assert captured.out.strip() == "sent 0, bad 0"
+
+
+def test_produce_refuses_a_file_of_ignored_columns_only_before_connecting(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "titles.csv"
+    path.write_text("url,source,title\n")
+    # The first item read is the note on the ignored column, not a row: the file is read
+    # on to its first row (or its end) before any connection is tried.
+    code = cli.run(["produce", str(path), "--kafka", f"{LOOPBACK}:{free_port()}"])
+    captured = capsys.readouterr()
+    assert code == 1
+    assert captured.err.strip() == f"image-crawler: error: {path}: empty: no rows to send"
+    assert captured.out.strip() == "sent 0, bad 0"
