@@ -1,15 +1,17 @@
 """The crawl's outputs in files that outlive the broker: ``DATA/outputs/{topic}.jsonl``.
 
-While the stack runs, a thread of ``up`` follows ``image_metadata_updates``, ``link_rot``
-and ``crawl_errors`` from their start, in no consumer group, and appends each message to
-its topic's file as one line (the message's JSON as it is). It follows them as they are
-written rather than reading them once at stop: the files can be read (``tail -f``) during
-the crawl, and what is in them survives a SIGKILL of ``up`` or a dead broker, which a read
-at stop would lose. At a clean stop, once the workers and the monitor have stopped, it
-reads each topic to its end and closes the files.
+While the stack runs, a thread of ``up`` follows ``image_metadata_updates``, ``link_rot``,
+``crawl_errors`` and ``link_checks`` from their start, in no consumer group, and appends
+each message to its topic's file as one line (the message's JSON as it is). It follows
+them as they are written rather than reading them once at stop: the files can be read
+(``tail -f``) during the crawl, and what is in them survives a SIGKILL of ``up`` or a
+dead broker, which a read at stop would lose. At a clean stop, once the workers and the
+monitor have stopped, it reads each topic to its end and closes the files.
 
 Each run starts a fresh broker, whose topics start empty, so the files only grow and a
 message is archived once; the crawl's own at-least-once duplicates stay, as in the topics.
+``image-crawler recheck`` reads the archives of ``image_metadata_updates`` (the earlier
+crawl's validators) and ``link_checks`` (when each image was last checked).
 """
 
 from __future__ import annotations
@@ -29,10 +31,15 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
 from crawlctl.localstack import topics as topic_io
-from image_crawler.contract import CRAWL_ERRORS_TOPIC, LINK_ROT_TOPIC, METADATA_TOPIC
+from image_crawler.contract import (
+    CRAWL_ERRORS_TOPIC,
+    LINK_CHECKS_TOPIC,
+    LINK_ROT_TOPIC,
+    METADATA_TOPIC,
+)
 from image_crawler.retry import Backoff
 
-OUTPUT_TOPICS: Final = (METADATA_TOPIC, LINK_ROT_TOPIC, CRAWL_ERRORS_TOPIC)
+OUTPUT_TOPICS: Final = (METADATA_TOPIC, LINK_ROT_TOPIC, CRAWL_ERRORS_TOPIC, LINK_CHECKS_TOPIC)
 # How often the topics' partitions are looked up again: a topic appears when a worker
 # first writes to it.
 REFRESH_S: Final = 1.0

@@ -181,6 +181,7 @@ def test_a_local_stack_starts_in_order_notices_a_death_and_stops_cleanly(tmp_pat
     assert sorted(p.name for p in (data / "outputs").iterdir()) == [
         "crawl_errors.jsonl",
         "image_metadata_updates.jsonl",
+        "link_checks.jsonl",
         "link_rot.jsonl",
     ]
     assert stack.saved is not None and stack.saved.total == 0
@@ -368,11 +369,22 @@ def test_the_archive_follows_the_outputs_into_files_and_reads_them_to_the_end(
         )
         later = [json.dumps({"identifier": f"r{i}"}).encode() for i in range(4)]
         asyncio.run(_batched(kafka.bootstrap, c.LINK_ROT_TOPIC, later, 2))
+        checks = [
+            c.LinkCheckMessage(f"m{i}", f"https://a.example/{i}.jpg", c.CHECK_UNCHANGED, 304,
+                               f"2025-01-0{i + 1}T00:00:00+00:00").to_json()
+            for i in range(3)
+        ]  # fmt: skip
+        asyncio.run(_batched(kafka.bootstrap, c.LINK_CHECKS_TOPIC, checks, 1))
         asyncio.run(_batched(kafka.bootstrap, c.METADATA_TOPIC, first[:2], 0))
     finally:
         archived = archive.stop()
     assert archived.error is None
-    assert archived.counts == {c.METADATA_TOPIC: 7, c.LINK_ROT_TOPIC: 4, c.CRAWL_ERRORS_TOPIC: 0}
+    assert archived.counts == {
+        c.METADATA_TOPIC: 7,
+        c.LINK_ROT_TOPIC: 4,
+        c.CRAWL_ERRORS_TOPIC: 0,
+        c.LINK_CHECKS_TOPIC: 3,
+    }
     metadata = (folder / "image_metadata_updates.jsonl").read_text().splitlines()
     assert sorted(json.loads(line)["identifier"] for line in metadata) == sorted(
         [f"m{i}" for i in range(5)] + ["m0", "m1"]
@@ -381,6 +393,10 @@ def test_the_archive_follows_the_outputs_into_files_and_reads_them_to_the_end(
     assert link_rot[:2] == ['{"identifier":"old"}', '{"identif']
     assert [json.loads(line)["identifier"] for line in link_rot[2:]] == [f"r{i}" for i in range(4)]
     assert (folder / "crawl_errors.jsonl").read_text() == ""
+    link_checks = (folder / "link_checks.jsonl").read_text().splitlines()
+    assert [c.LinkCheckMessage.from_json(line) for line in sorted(link_checks)] == [
+        c.LinkCheckMessage.from_json(message) for message in checks
+    ]
 
 
 def test_a_data_folder_serves_one_stack_while_any_of_its_processes_lives(tmp_path: Path) -> None:
