@@ -16,7 +16,8 @@ the Crawl-delay that caps the source's rate (``crawl_delay:``) and whether an op
 exempted the source (``robots_exempt``). Its backlog, the URLs split but not yet taken by
 the workers, as the monitor last measured it (the hash ``backlog``, with the time of the
 measurement in ``backlog_measured_at``), and from it the ETA at the effective rate; its
-errors by reason (``resize_errors:{source}:{status}``, found with SCAN) and the URLs found
+errors by reason (``resize_errors:{source}:{status}``) and its re-checks of earlier crawls
+by status (``rechecks:{source}:{status}``), both found in one SCAN, and the URLs found
 deleted unread (``urls_lost:``).
 
 The command prints the table once (``--once``), or as JSON (``--json``, ``status_json``),
@@ -32,6 +33,7 @@ import contextlib
 import dataclasses
 import json
 import math
+import os.path
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any, Final
@@ -70,6 +72,8 @@ from image_crawler.contract import (
     PACE_RECOVERING,
     PACE_STOPPED,
     RATES_HASH,
+    RECHECK_STATUSES,
+    RECHECKS_PREFIX,
     RESIZE_ERRORS,
     ROBOTS_EXEMPT_SET,
     TEMP_HALTED_SET,
@@ -104,10 +108,14 @@ _ARGV: Final = (
     URLS_LOST,
     Status.NO_INDEX,
 )
-# Every per-status error counter, resize_errors:{source}:{status}; source names and
-# statuses hold no ':'.
+# Every per-status error counter, resize_errors:{source}:{status}, and every re-check
+# counter, rechecks:{source}:{status}; source names and statuses hold no ':'. One SCAN
+# finds both (a walk costs the same whatever it matches): its pattern is their prefixes'
+# common start (of key names: commonprefix is no path function here), and the keys it
+# finds are kept by prefix.
 _REASON_PREFIX: Final = f"{RESIZE_ERRORS}:"
-REASON_KEYS_MATCH: Final = f"{RESIZE_ERRORS}:*:*"
+_COUNTER_PREFIXES: Final = (_REASON_PREFIX, RECHECKS_PREFIX)
+COUNTER_KEYS_MATCH: Final = os.path.commonprefix(_COUNTER_PREFIXES) + "*:*:*"  # noqa: RUF071
 # Keys SCAN looks at per call: each call holds Redis for about that many keys' walk.
 SCAN_COUNT: Final = 1000
 
@@ -161,6 +169,8 @@ class SourceStatus:
     errors_by_reason: Mapping[str, int] = dataclasses.field(default_factory=dict)
     # ``urls_lost:``: URLs deleted from urls.{source} before a worker read them.
     urls_lost: int = 0
+    # ``rechecks:{source}:{status}``, the statuses it has had, in RECHECK_STATUSES order.
+    rechecks: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -174,6 +184,8 @@ class CrawlStatus:
     backlog_age_s: float | None = None
     # Every ``resize_errors:{source}:{status}`` summed by status, most frequent first.
     errors_by_reason: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    # Every ``rechecks:{source}:{status}`` summed by status, in RECHECK_STATUSES order.
+    rechecks: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
 
 def _int(value: Any) -> int | None:
@@ -237,19 +249,36 @@ def _by_count(counts: Mapping[str, int]) -> dict[str, int]:
     return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
 
 
+def _by_source(counts: Mapping[str, Any], prefix: str) -> dict[str, dict[str, int]]:
+    # {prefix}{source}:{status} -> count, for the positive integer counts.
+    found: dict[str, dict[str, int]] = {}
+    for key, value in counts.items():
+        source, sep, status = key.removeprefix(prefix).partition(":")
+        count = _count(value)
+        if key.startswith(prefix) and sep and source and status and count:
+            found.setdefault(source, {})[status] = count
+    return found
+
+
 def reasons_by_source(counts: Mapping[str, Any]) -> dict[str, dict[str, int]]:
     """``{"resize_errors:flickr:503": "2", ...}`` -> ``{"flickr": {"503": 2}}``, each
     source's reasons most frequent first. Keys that are not such a counter, and counts
     that are not a non-negative integer, are left out."""
-    found: dict[str, dict[str, int]] = {}
-    for key, value in counts.items():
-        source, sep, status = key.removeprefix(_REASON_PREFIX).partition(":")
-        count = _count(value)
-        if not key.startswith(_REASON_PREFIX) or not sep or not source or not status:
-            continue
-        if count:
-            found.setdefault(source, {})[status] = count
+    found = _by_source(counts, _REASON_PREFIX)
     return {source: _by_count(reasons) for source, reasons in found.items()}
+
+
+def _in_check_order(counts: Mapping[str, int]) -> dict[str, int]:
+    return {status: counts[status] for status in RECHECK_STATUSES if counts.get(status)}
+
+
+def rechecks_by_source(counts: Mapping[str, Any]) -> dict[str, dict[str, int]]:
+    """``{"rechecks:flickr:gone": "2", ...}`` -> ``{"flickr": {"gone": 2}}``, each
+    source's statuses in the order of RECHECK_STATUSES. Keys that are not such a counter
+    (another status included), and counts that are not a positive integer, are left out."""
+    found = _by_source(counts, RECHECKS_PREFIX)
+    in_order = {source: _in_check_order(statuses) for source, statuses in found.items()}
+    return {source: statuses for source, statuses in in_order.items() if statuses}
 
 
 def _source(
@@ -261,6 +290,7 @@ def _source(
     temp_halted: bool,
     robots_exempt: bool,
     reasons: Mapping[str, int],
+    rechecks: Mapping[str, int],
 ) -> SourceStatus:
     pacing = _pacing(raw.get("rate"))
     pace_next = _float(raw.get("pace_next"))
@@ -285,12 +315,14 @@ def _source(
         backlog=_count(raw.get("backlog")),
         errors_by_reason=reasons,
         urls_lost=_count(raw.get("lost")) or 0,
+        rechecks=rechecks,
     )
 
 
-def parse_status(payload: str | bytes, reason_keys: Sequence[str] = ()) -> CrawlStatus:
+def parse_status(payload: str | bytes, counter_keys: Sequence[str] = ()) -> CrawlStatus:
     """The script's JSON answer as a ``CrawlStatus``, sources sorted by name;
-    ``reason_keys`` are the keys the script was given, whose counts it answers in order."""
+    ``counter_keys`` are the keys the script was given (error and re-check counters),
+    whose counts it answers in order."""
     data = json.loads(payload)
     halted = set(_strings(data.get("halted")))
     temp_halted = set(_strings(data.get("temp_halted")))
@@ -299,7 +331,9 @@ def parse_status(payload: str | bytes, reason_keys: Sequence[str] = ()) -> Crawl
     counts = data.get("reasons")
     # cjson's holes and empty tables: a count is only where the list has one.
     listed = counts if isinstance(counts, list) else []
-    reasons = reasons_by_source(dict(zip(reason_keys, listed, strict=False)))
+    counted = dict(zip(counter_keys, listed, strict=False))
+    reasons = reasons_by_source(counted)
+    rechecks = rechecks_by_source(counted)
     raw_sources = data.get("sources")
     sources = tuple(
         _source(
@@ -310,6 +344,7 @@ def parse_status(payload: str | bytes, reason_keys: Sequence[str] = ()) -> Crawl
             temp_halted=name in temp_halted,
             robots_exempt=name in exempt,
             reasons=reasons.get(name, {}),
+            rechecks=rechecks.get(name, {}),
         )
         for name, raw in sorted((raw_sources if isinstance(raw_sources, dict) else {}).items())
         if isinstance(raw, dict)
@@ -319,6 +354,9 @@ def parse_status(payload: str | bytes, reason_keys: Sequence[str] = ()) -> Crawl
     total_reasons: Counter[str] = Counter()
     for by_status in reasons.values():
         total_reasons.update(by_status)
+    total_rechecks: Counter[str] = Counter()
+    for by_status in rechecks.values():
+        total_rechecks.update(by_status)
     return CrawlStatus(
         sources=sources,
         num_resized=_int(totals.get("num_resized")) or 0,
@@ -327,20 +365,24 @@ def parse_status(payload: str | bytes, reason_keys: Sequence[str] = ()) -> Crawl
         num_malformed=_int(totals.get("num_malformed")) or 0,
         backlog_age_s=None if measured_at is None or now is None else now - measured_at,
         errors_by_reason=_by_count(total_reasons),
+        rechecks=_in_check_order(total_rechecks),
     )
 
 
-async def reason_keys(redis: aioredis.Redis) -> list[str]:
-    """Every ``resize_errors:{source}:{status}`` key, found with SCAN (a step of
-    ``SCAN_COUNT`` keys a call, so that Redis serves others between steps)."""
-    keys = [key async for key in redis.scan_iter(match=REASON_KEYS_MATCH, count=SCAN_COUNT)]
+async def counter_keys(redis: aioredis.Redis) -> list[str]:
+    """Every ``resize_errors:{source}:{status}`` and ``rechecks:{source}:{status}`` key,
+    found with one SCAN (a step of ``SCAN_COUNT`` keys a call, so that Redis serves others
+    between steps)."""
+    found = redis.scan_iter(match=COUNTER_KEYS_MATCH, count=SCAN_COUNT)
+    keys = [key async for key in found if key.startswith(_COUNTER_PREFIXES)]
     return list(dict.fromkeys(keys))  # SCAN may return a key twice
 
 
 async def read_status(redis: aioredis.Redis) -> CrawlStatus:
-    """Everything ``status_table`` shows: the error counters' keys found with SCAN, then
-    every value read in one round trip (one script, one moment of Redis's clock)."""
-    keys = await reason_keys(redis)
+    """Everything ``status_table`` shows: the error and re-check counters' keys found with
+    SCAN, then every value read in one round trip (one script, one moment of Redis's
+    clock)."""
+    keys = await counter_keys(redis)
     payload = await redis.eval(_SCRIPT, len(keys), *keys, *_ARGV)
     return parse_status(payload, keys)
 
@@ -725,6 +767,8 @@ class _Column:
 
 
 _RIGHT: Final = {"justify": "right", "no_wrap": True}
+# Shown only when a source has had re-checks.
+RECHECKS_COLUMN: Final = "re-checks"
 _COLUMNS: Final = (
     _Column("source", lambda s: s.name, {"no_wrap": True}),
     _Column("backlog", _backlog, _RIGHT),
@@ -735,15 +779,21 @@ _COLUMNS: Final = (
     _Column("ok", lambda s: str(s.successes), _RIGHT),
     # The reasons are cut, not wrapped: the caption and --json have them whole.
     _Column("errors", _errors, {"justify": "right"}),
+    _Column(RECHECKS_COLUMN, lambda s: _histogram(s.rechecks)),
     _Column("last 50 statuses", lambda s: _histogram(s.last_statuses)),
     _Column("state", _state),
     _Column("robots", _robots, {"no_wrap": True, "overflow": "ellipsis"}),
 )
 # What a terminal too narrow for every column goes without, first to last: the backlog,
 # ETA, rates, errors and state are what a long crawl is watched for.
-NARROW_HIDES: Final = ("last 50 statuses", "pace_rate", "robots")
+NARROW_HIDES: Final = ("last 50 statuses", RECHECKS_COLUMN, "pace_rate", "robots")
 # Wide enough for any cell: measured within it, a cell's widths are its own.
 UNLIMITED_WIDTH: Final = 100_000
+
+
+def _columns(status: CrawlStatus, hidden: Collection[str] = ()) -> list[_Column]:
+    unused = () if status.rechecks else (RECHECKS_COLUMN,)
+    return [c for c in _COLUMNS if c.header not in hidden and c.header not in unused]
 
 
 def _shown(status: CrawlStatus, view: View) -> list[SourceStatus]:
@@ -772,7 +822,7 @@ def status_table(
         padding=(0, 1, 0, 0),
         collapse_padding=True,
     )
-    columns = [column for column in _COLUMNS if column.header not in hidden]
+    columns = _columns(status, hidden)
     for column in columns:
         table.add_column(column.header, **column.options)
     shown = _shown(status, View(sort=sort, top=top))
@@ -796,6 +846,11 @@ def _caption(
     ]
     if status.errors_by_reason:
         lines.append(_reasons_line(status.errors_by_reason))
+    if status.rechecks:
+        lines.append(
+            f"re-checks: {_histogram(status.rechecks)} (images of earlier crawls asked again; "
+            "changed: crawled again, gone: 404 or 410)"
+        )
     if total.urls_lost:
         lines.append(
             f"lost: {total.urls_lost} URLs deleted from urls.* topics before a worker read "
@@ -833,7 +888,7 @@ def fits(
     """True when the table fits ``options.max_width`` with every word of every column
     whole. Rich narrows the widest wrapping columns first, to a common width: the table
     fits when, at the width of the longest word of any of them, the rest still fits."""
-    columns = [column for column in _COLUMNS if column.header not in hidden]
+    columns = _columns(status, hidden)
     sources = _shown(status, view)
     unlimited = options.update_width(UNLIMITED_WIDTH)
     fixed = 0
@@ -874,9 +929,10 @@ class FittedTable:
         if height is not None:
             # Most rows take two lines (the pacing's reason under its state).
             view = dataclasses.replace(view, top=max(1, height // 2))
+        shown = {column.header for column in _columns(self.status)}
         while True:
             hidden: list[str] = []
-            for drop in NARROW_HIDES:
+            for drop in (header for header in NARROW_HIDES if header in shown):
                 if fits(console, options, self.status, view, hidden):
                     break
                 hidden.append(drop)
@@ -924,6 +980,7 @@ def source_json(source: SourceStatus) -> dict[str, Any]:
         "successes": source.successes,
         "errors": source.errors,
         "errors_by_reason": dict(source.errors_by_reason),
+        "rechecks": dict(source.rechecks),
         "last_statuses": dict(source.last_statuses),
         "urls_lost": source.urls_lost,
         "halted": source.halted,
@@ -967,6 +1024,7 @@ def status_json(
             "stalled_backlog": total.stalled_backlog,
             "unknown_eta_sources": total.unknown_sources,
             "errors_by_reason": dict(status.errors_by_reason),
+            "rechecks": dict(status.rechecks),
             "urls_lost": total.urls_lost,
         },
         "sources": [source_json(source) for source in shown],
@@ -988,8 +1046,9 @@ def register(subcommands: Subcommands) -> None:
             "(pace_rate:SOURCE; none without a monitor), why (backoff, recovering, floor, "
             "halted...), and when the next request may start if a server's Retry-After put "
             "it off (pace_next:SOURCE); then its successes, its errors and their top "
-            "reasons, a histogram of its last 50 statuses, its halt state and override, and "
-            "the crawl's totals (the ETA of the crawl is its slowest source's). Refreshed "
+            "reasons, its re-checks by status (when there are any), a histogram of its "
+            "last 50 statuses, its halt state and override, and the crawl's totals (the "
+            "ETA of the crawl is its slowest source's). Refreshed "
             "every --interval seconds until Ctrl-C."
         ),
     )

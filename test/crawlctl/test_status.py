@@ -38,6 +38,7 @@ from crawlctl.commands.status import (
     paused_by_server,
     read_status,
     reasons_by_source,
+    rechecks_by_source,
     robots_text,
     sort_sources,
     source_eta,
@@ -176,6 +177,22 @@ async def seed_robots(redis: Redis) -> None:
     await redis.set(c.resize_errors_key("nasa", c.Status.NO_INDEX), 4)
 
 
+async def seed_rechecks(redis: Redis) -> None:
+    """Re-checks of flickr's and busy's earlier crawls, as the workers' stats flush
+    counts them (``rechecks:{source}:{status}``)."""
+    await redis.mset(
+        {
+            c.rechecks_key("flickr", c.CHECK_UNCHANGED): 12,
+            c.rechecks_key("flickr", c.CHECK_CHANGED): 3,
+            c.rechecks_key("flickr", c.CHECK_GONE): 1,
+            c.rechecks_key("flickr", c.CHECK_FAILED): 0,  # none: not shown
+            c.rechecks_key("busy", c.CHECK_FAILED): 2,
+            c.rechecks_key("busy", c.CHECK_UNCHANGED): 40,
+            c.rechecks_key("nowhere", c.CHECK_GONE): 5,  # a source in no set
+        }
+    )
+
+
 async def seed_backlog(redis: Redis) -> None:
     """``seed`` plus a backlog measured 7 s ago, error reasons and lost URLs."""
     await seed(redis)
@@ -219,6 +236,41 @@ async def test_read_status_reads_robots_keys_in_the_same_round_trip(
     }
 
 
+async def test_read_status_reads_the_rechecks_in_the_same_scan_and_script(
+    redis: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await seed(redis)
+    await seed_rechecks(redis)
+    await redis.set(c.resize_errors_key("flickr", "404"), 1)
+    commands: list[str] = []
+    execute = redis.execute_command
+
+    async def counting(*args: Any, **options: Any) -> Any:
+        commands.append(str(args[0]))
+        return await execute(*args, **options)
+
+    monkeypatch.setattr(redis, "execute_command", counting)
+    status = await read_status(redis)
+    assert commands == ["SCAN", "EVAL"]
+    by_name = {s.name: s for s in status.sources}
+    # In the order of the contract's statuses, whatever the counts.
+    assert list(by_name["flickr"].rechecks.items()) == [
+        ("unchanged", 12),
+        ("changed", 3),
+        ("gone", 1),
+    ]
+    assert list(by_name["busy"].rechecks.items()) == [("unchanged", 40), ("failed", 2)]
+    assert by_name["met"].rechecks == {} and by_name["flickr"].errors_by_reason == {"404": 1}
+    # Every counter found, as for the errors by reason: "nowhere" is in no set.
+    assert "nowhere" not in by_name
+    assert list(status.rechecks.items()) == [
+        ("unchanged", 52),
+        ("changed", 3),
+        ("gone", 6),
+        ("failed", 2),
+    ]
+
+
 # --- the Lua read against the rule it is the fast path of -------------------------------
 
 
@@ -260,8 +312,9 @@ async def read_plainly(redis: Redis) -> CrawlStatus:
             "backlog": backlog.get(name, False),
             "lost": await ask("GET", c.urls_lost_key(name)),
         }
-    reason_keys = sorted(str(key) for key in await redis.keys(f"{c.RESIZE_ERRORS}:*:*"))
-    reasons = [await ask("GET", key) for key in reason_keys]
+    counter_keys = sorted(str(key) for key in await redis.keys(f"{c.RESIZE_ERRORS}:*:*"))
+    counter_keys += sorted(str(key) for key in await redis.keys(f"{c.RECHECKS_PREFIX}*:*"))
+    reasons = [await ask("GET", key) for key in counter_keys]
     totals = {
         key: await ask("GET", key)
         for key in (c.NUM_RESIZED, c.RESIZE_ERRORS, c.NUM_SPLIT, c.NUM_MALFORMED)
@@ -277,7 +330,7 @@ async def read_plainly(redis: Redis) -> CrawlStatus:
         "totals": totals,
         "now": [str(seconds), str(microseconds)],
     }
-    return parse_status(json.dumps(answer), reason_keys)
+    return parse_status(json.dumps(answer), counter_keys)
 
 
 def commands(*each: tuple[Any, ...]) -> Callable[[Redis], Awaitable[None]]:
@@ -352,6 +405,19 @@ LATER = "4102444800.500000"  # a pace_next far ahead of any clock the test runs 
         pytest.param(seed, id="seeded"),
         pytest.param(seed_robots, id="seeded-robots"),
         pytest.param(seed_backlog, id="seeded-backlog"),
+        pytest.param(seed_rechecks, id="seeded-rechecks"),
+        pytest.param(
+            commands(
+                ("SADD", c.INBOUND_SOURCES_SET, "odd"),
+                ("SET", c.rechecks_key("odd", c.CHECK_GONE), "many"),
+                ("SADD", c.rechecks_key("odd", c.CHECK_CHANGED), "a-set"),
+                ("SET", c.rechecks_key("odd", "teapot"), "3"),  # no status of the contract
+                ("SET", f"{c.RECHECKS_PREFIX}odd:", "3"),  # no status
+                ("SET", c.rechecks_key("odd", c.CHECK_FAILED), "-1"),
+                ("SET", "rechecksodd:x:gone", "4"),  # no such prefix, though the SCAN finds it
+            ),
+            id="rechecks-oddities",
+        ),
         pytest.param(
             commands(
                 ("HSET", c.BACKLOG_HASH, "only-a-topic", "12", "odd", "lots"),
@@ -637,6 +703,23 @@ async def test_the_table_has_a_robots_column(redis: Redis) -> None:
     assert "robots: URLs its robots.txt disallowed, images not to be indexed" in text
 
 
+async def test_the_table_has_a_rechecks_column_only_when_there_are_any(redis: Redis) -> None:
+    await seed(redis)
+    before = render(await read_status(redis))
+    assert "re-checks" not in before
+    await seed_rechecks(redis)
+    text = render(await read_status(redis), width=200)
+    header = next(line for line in text.splitlines() if line.startswith("source "))
+    assert re.search(r"\serrors\s+re-checks\s+last 50 statuses\s", header), header
+    assert re.search(r"\s3\s+unchanged=12 changed=3 gone=1\s+200=48", row(text, "flickr")[0])
+    assert re.search(r"\s0\s+unchanged=40 failed=2\s+-\s", row(text, "busy")[0])
+    assert re.search(r"\s0\s+-\s+-\s+temp halted", row(text, "met")[0])
+    assert (
+        "re-checks: unchanged=52 changed=3 gone=6 failed=2 (images of earlier crawls asked again"
+        in text
+    )
+
+
 # --- backlog, ETA and errors by reason ---------------------------------------------------
 
 
@@ -716,6 +799,25 @@ async def test_a_thousand_sources_of_ten_reasons_are_read_in_scan_steps(
 )
 def test_reasons_by_source(counts: dict[str, Any], expected: dict[str, dict[str, int]]) -> None:
     assert reasons_by_source(counts) == expected
+
+
+@pytest.mark.parametrize(
+    ("counts", "expected"),
+    [
+        (
+            {"rechecks:a:gone": "2", "rechecks:a:unchanged": "5", "rechecks:b:failed": "1"},
+            {"a": {"unchanged": 5, "gone": 2}, "b": {"failed": 1}},
+        ),
+        ({"rechecks:a:gone": "0"}, {}),  # nothing to show
+        ({"rechecks:a:gone": "x", "rechecks:a:changed": "-1", "rechecks:a:failed": False}, {}),
+        ({"rechecks:a:": "3", "rechecks::gone": "3", "rechecks:a:teapot": "3"}, {}),
+        ({"rechecks:a:gone:x": "3", "resize_errors:a:gone": "3"}, {}),
+    ],
+)
+def test_rechecks_by_source(counts: dict[str, Any], expected: dict[str, dict[str, int]]) -> None:
+    found = rechecks_by_source(counts)
+    assert found == expected
+    assert all(list(s) == [x for x in c.RECHECK_STATUSES if x in s] for s in found.values())
 
 
 @pytest.mark.parametrize(
@@ -964,6 +1066,28 @@ async def test_a_narrow_terminal_hides_the_least_useful_columns_not_words(redis:
         assert {"temp", "halted,", "override", "5/s"} <= words(text, "met")
 
 
+async def test_a_narrow_terminal_hides_the_rechecks_after_the_last_50_statuses(
+    redis: Redis,
+) -> None:
+    await seed_backlog(redis)
+    await seed_robots(redis)
+    await seed_rechecks(redis)
+    status = await read_status(redis)
+    wide = render_fitted(status, 220)
+    assert "too narrow" not in wide and "unchanged=12 changed=3 gone=1" in row(wide, "flickr")[0]
+    hidden = []
+    for width in range(220, 79, -5):
+        text = render_fitted(status, width)
+        assert max(len(line.rstrip()) for line in text.splitlines()) <= width
+        if match := re.search(r"too narrow for: ([^(]+) \(", text):
+            hidden.append(match.group(1))
+    order = "last 50 statuses, re-checks, pace_rate, robots"
+    assert hidden and all(order.startswith(h) for h in hidden), hidden
+    assert hidden[-1] == order
+    # The crawl's re-checks stay in the caption.
+    assert "re-checks: unchanged=52 changed=3 gone=6 failed=2" in render_fitted(status, 80)
+
+
 def words(text: str, name: str) -> set[str]:
     return {word for line in row(text, name) for word in line.split()}
 
@@ -1029,6 +1153,7 @@ def test_an_empty_status_fits_anywhere() -> None:
 
 async def test_the_json_has_every_field_with_numbers_as_numbers(redis: Redis) -> None:
     await seed_backlog(redis)
+    await seed_rechecks(redis)
     document = status_json(await read_status(redis))
     # Strict JSON: no NaN or Infinity anywhere (an endless ETA is null).
     document = json.loads(json.dumps(document, allow_nan=False))
@@ -1038,7 +1163,7 @@ async def test_the_json_has_every_field_with_numbers_as_numbers(redis: Redis) ->
         "sources", "sources_shown", "sort", "successes", "errors", "split", "malformed",
         "effective_rps", "configured_rps", "backlog", "backlog_age_s", "backlog_stale",
         "eta_s", "eta_source", "stalled_sources", "stalled_backlog", "unknown_eta_sources",
-        "errors_by_reason", "urls_lost",
+        "errors_by_reason", "rechecks", "urls_lost",
     }  # fmt: skip
     assert general["sources"] == general["sources_shown"] == 6 and general["sort"] == "backlog"
     assert (general["successes"], general["errors"], general["split"]) == (13224, 9, 20000)
@@ -1051,6 +1176,13 @@ async def test_the_json_has_every_field_with_numbers_as_numbers(redis: Redis) ->
     assert general["errors_by_reason"] == {
         "503": 40, "500": 11, "Timeout": 9, "404": 1, "ConnectionError": 1}  # fmt: skip
     assert general["urls_lost"] == 120
+    # Only the statuses there are, in the contract's order; "nowhere" counts too.
+    assert list(general["rechecks"].items()) == [
+        ("unchanged", 52),
+        ("changed", 3),
+        ("gone", 6),
+        ("failed", 2),
+    ]
     assert [s["name"] for s in document["sources"]] == [
         "flickr", "busy", "broken", "orphan", "met", "phylopic"]  # fmt: skip
     by_name = {s["name"]: s for s in document["sources"]}
@@ -1069,6 +1201,7 @@ async def test_the_json_has_every_field_with_numbers_as_numbers(redis: Redis) ->
         "successes": 0,
         "errors": 0,
         "errors_by_reason": {"503": 40, "500": 9, "Timeout": 9, "ConnectionError": 1},
+        "rechecks": {"unchanged": 40, "failed": 2},
         "last_statuses": {},
         "urls_lost": 120,
         "halted": False,
@@ -1087,6 +1220,8 @@ async def test_the_json_has_every_field_with_numbers_as_numbers(redis: Redis) ->
     assert (phylopic["backlog"], phylopic["eta_state"], phylopic["configured_rps"]) == (
         None, "unknown", 0.2)  # fmt: skip
     assert phylopic["pacing_state"] is None  # an older monitor's plain rate
+    assert phylopic["rechecks"] == {}
+    assert list(by_name["flickr"]["rechecks"]) == ["unchanged", "changed", "gone"]
 
 
 def test_the_json_of_an_unmeasured_crawl_says_so() -> None:
