@@ -1,10 +1,11 @@
 """``python -m bench``: the crawler's benchmark (see bench/README.md).
 
 Builds (or reuses) the corpus, times the image kernel, starts the origin, runs one crawl
-per ``--sources`` count on a fresh local stack, then compares the worker with img2dataset
-and with a bare Pillow pipeline on the corpus's "mixed" files, measures the thumbnails'
-PSNR, times the monitor's loop, then prints a table and writes ``--out`` (JSON) and the
-same table as markdown next to it.
+per ``--sources`` count on a fresh local stack (with ``--recheck``, each followed by a
+re-check of its images), then compares the worker with img2dataset and with a bare
+Pillow pipeline on the corpus's "mixed" files, measures the thumbnails' PSNR, times the
+monitor's loop, then prints a table and writes ``--out`` (JSON) and the same table as
+markdown next to it.
 """
 
 from __future__ import annotations
@@ -120,6 +121,12 @@ def _crawl_options(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="the origin sends X-Robots-Tag and TDMRep headers with every image",
     )
+    parser.add_argument(
+        "--recheck",
+        action="store_true",
+        help="after each crawl, re-check its images (their first crawl's ETag, Last-Modified "
+        "and sha256) in a second measured pass",
+    )
 
 
 def _comparison_options(parser: argparse.ArgumentParser) -> None:
@@ -196,6 +203,7 @@ def _crawl_config(args: argparse.Namespace, sources: int, images: int, log_dir: 
         profile=args.profile,
         s3=args.s3,
         log_dir=log_dir,
+        recheck=args.recheck,
     )
 
 
@@ -244,6 +252,7 @@ async def _comparison(
             _crawl_config(args, 1, args.compare_images, log_dir / "run-mixed"),
             workers=1,
             profile=False,
+            recheck=False,
         )
         crawl = await run_crawl(config, origin.url, len(mixed.files))
     bare.append(measure_bare(bodies, rounds=args.bare_rounds))

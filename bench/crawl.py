@@ -9,12 +9,18 @@ the workers (``python -m worker``). The origin (``bench.origin``) is shared by t
 The URLs are produced straight to the per-source queues ``urls.{source}`` (as the
 splitter would write them; the splitter itself is not exercised), spread round-robin
 over sources and partitions so every source has work from the first second. Outputs are
-read from ``image_metadata_updates``, ``crawl_errors`` and ``link_rot`` without a
-consumer group until every measured uuid is accounted for, or the deadline passes.
+read from ``image_metadata_updates``, ``crawl_errors``, ``link_rot`` and ``link_checks``
+without a consumer group until every measured uuid is accounted for, or the deadline
+passes.
 
 The worker's CPU is the user + system time of each worker's whole process tree (main
 process, forkserver, image pool), read after a warm-up crawl (broker group joined, pool
 processes started) and again the moment the last output is read: see bench/README.md.
+
+With ``recheck``, the same URLs and uuids are then produced again, each carrying its
+first crawl's ``etag``, ``last_modified`` and ``sha256`` (from its resolution message):
+a second measured window, from the reading just before producing them to the one when
+the last of their ``link_checks`` messages is read.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -56,14 +63,23 @@ class RunConfig:
     profile: bool
     s3: str  # "sink" or "moto"
     log_dir: Path
+    recheck: bool = False  # a second measured pass: every image re-checked
 
 
 def source_names(count: int) -> list[str]:
     return ["photos"] if count == 1 else [f"site{i:04d}" for i in range(count)]
 
 
+# What a re-check sends back of its first crawl: the resolution message's fields of the
+# same names (contract.Earlier).
+VALIDATOR_FIELDS = ("etag", "last_modified", "sha256")
+
+
 class Outputs:
-    """What the workers published, per uuid, read without a consumer group."""
+    """What the workers published, per uuid, read without a consumer group.
+
+    Once ``rechecking`` is set, resolutions, errors and link rot count apart (the
+    re-check pass's), and the crawl's figures stay those of the crawl."""
 
     def __init__(self) -> None:
         self.completed_at: dict[str, float] = {}
@@ -75,10 +91,30 @@ class Outputs:
         self.wanted: set[str] = set()
         self.done_wanted = 0
         self.changed = asyncio.Event()
+        # uuid -> the re-check fields of its (first) resolution message.
+        self.validators: dict[str, dict[str, Any]] = {}
+        self.rechecking = False
+        self.checks_wanted: set[str] = set()
+        self.checks_done = 0
+        self.checked_at: dict[str, float] = {}
+        self.check_statuses: dict[str, str] = {}
+        self.check_http_statuses: Counter[str] = Counter()
+        self.check_examples: list[dict[str, Any]] = []
+        self.recheck_resolutions = 0
+        self.recheck_errors: Counter[str] = Counter()
 
     def add(self, topic: str, value: bytes) -> None:
         message = json.loads(value)
         identifier = message.get("identifier")
+        if topic == c.LINK_CHECKS_TOPIC:
+            self._add_check(identifier, message)
+        elif self.rechecking:
+            self._add_during_recheck(topic, message)
+        else:
+            self._add_crawled(topic, identifier, message)
+        self.changed.set()
+
+    def _add_crawled(self, topic: str, identifier: str | None, message: dict[str, Any]) -> None:
         if topic == c.METADATA_TOPIC:
             if "exif" in message:
                 self.exifs += 1
@@ -86,6 +122,9 @@ class Outputs:
             self.resolutions += 1
             if identifier is not None:
                 self.resolved.add(identifier)
+                self.validators.setdefault(
+                    identifier, {k: message[k] for k in VALIDATOR_FIELDS if k in message}
+                )
         elif topic == c.CRAWL_ERRORS_TOPIC:
             self.errors[message.get("status", "Unparseable")] += 1
             if len(self.error_examples) < 10:
@@ -96,7 +135,29 @@ class Outputs:
             self.completed_at[identifier] = time.monotonic()
             if identifier in self.wanted:
                 self.done_wanted += 1
-        self.changed.set()
+
+    def _add_during_recheck(self, topic: str, message: dict[str, Any]) -> None:
+        if topic == c.METADATA_TOPIC and "exif" not in message:
+            self.recheck_resolutions += 1
+        elif topic == c.CRAWL_ERRORS_TOPIC:
+            self.recheck_errors[message.get("status", "Unparseable")] += 1
+        elif topic == c.LINK_ROT_TOPIC:
+            self.recheck_errors["404"] += 1
+
+    def _add_check(self, identifier: str | None, message: dict[str, Any]) -> None:
+        if identifier is None or identifier in self.checked_at:
+            return
+        self.checked_at[identifier] = time.monotonic()
+        status = str(message.get("status"))
+        self.check_statuses[identifier] = status
+        self.check_http_statuses[str(message.get("http_status"))] += 1
+        if status != c.CHECK_UNCHANGED and len(self.check_examples) < 10:
+            self.check_examples.append(message)
+        if identifier in self.checks_wanted:
+            self.checks_done += 1
+
+
+OUTPUT_TOPICS = (c.METADATA_TOPIC, c.CRAWL_ERRORS_TOPIC, c.LINK_ROT_TOPIC, c.LINK_CHECKS_TOPIC)
 
 
 async def _read_outputs(bootstrap: str, outputs: Outputs, ready: asyncio.Event) -> None:
@@ -109,7 +170,7 @@ async def _read_outputs(bootstrap: str, outputs: Outputs, ready: asyncio.Event) 
     )
     await consumer.start()
     try:
-        topics = (c.METADATA_TOPIC, c.CRAWL_ERRORS_TOPIC, c.LINK_ROT_TOPIC)
+        topics = OUTPUT_TOPICS
         partitions = [
             TopicPartition(t, p) for t in topics for p in consumer.partitions_for_topic(t) or ()
         ]
@@ -153,6 +214,48 @@ def _tasks(
     return tasks, uuids
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class RecheckPlan:
+    """The crawl's messages again, each carrying its first crawl's validators."""
+
+    tasks: list[tuple[str, int, bytes]]  # (topic, partition, SourceTask JSON)
+    uuids: list[str]
+    no_resolution: int  # crawled without a resolution message (an error): not re-checked
+    no_validators: int  # a resolution without etag, last_modified or sha256: none either
+    carrying: dict[str, int]  # how many re-checks carry each of VALIDATOR_FIELDS
+
+
+def recheck_plan(
+    tasks: list[tuple[str, int, bytes]], validators: Mapping[str, Mapping[str, Any]]
+) -> RecheckPlan:
+    """The re-check of each of ``tasks`` (the crawl's messages: same topic, partition, URL
+    and uuid) whose uuid has a resolution in ``validators`` (uuid -> the resolution
+    message's etag, last_modified and sha256, as the worker reported them)."""
+    planned: list[tuple[str, int, bytes]] = []
+    uuids: list[str] = []
+    no_resolution = no_validators = 0
+    carrying = dict.fromkeys(VALIDATOR_FIELDS, 0)
+    for topic, partition, value in tasks:
+        task = c.SourceTask.from_json(value)
+        fields = validators.get(task.uuid)
+        if fields is None:
+            no_resolution += 1
+            continue
+        try:
+            earlier = c.Earlier.from_fields(dict(fields))
+        except c.MalformedMessage:
+            earlier = None
+        if earlier is None:
+            no_validators += 1
+            continue
+        for name in VALIDATOR_FIELDS:
+            carrying[name] += getattr(earlier, name) is not None
+        recheck = dataclasses.replace(task, earlier=earlier)
+        planned.append((topic, partition, recheck.to_json()))
+        uuids.append(task.uuid)
+    return RecheckPlan(planned, uuids, no_resolution, no_validators, carrying)
+
+
 def _worker_env(
     config: RunConfig,
     kafka: KafkaBroker,
@@ -173,8 +276,12 @@ def _worker_env(
     }
 
 
-async def _wait_done(outputs: Outputs, total: int, deadline: float) -> bool:
-    while outputs.done_wanted < total:
+async def _wait_done(
+    outputs: Outputs, total: int, deadline: float, done: Callable[[], int] | None = None
+) -> bool:
+    """Wait until ``done()`` (by default the crawl's uuids accounted for) is ``total``."""
+    count = done if done is not None else (lambda: outputs.done_wanted)
+    while count() < total:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return False
@@ -220,6 +327,9 @@ class _Window:
     peaks: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     profile: dict[str, Any] | None = None
     sampler: Sampler | None = None
+    # Read again by a re-check pass: a tree remembers each process's last reading.
+    trees: list[ProcessTree] = dataclasses.field(default_factory=list)
+    others: dict[str, ProcessTree] = dataclasses.field(default_factory=dict)
 
 
 async def run_crawl(config: RunConfig, origin_url: str, files: int) -> dict[str, Any]:
@@ -241,7 +351,7 @@ async def run_crawl(config: RunConfig, origin_url: str, files: int) -> dict[str,
             )
         await create_topics(
             kafka.bootstrap,
-            [c.METADATA_TOPIC, c.CRAWL_ERRORS_TOPIC, c.LINK_ROT_TOPIC, c.INBOUND_TOPIC],
+            [*OUTPUT_TOPICS, c.INBOUND_TOPIC],
         )
         redis = aioredis.from_url(redis_server.url, decode_responses=True)
         try:
@@ -261,10 +371,14 @@ async def run_crawl(config: RunConfig, origin_url: str, files: int) -> dict[str,
                 stack.workers.append(exits.enter_context(worker.start()))
             warmup, warmup_s = await _warm_up(config, stack, outputs)
             window = await _measure(config, stack, outputs)
+            recheck = await _recheck(config, stack, outputs, window) if config.recheck else None
+            _stop_workers(stack)
         finally:
             reader.cancel()
             await asyncio.gather(reader, return_exceptions=True)
         figures = _figures(config, stack, outputs, window)
+        if recheck is not None:
+            figures["recheck"] = _recheck_figures(recheck, outputs, figures)
         figures.update(
             warmup_images=warmup,
             warmup_s=round(warmup_s, 2),
@@ -343,11 +457,101 @@ async def _measure(config: RunConfig, stack: _Stack, outputs: Outputs) -> _Windo
     window.peaks = [t.peak_rss() for t in trees]
     window.profile = _stop_profiler(profiler)
     window.sampler = sampler
+    window.trees, window.others = trees, others
+    return window
+
+
+def _stop_workers(stack: _Stack) -> None:
     for worker in stack.workers:
         worker.terminate()
     for worker in stack.workers:
         worker.wait(60)
+
+
+@dataclasses.dataclass(slots=True)
+class _Recheck:
+    """The re-check pass: from producing the re-checks to the last link_checks read."""
+
+    plan: RecheckPlan
+    t0: float
+    produce_s: float = 0.0
+    t_seen: float = 0.0
+    finished: bool = False
+    worker_cpu: list[dict[str, float]] = dataclasses.field(default_factory=list)
+    other_cpu: dict[str, float] = dataclasses.field(default_factory=dict)
+
+
+async def _recheck(config: RunConfig, stack: _Stack, outputs: Outputs, crawl: _Window) -> _Recheck:
+    """Produce the crawl's URLs again as re-checks and wait for their ``link_checks``;
+    the workers' CPU is read just before producing and when the last one is read."""
+    tasks, _ = _tasks(stack.sources, config.partitions, stack.origin_url, "run", 0,
+                      config.images)  # fmt: skip
+    plan = recheck_plan(tasks, outputs.validators)
+    outputs.rechecking = True
+    outputs.checks_wanted = set(plan.uuids)
+    outputs.checks_done = sum(1 for u in plan.uuids if u in outputs.checked_at)
+    cpu_before = [t.cpu_by_role() for t in crawl.trees]
+    others_before = {name: t.cpu_seconds() for name, t in crawl.others.items()}
+    window = _Recheck(plan, t0=time.monotonic())
+    await _produce(stack.kafka.bootstrap, plan.tasks)
+    window.produce_s = time.monotonic() - window.t0
+    window.finished = await _wait_done(
+        outputs, len(plan.uuids), window.t0 + config.timeout_s, lambda: outputs.checks_done
+    )
+    window.t_seen = time.monotonic()
+    cpu_after = [t.cpu_by_role() for t in crawl.trees]
+    window.other_cpu = {n: t.cpu_seconds() - others_before[n] for n, t in crawl.others.items()}
+    window.worker_cpu = [
+        {role: after[role] - before[role] for role in before}
+        for before, after in zip(cpu_before, cpu_after, strict=True)
+    ]
     return window
+
+
+def _recheck_figures(window: _Recheck, outputs: Outputs, crawl: dict[str, Any]) -> dict[str, Any]:
+    """The re-check pass's figures; CPU is divided by the re-checks that came back
+    ``unchanged`` (what is measured: a re-check of an unchanged image)."""
+    plan = window.plan
+    statuses = Counter(outputs.check_statuses[u] for u in plan.uuids if u in outputs.checked_at)
+    times = sorted(outputs.checked_at[u] - window.t0 for u in plan.uuids if u in outputs.checked_at)
+    unchanged = statuses[c.CHECK_UNCHANGED]
+    main = sum(w["main"] for w in window.worker_cpu)
+    pool = sum(w["children"] for w in window.worker_cpu)
+    wall_s = times[-1] if times else window.t_seen - window.t0
+
+    def per_image(seconds: float) -> float | None:
+        return seconds / unchanged if unchanged else None
+
+    cpu_s_per_image = per_image(main + pool)
+    full = crawl["worker_cpu_s_per_image"]
+    return {
+        "images": crawl["images_requested"],
+        "rechecks": len(plan.uuids),
+        "not_rechecked": {
+            "no_resolution": plan.no_resolution,
+            "no_validators": plan.no_validators,
+        },
+        "carrying": plan.carrying,
+        "finished": window.finished,
+        "checks_done": len(times),
+        "statuses": dict(statuses),
+        "http_statuses": dict(outputs.check_http_statuses),
+        "examples": outputs.check_examples,
+        "resolutions": outputs.recheck_resolutions,
+        "errors": dict(outputs.recheck_errors),
+        "produce_s": round(window.produce_s, 3),
+        "wall_s": wall_s,
+        "completed_by_s": _deciles(times),
+        "checks_per_s": len(times) / wall_s if wall_s > 0 else None,
+        "worker_cpu_s": main + pool,
+        "worker_cpu_s_by_worker": window.worker_cpu,
+        "cpu_s_per_image": cpu_s_per_image,
+        "main": per_image(main),
+        "pool": per_image(pool),
+        "full_crawl_cpu_s_per_image": full,
+        "ratio": cpu_s_per_image / full if cpu_s_per_image is not None and full else None,
+        "other_cpu_s": window.other_cpu,
+    }
 
 
 def _figures(config: RunConfig, stack: _Stack, outputs: Outputs, window: _Window) -> dict[str, Any]:
