@@ -21,6 +21,10 @@ WORKER_OVER_BARE_MAX = 1.35  # worker CPU/image over the bare Pillow pipeline's
 PSNR_MEAN_MIN = 35.5  # dB, thumbnails against a full-decode Lanczos thumbnail
 PSNR_WORST_MIN = 30.0
 
+# The target of issue 30: the worker's CPU for a re-check of an unchanged image (a 304)
+# over its CPU for a full crawl of it, per image, in the same run.
+RECHECK_OVER_CRAWL_MAX = 0.10
+
 
 def _mib(value: float | None) -> str:
     return "-" if value is None else f"{value / MIB:,.0f} MiB"
@@ -73,6 +77,7 @@ def _run_verdicts(result: dict[str, Any], run: dict[str, Any]) -> list[dict[str,
                 f"{ratio:.2f}",
             )
         )
+    rows += _recheck_verdicts(run.get("recheck"), f"{run['sources']} source(s)")
     for i, memory in enumerate(run["memory"]):
         rows += _memory_verdicts(i, memory, name)
     fairness = run.get("fairness")
@@ -88,6 +93,48 @@ def _run_verdicts(result: dict[str, Any], run: dict[str, Any]) -> list[dict[str,
                 f"all {run['sources']}",
                 got == run["sources"],
                 f"{got} of {run['sources']}",
+            )
+        )
+    return rows
+
+
+def _others(recheck: dict[str, Any]) -> dict[str, int]:
+    """The re-checks that did not come back ``unchanged``, by status ("missing": none)."""
+    statuses = recheck["statuses"]
+    others = {k: v for k, v in sorted(statuses.items()) if k != "unchanged" and v}
+    missing = recheck["images"] - sum(statuses.values())
+    if missing:
+        others["missing"] = missing
+    return others
+
+
+def _recheck_verdicts(recheck: dict[str, Any] | None, name: str) -> list[dict[str, Any]]:
+    """Every re-check came back unchanged, and a re-check's CPU over a full crawl's."""
+    if not recheck:
+        return []
+    images = recheck["images"]
+    unchanged = recheck["statuses"].get("unchanged", 0)
+    others = _others(recheck)
+    detail = ", ".join(f"{k} {v}" for k, v in others.items())
+    rows = [
+        _row(
+            f"re-checks of unchanged images that came back unchanged, {name}",
+            unchanged,
+            f"all {images}",
+            unchanged == images,
+            f"{unchanged} of {images}" + (f" ({detail})" if detail else ""),
+        )
+    ]
+    ratio = recheck.get("ratio")
+    if ratio is not None:
+        where = name + (f", {sum(others.values())} not unchanged" if others else "")
+        rows.append(
+            _row(
+                f"re-check CPU / full crawl CPU per image, {where}",
+                ratio,
+                f"<= {RECHECK_OVER_CRAWL_MAX}",
+                ratio <= RECHECK_OVER_CRAWL_MAX,
+                f"{ratio:.3f}",
             )
         )
     return rows
@@ -347,6 +394,7 @@ def _run_table(result: dict[str, Any], run: dict[str, Any]) -> list[tuple[str, s
         ),
         (f"{tag} errors", str(run["errors"] or "none")),
     ]
+    rows += _recheck_table(run.get("recheck"), tag)
     for i, memory in enumerate(run["memory"]):
         at = memory["rss_at"]
         rss = " / ".join(
@@ -381,6 +429,45 @@ def _run_table(result: dict[str, Any], run: dict[str, Any]) -> list[tuple[str, s
         )
     others = ", ".join(f"{k} {v:.1f}" for k, v in sorted(run["other_cpu_s"].items()))
     rows.append((f"{tag} other processes' CPU s", others))
+    return rows
+
+
+def _recheck_table(recheck: dict[str, Any] | None, tag: str) -> list[tuple[str, str]]:
+    """The re-check pass's rows: its CPU beside the full crawl's, and what came back."""
+    if not recheck:
+        return []
+    ratio = recheck.get("ratio")
+    statuses = ", ".join(f"{k} {v}" for k, v in sorted(recheck["statuses"].items())) or "none"
+    http = ", ".join(f"{k} {v}" for k, v in sorted(recheck["http_statuses"].items())) or "none"
+    rows = [
+        (
+            f"{tag} re-check CPU per image (main + pool)",
+            f"{_ms(recheck['cpu_s_per_image'])} ({_ms(recheck['main'])} + {_ms(recheck['pool'])})",
+        ),
+        (
+            f"{tag} full crawl CPU per image; re-check / full crawl",
+            f"{_ms(recheck['full_crawl_cpu_s_per_image'])}; {_num(ratio, 3)}",
+        ),
+        (
+            f"{tag} re-checks: statuses (HTTP)",
+            f"{statuses} of {recheck['rechecks']} ({http})",
+        ),
+        (
+            f"{tag} re-check throughput; last after",
+            f"{_num(recheck['checks_per_s'])} checks/s; "
+            f"{_num(recheck['completed_by_s'].get('100%'))} s",
+        ),
+    ]
+    skipped = recheck["not_rechecked"]
+    if any(skipped.values()) or recheck["resolutions"] or recheck["errors"]:
+        rows.append(
+            (
+                f"{tag} re-check: not re-checked; resolutions, errors during",
+                f"{skipped['no_resolution']} without a resolution, "
+                f"{skipped['no_validators']} without validators; "
+                f"{recheck['resolutions']}, {recheck['errors'] or 'none'}",
+            )
+        )
     return rows
 
 
