@@ -516,7 +516,8 @@ def _recheck_figures(window: _Recheck, outputs: Outputs, crawl: dict[str, Any]) 
     times = sorted(outputs.checked_at[u] - window.t0 for u in plan.uuids if u in outputs.checked_at)
     unchanged = statuses[c.CHECK_UNCHANGED]
     main = sum(w["main"] for w in window.worker_cpu)
-    pool = sum(w["children"] for w in window.worker_cpu)
+    # Equal readings subtracted as sums can leave -1e-15: a pool that did nothing.
+    pool = max(0.0, sum(w["children"] for w in window.worker_cpu))
     wall_s = times[-1] if times else window.t_seen - window.t0
 
     def per_image(seconds: float) -> float | None:

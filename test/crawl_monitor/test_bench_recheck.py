@@ -131,6 +131,9 @@ def test_recheck_cpu_is_per_unchanged_image() -> None:
     assert figures["wall_s"] == pytest.approx(4.0)
     assert figures["checks_per_s"] == pytest.approx(1.0)
 
+    idle_pool = [{"main": 0.006, "children": -1e-15, "main_system": 0.0, "children_system": 0.0}]
+    assert _recheck_figures(_window(uuids, idle_pool), outputs, crawl)["pool"] == 0.0
+
     nothing = _recheck_figures(_window(uuids, cpu), Outputs(), crawl)
     assert nothing["cpu_s_per_image"] is None and nothing["ratio"] is None
     assert nothing["statuses"] == {} and nothing["wall_s"] == pytest.approx(4.0)
