@@ -19,9 +19,11 @@ the same size in the same second keeps its ETag: give it a new mtime with ``os.u
 ``if_modified_since exact`` (304 only when If-Modified-Since equals the Last-Modified;
 ``before`` answers 304 to any date not older), no ``open_file_cache`` (every request
 stats the file, so a replaced or deleted file shows at once). An If-None-Match that
-matches (weak comparison: ``W/"..."`` matches too) answers 304; one that does not wins
-over a matching If-Modified-Since (200). ``server_config`` adds directives to the server
-block (``location = /gone.jpg { return 410; }``).
+matches (weak comparison: ``W/"..."``, a list, ``*``) answers 304. When a request carries
+both headers, nginx answers 304 only when *both* hold (RFC 9110 would let If-None-Match
+decide alone): a matching ETag with an If-Modified-Since other than the Last-Modified
+gets 200. A date that does not parse is ignored. ``server_config`` adds directives to the
+server block (``location = /gone.jpg { return 410; }``).
 
 One process (``master_process off``) in the foreground (``daemon off``): nothing to reap
 but the child, and no worker process dropping to ``nobody``, which could not read a

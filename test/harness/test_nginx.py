@@ -118,18 +118,28 @@ async def test_a_conditional_get_with_the_etag_gets_304_without_a_body(
     assert all(e.bytes_sent < 300 for e in entries[1:])  # headers only
 
 
-async def test_if_modified_since_is_exact_and_if_none_match_wins(
+async def test_if_modified_since_is_exact_and_both_conditions_must_hold(
     nginx: Nginx, folder: Path
 ) -> None:
     _write(folder / "cat.jpg", b"cat", FIRST_MTIME)
+    etag = f'"{FIRST_MTIME:x}-3"'
+    same = formatdate(FIRST_MTIME, usegmt=True)
     later = formatdate(SECOND_MTIME, usegmt=True)
-    last_modified = formatdate(FIRST_MTIME, usegmt=True)
+    earlier = formatdate(FIRST_MTIME - 1, usegmt=True)
 
-    # `if_modified_since exact` (the default): a later date is not the file's date.
-    assert (await _get(nginx.url("/cat.jpg"), {"If-Modified-Since": later})).status == 200
-    # An If-None-Match that does not match is answered in full, whatever the date says.
-    other = {"If-None-Match": '"0-0"', "If-Modified-Since": last_modified}
-    assert (await _get(nginx.url("/cat.jpg"), other)).status == 200
+    async def status(headers: Mapping[str, str]) -> int:
+        return (await _get(nginx.url("/cat.jpg"), headers)).status
+
+    # `if_modified_since exact` (the default): only the file's own date is "not modified".
+    assert await status({"If-Modified-Since": later}) == 200
+    assert await status({"If-Modified-Since": "yesterday"}) == 200
+    assert await status({"If-None-Match": f'"0-0", {etag}'}) == 304
+    assert await status({"If-None-Match": "*"}) == 304
+    # Both headers: nginx wants both to hold (RFC 9110 would let If-None-Match decide).
+    assert await status({"If-None-Match": etag, "If-Modified-Since": same}) == 304
+    assert await status({"If-None-Match": etag, "If-Modified-Since": later}) == 200
+    assert await status({"If-None-Match": etag, "If-Modified-Since": earlier}) == 200
+    assert await status({"If-None-Match": '"0-0"', "If-Modified-Since": same}) == 200
 
 
 async def test_if_modified_since_before_answers_304_to_any_later_date(
