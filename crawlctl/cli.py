@@ -5,6 +5,7 @@ Subcommands (each has ``--help``)::
     up        start broker, redis-server, monitor and workers on loopback; Ctrl-C stops them
     demo      ``up`` plus a local origin of bundled samples, crawled end to end
     produce   feed inbound_images from a JSON Lines, CSV, TSV or Parquet file
+    recheck   re-check an earlier crawl's images (its etag, last_modified, sha256)
     status    a live table of every source's backlog, ETA, pacing, counters and halt state
     halt      halt a source now (the permanent breaker, set by hand)
     resume    resume a halted source (the README's redis-cli procedure, done right)
@@ -26,11 +27,11 @@ import sys
 from importlib import metadata
 from typing import Final
 
-from crawlctl.commands import controls, demo, produce, status, up
+from crawlctl.commands import controls, demo, produce, recheck, status, up
 from crawlctl.console import EXIT_INTERRUPTED, EXIT_USAGE, PROG, Parser, UsageError, error, note
 
 # In the order ``--help`` lists them.
-COMMANDS: Final = (up, demo, produce, status, controls)
+COMMANDS: Final = (up, demo, produce, recheck, status, controls)
 
 
 def _version() -> str:

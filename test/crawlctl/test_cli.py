@@ -121,7 +121,9 @@ async def inbound(kafka: KafkaBroker) -> list[c.InboundImage]:
 
 # --- help and usage -----------------------------------------------------------------------
 
-SUBCOMMANDS = ("up", "demo", "produce", "status", "halt", "resume", "override", "robots-exempt")
+SUBCOMMANDS = (
+    "up", "demo", "produce", "recheck", "status", "halt", "resume", "override", "robots-exempt"
+)  # fmt: skip
 
 
 def test_the_console_script_is_installed_and_lists_every_subcommand() -> None:
@@ -164,6 +166,28 @@ def test_every_subcommand_has_help(subcommand: str, capsys: pytest.CaptureFixtur
         (["produce", "/nonexistent/urls.jsonl"], "no such file"),
         (["produce", __file__], "use --format jsonl|csv|tsv"),
         (["produce", __file__, "--format", "xml"], "invalid choice: 'xml'"),
+        (["recheck", "/nonexistent/earlier.jsonl"], "no such file: /nonexistent/earlier.jsonl"),
+        (["recheck", __file__], "use --format jsonl|csv|tsv"),
+        (
+            ["recheck", __file__, "--format", "jsonl", "--urls", "/nonexistent/urls.jsonl"],
+            "no such file: /nonexistent/urls.jsonl",
+        ),
+        (
+            ["recheck", __file__, "--format", "jsonl", "--urls", __file__],
+            "cannot tell the format of 'test_cli.py'",
+        ),
+        (
+            ["recheck", __file__, "--format", "jsonl", "--older-than", "last week"],
+            "--older-than is not an ISO 8601 date or date and time: 'last week'",
+        ),
+        (
+            ["recheck", __file__, "--format", "jsonl", "--checks", __file__],
+            "--checks says when rows were checked: it goes with --older-than",
+        ),
+        (
+            ["recheck", __file__, "--format", "jsonl", "--source", "a b"],
+            "--source is not a valid source name: 'a b'",
+        ),
     ],
 )
 def test_usage_errors_go_to_stderr_with_status_2(
