@@ -3,9 +3,10 @@
 Names follow Prometheus's conventions: counters end in ``_total``, units are base units
 (``_bytes``, ``_seconds``). The only unbounded label is ``source``, which the crawl
 has a known, configured set of; ``status`` takes the contract's statuses (HTTP codes and
-error names) and ``dependency`` one of ``DEPENDENCIES`` (``local_store`` is the thumbnail
-folder of THUMBNAIL_STORE=local). Each worker process exports
-its own counts; Prometheus sums them over the workers.
+error names; for ``crawler_rechecks_total``, a re-check's verdict, one of
+``RECHECK_STATUSES``) and ``dependency`` one of ``DEPENDENCIES`` (``local_store`` is the
+thumbnail folder of THUMBNAIL_STORE=local). Each worker process exports its own counts;
+Prometheus sums them over the workers.
 """
 
 from __future__ import annotations
@@ -24,6 +25,11 @@ REQUESTS = Counter(
 OUTCOMES = Counter(
     "crawler_outcomes",
     "Attempts ended, per source and status (an HTTP code or an error name).",
+    ["source", "status"],
+)
+RECHECKS = Counter(
+    "crawler_rechecks",
+    "Re-checks ended, per source and what they found (unchanged, changed, gone, failed).",
     ["source", "status"],
 )
 DOWNLOADED_BYTES = Counter(

@@ -23,6 +23,12 @@ answer's X-Robots-Tag keeps it out of the index, ends as ``NoIndex`` in ``crawl_
 with the directives, nothing stored; the opt-outs of the host's files and of the answer
 go with the image's resolution message (``opt_outs``, ``tdm_policy``).
 
+A message that carries an earlier crawl's validators (``SourceTask.earlier``) is a
+re-check (worker.download.recheck): its GET is conditional, a 304 or a 200 with the
+earlier body ends it with nothing stored or published, and every re-check, whatever its
+end, publishes one ``link_checks`` message and counts its verdict (``rechecks:{source}:
+{status}``). A 410 seen by a re-check goes to ``link_rot`` as a 404 does.
+
 The worker's per-source metrics (worker/metrics.py) are counted here: a request once
 pacing grants its slot, the bytes of each body downloaded, and each recorded status as
 the statistics get it (an outcome).
@@ -43,6 +49,7 @@ import prometheus_client
 from image_crawler.contract import (
     BACKOFF_STATUSES,
     CRAWL_ERRORS_TOPIC,
+    LINK_CHECKS_TOPIC,
     LINK_ROT_TOPIC,
     MAX_ATTEMPTS,
     MAX_RETRY_AFTER_S,
@@ -60,10 +67,11 @@ from image_crawler.contract import (
 )
 from image_crawler.logs import get_logger
 from image_crawler.retry import Backoff, backoff_delay
+from worker.download import recheck
 from worker.download.fetch import FetchResult, UrlFetcher
 from worker.images.kernel import ImageFailure
 from worker.images.pool import ImageProcessor, body_size
-from worker.metrics import DOWNLOADED_BYTES, OUTCOMES, REQUESTS
+from worker.metrics import DOWNLOADED_BYTES, OUTCOMES, RECHECKS, REQUESTS
 from worker.politeness.latency import LatencyWatch
 from worker.politeness.pacing import Pacer
 from worker.politeness.retry_after import obey_retry_after
@@ -80,6 +88,7 @@ CRAWLED = "crawled"
 LINK_ROT = "link_rot"
 DEAD_LETTERED = "dead_lettered"
 MALFORMED = "malformed"
+UNCHANGED = "unchanged"  # a re-check that found the file as it was: link_checks only
 
 # A store or broker that fails (rather than hangs: see worker.sinks.base) is tried again
 # at once, nearly: most failures are a dropped connection, and the URL waits meanwhile.
@@ -89,30 +98,50 @@ DEPENDENCY_RETRY_BASE_S: Final = 0.1
 @dataclasses.dataclass(frozen=True, slots=True)
 class Ending:
     """How one message ended: its last ``status``, where it went (``destination``: one of
-    CRAWLED, LINK_ROT, DEAD_LETTERED, MALFORMED), and its tries of the URL in all, the
-    inbound message's earlier attempts included."""
+    CRAWLED, LINK_ROT, DEAD_LETTERED, MALFORMED, UNCHANGED), and its tries of the URL in
+    all, the inbound message's earlier attempts included."""
 
     status: str
     destination: str
     attempts: int = 1
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Tried:
+    """How one try ended: its ``status`` as recorded; ``answered``, the status of the
+    fetch itself (the HTTP code when an answer came, "" when no request was made);
+    ``directives``, for ``NoIndex``, what said so; ``unchanged``, a re-check's 200 with
+    the earlier body."""
+
+    status: str
+    answered: str = ""
+    directives: tuple[str, ...] = ()
+    unchanged: bool = False
+
+
 class SourceMetrics:
     """One source's children of the per-source metrics, each looked up once: ``labels()``
     (a lock and a lookup by a tuple of label values) costs more than the increment."""
 
-    __slots__ = ("_outcomes", "_source", "downloaded_bytes", "requests")
+    __slots__ = ("_checks", "_outcomes", "_source", "downloaded_bytes", "requests")
 
     def __init__(self, source: str) -> None:
         self._source = source
         self.requests = REQUESTS.labels(source)
         self.downloaded_bytes = DOWNLOADED_BYTES.labels(source)
         self._outcomes: dict[str, prometheus_client.Counter] = {}
+        self._checks: dict[str, prometheus_client.Counter] = {}
 
     def outcome(self, status: str) -> prometheus_client.Counter:
         child = self._outcomes.get(status)
         if child is None:
             child = self._outcomes[status] = OUTCOMES.labels(self._source, status)
+        return child
+
+    def check(self, status: str) -> prometheus_client.Counter:
+        child = self._checks.get(status)
+        if child is None:
+            child = self._checks[status] = RECHECKS.labels(self._source, status)
         return child
 
 
@@ -169,19 +198,25 @@ class Pipeline:
         if self._robots is not None:
             refused, host = await self._robots.consult(source, task.url)
             if refused is not None:
-                return await self._refuse(source, task, refused, host.noindex)
+                ending = await self._refuse(source, task, refused, host.noindex)
+                if task.earlier is not None:
+                    await self._report_check(source, task, Tried(refused))
+                return ending
+        conditions = None if task.earlier is None else recheck.conditions(task.earlier)
         attempts = task.attempts
         while True:
             attempts += 1
-            status, directives = await self._attempt(source, task, host)
-            if status == ROBOTS_PENDING:  # a redirect's host now answers: not a try
+            tried = await self._attempt(source, task, host, conditions)
+            if tried.status == ROBOTS_PENDING:  # a redirect's host now answers: not a try
                 attempts -= 1
                 continue
-            if status not in RETRYABLE_STATUSES or attempts >= self._retries.max_attempts:
+            if tried.status not in RETRYABLE_STATUSES or attempts >= self._retries.max_attempts:
                 break
-            await self._back_off(source, task, status, attempts)
-        destination = await self._route(source, task, status, attempts, directives)
-        return Ending(status, destination, attempts)
+            await self._back_off(source, task, tried.status, attempts)
+        destination = await self._route(source, task, tried, attempts)
+        if task.earlier is not None:
+            await self._report_check(source, task, tried)
+        return Ending(tried.status, destination, attempts)
 
     async def reject(self, raw: bytes | None, error: str, topic: str) -> None:
         """Dead-letter a message that cannot be parsed, and count it."""
@@ -222,11 +257,15 @@ class Pipeline:
         return Ending(status, DEAD_LETTERED, task.attempts)
 
     async def _attempt(
-        self, source: str, task: SourceTask, host: Signals
-    ) -> tuple[str, tuple[str, ...]]:
-        """One try: a slot, the download, the image; its status recorded, and for
-        ``NoIndex`` the directives that said so. ``host``: what the host's robots.txt and
-        tdmrep.json say of the URL.
+        self,
+        source: str,
+        task: SourceTask,
+        host: Signals,
+        conditions: dict[str, str] | None = None,
+    ) -> Tried:
+        """One try: a slot, the download, the image; its status recorded. ``host``: what
+        the host's robots.txt and tdmrep.json say of the URL; ``conditions``: a
+        re-check's request headers.
 
         ``ROBOTS_PENDING`` (not recorded): a redirect led to a host whose robots.txt
         could not be fetched; it has been waited for, and the URL may be tried again.
@@ -236,18 +275,25 @@ class Pipeline:
         metrics.requests.inc()
         robots = self._robots
         permit = None if robots is None else functools.partial(robots.hop_status, source)
-        fetched = await self._fetcher.fetch(task.url, permit)
+        fetched = await self._fetcher.fetch(task.url, permit, conditions)
         if fetched.body is not None:
             metrics.downloaded_bytes.inc(body_size(fetched.body))
         if fetched.status == ROBOTS_PENDING and robots is not None:
             refused, hop = await robots.consult(source, fetched.detail)
             if refused is None:
-                return ROBOTS_PENDING, ()
+                return Tried(ROBOTS_PENDING)
             fetched = FetchResult(refused, detail=fetched.detail, signals=hop)
         backoff = await self._heed(source, fetched)
+        unchanged = False
+        status: str
         if fetched.ok:
+            assert fetched.body is not None
             try:
-                status = await self._finish(source, task, fetched, host)
+                earlier = task.earlier
+                if earlier is not None and recheck.same_body(earlier, fetched.body):
+                    status, unchanged = Status.OK, True
+                else:
+                    status = await self._finish(source, task, fetched, host)
             finally:
                 fetched.release()  # the body's bytes go back to the download budget
         else:
@@ -261,7 +307,8 @@ class Pipeline:
                     detail=fetched.detail,
                 )
         await self._record(source, status, backoff=backoff)
-        return status, fetched.signals.noindex if status == Status.NO_INDEX else ()
+        directives = fetched.signals.noindex if status == Status.NO_INDEX else ()
+        return Tried(status, fetched.status, directives, unchanged)
 
     def _source_metrics(self, source: str) -> SourceMetrics:
         metrics = self._metrics.get(source)
@@ -330,6 +377,10 @@ class Pipeline:
             height=image.height,
             filesize=body_size(fetched.body),
             compression_quality=image.compression_quality,
+            sha256=image.sha256,
+            phash=image.phash,
+            etag=fetched.etag,
+            last_modified=fetched.last_modified,
         )
         said = host | fetched.signals
         if said:
@@ -344,22 +395,28 @@ class Pipeline:
             await sent  # no gather, which would wrap the one publish in a task
         return Status.OK
 
-    async def _route(
-        self,
-        source: str,
-        task: SourceTask,
-        status: str,
-        attempts: int,
-        directives: tuple[str, ...] = (),
-    ) -> str:
+    async def _route(self, source: str, task: SourceTask, tried: Tried, attempts: int) -> str:
+        status = tried.status
+        rechecked = task.earlier is not None
+        if tried.unchanged or (rechecked and status == Status.NOT_MODIFIED):
+            return UNCHANGED
         if status == Status.OK:
             return CRAWLED
-        if status == Status.NOT_FOUND:
+        if status == Status.NOT_FOUND or (rechecked and status == Status.GONE):
             link_rot = LinkRotMessage(identifier=task.uuid, timestamp=utc_now_iso())
             await self._publish(LINK_ROT_TOPIC, link_rot.to_json(), task.uuid)
             return LINK_ROT
-        await self.dead_letter(source, task, status, attempts, directives)
+        await self.dead_letter(source, task, status, attempts, tried.directives)
         return DEAD_LETTERED
+
+    async def _report_check(self, source: str, task: SourceTask, tried: Tried) -> None:
+        """A re-check's end: its ``link_checks`` message, and its verdict counted."""
+        check = recheck.check_of(tried.status, unchanged_body=tried.unchanged)
+        http = recheck.http_status(tried.answered)
+        message = recheck.link_check(task, tried.status, check, http, utc_now_iso())
+        await self._publish(LINK_CHECKS_TOPIC, message.to_json(), task.uuid)
+        self._source_metrics(source).check(check).inc()
+        await self._reliably("record_stats", lambda: self._stats.record_check(source, check))
 
     async def _take_slot(self, source: str, task: SourceTask) -> None:
         future = asyncio.ensure_future(self._pacer.acquire(source))

@@ -115,7 +115,7 @@ class Capacity:
 
 # --- what the crawl published ---------------------------------------------------------------
 
-OUTPUT_TOPICS = (c.METADATA_TOPIC, c.LINK_ROT_TOPIC, c.CRAWL_ERRORS_TOPIC)
+OUTPUT_TOPICS = (c.METADATA_TOPIC, c.LINK_ROT_TOPIC, c.CRAWL_ERRORS_TOPIC, c.LINK_CHECKS_TOPIC)
 # A test's own message on the output topics (see ``Outputs.sync``); no crawler output has it.
 MARKER = "test_marker"
 

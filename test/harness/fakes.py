@@ -48,9 +48,12 @@ class FakeFetcher:
     def __init__(self, results: dict[str, FetchResult | list[FetchResult]]) -> None:
         self.results = results
         self.requests: list[str] = []
+        # The conditions (request headers) each request carried, None for none.
+        self.conditions: list[Any] = []
 
-    async def fetch(self, url: str, permit: object = None) -> FetchResult:
+    async def fetch(self, url: str, permit: object = None, conditions: Any = None) -> FetchResult:
         self.requests.append(url)
+        self.conditions.append(conditions)
         result = self.results.get(url, FetchResult("404"))
         if isinstance(result, list):
             tries = self.requests.count(url)
@@ -86,6 +89,8 @@ class FakeStats:
         # The outcomes recorded as backoff signals.
         self.signals: list[tuple[str, str]] = []
         self.malformed = 0
+        # Re-checks' verdicts, (source, "unchanged" | "changed" | "gone" | "failed").
+        self.checks: list[tuple[str, str]] = []
 
     async def record(self, source: str, status: str, *, backoff: bool = False) -> None:
         self.outcomes.append((source, status))
@@ -94,6 +99,9 @@ class FakeStats:
 
     async def record_malformed(self) -> None:
         self.malformed += 1
+
+    async def record_check(self, source: str, check: str) -> None:
+        self.checks.append((source, check))
 
 
 class FlakyRedis:

@@ -1,5 +1,7 @@
 import asyncio
+import hashlib
 import json
+import re
 
 import pytest
 from structlog.testing import capture_logs
@@ -15,6 +17,7 @@ from worker.pipeline import (
     DEAD_LETTERED,
     LINK_ROT,
     MALFORMED,
+    UNCHANGED,
     Ending,
     Pipeline,
     RetryPolicy,
@@ -64,6 +67,8 @@ async def test_a_crawled_image_is_stored_published_and_counted():
         "height": image.height,
         "filesize": len(image.body),
         "compression_quality": image.quality,
+        "sha256": hashlib.sha256(image.body).hexdigest(),
+        "phash": resolution["phash"],  # worker/images/phash.py's tests hold its value
     }
     assert exif["identifier"] == "u-1"
     assert exif["exif"].items() >= image.exif.items()
@@ -77,7 +82,7 @@ async def test_an_image_without_exif_sends_no_exif_message():
     pipeline, p = make({"http://origin.test/a.jpg": FetchResult("200", body=image.body)})
     await pipeline.handle("example", task(), TOPIC)
     assert [set(m) for m in p["sink"].messages[c.METADATA_TOPIC]] == [
-        {"identifier", "width", "height", "filesize", "compression_quality"}
+        {"identifier", "width", "height", "filesize", "compression_quality", "sha256", "phash"}
     ]
 
 
@@ -334,3 +339,143 @@ async def test_opt_outs_are_published_with_the_image(host, answer, opt_outs, pol
     assert resolution["opt_outs"] == opt_outs
     assert resolution.get("tdm_policy") == policy
     assert c.ResolutionMessage.from_json(json.dumps(resolution)).opt_outs == tuple(opt_outs)
+
+
+# --- re-checks ---------------------------------------------------------------------------------
+URL = "http://origin.test/a.jpg"
+ETAG = '"5f3-1a2b"'
+DATE = "Tue, 03 Nov 2026 10:00:00 GMT"
+
+
+def recheck(earlier=None, uuid="u-1"):
+    earlier = earlier or c.Earlier(etag=ETAG, last_modified=DATE)
+    return c.SourceTask(url=URL, uuid=uuid, earlier=earlier).to_json()
+
+
+def the_check(p):
+    (check,) = p["sink"].messages[c.LINK_CHECKS_TOPIC]
+    assert p["sink"].keys[c.LINK_CHECKS_TOPIC] == [b"u-1"]
+    assert (
+        c.LinkCheckMessage.from_json(json.dumps(check)).to_json()
+        == json.dumps(check, separators=(",", ":")).encode()
+    )
+    return {k: v for k, v in check.items() if k != "time"}
+
+
+async def test_a_crawl_publishes_the_body_hashes_and_the_validators_as_sent():
+    image = next(i for i in good_images() if not i.exif)
+    fetched = FetchResult("200", body=image.body, etag=ETAG, last_modified=DATE)
+    pipeline, p = make({URL: fetched})
+    assert await pipeline.handle("example", task(), TOPIC) == Ending("200", CRAWLED)
+    (resolution,) = p["sink"].messages[c.METADATA_TOPIC]
+    assert resolution["sha256"] == hashlib.sha256(image.body).hexdigest()
+    assert re.fullmatch("[0-9a-f]{16}", resolution["phash"])
+    assert (resolution["etag"], resolution["last_modified"]) == (ETAG, DATE)
+    assert p["fetcher"].conditions == [None]  # a plain crawl asks for the file as is
+    assert c.LINK_CHECKS_TOPIC not in p["sink"].messages and p["stats"].checks == []
+
+
+async def test_an_unchanged_file_answered_304_is_reported_and_nothing_else():
+    pipeline, p = make({URL: FetchResult("304")})
+    assert await pipeline.handle("example", recheck(), TOPIC) == Ending("304", UNCHANGED)
+    assert p["fetcher"].conditions == [{"If-None-Match": ETAG, "If-Modified-Since": DATE}]
+    assert the_check(p) == {
+        "identifier": "u-1",
+        "url": URL,
+        "status": "unchanged",
+        "http_status": 304,
+    }
+    assert set(p["sink"].messages) == {c.LINK_CHECKS_TOPIC} and not p["store"].objects
+    # A success for the breakers (an expected status) and for pacing (no backoff signal).
+    assert p["stats"].outcomes == [("example", "304")] and p["stats"].signals == []
+    assert p["stats"].checks == [("example", "unchanged")]
+    assert p["pacer"].taken == ["example"]  # paced like any request
+
+
+async def test_a_server_that_ignores_the_condition_and_sends_the_same_body_is_unchanged():
+    image = next(i for i in good_images() if not i.exif)
+    earlier = c.Earlier(etag=ETAG, sha256=hashlib.sha256(image.body).hexdigest())
+    released = []
+    fetched = FetchResult(
+        "200", body=(image.body[:10], image.body[10:]), release=lambda: released.append(1)
+    )
+    pipeline, p = make({URL: fetched})
+    assert await pipeline.handle("example", recheck(earlier), TOPIC) == Ending("200", UNCHANGED)
+    assert the_check(p)["status"] == "unchanged" and the_check(p)["http_status"] == 200
+    assert set(p["sink"].messages) == {c.LINK_CHECKS_TOPIC} and not p["store"].objects
+    assert released == [1]
+
+
+async def test_a_changed_file_is_crawled_again_with_its_new_metadata():
+    image = next(i for i in good_images() if not i.exif)
+    earlier = c.Earlier(etag='"old"', sha256="0" * 64)
+    fetched = FetchResult("200", body=image.body, etag='"new"', last_modified=DATE)
+    pipeline, p = make({URL: fetched})
+    assert await pipeline.handle("example", recheck(earlier), TOPIC) == Ending("200", CRAWLED)
+    (resolution,) = p["sink"].messages[c.METADATA_TOPIC]
+    assert resolution["etag"] == '"new"'
+    assert resolution["sha256"] == hashlib.sha256(image.body).hexdigest()
+    assert set(p["store"].objects) == {"u-1.jpg"}
+    assert the_check(p) == {
+        "identifier": "u-1",
+        "url": URL,
+        "status": "changed",
+        "http_status": 200,
+    }
+    assert p["stats"].checks == [("example", "changed")]
+
+
+@pytest.mark.parametrize("code", ["404", "410"])
+async def test_a_deleted_file_is_gone_and_on_link_rot(code):
+    pipeline, p = make({URL: FetchResult(code)})
+    assert await pipeline.handle("example", recheck(), TOPIC) == Ending(code, LINK_ROT)
+    assert [m["identifier"] for m in p["sink"].messages[c.LINK_ROT_TOPIC]] == ["u-1"]
+    assert the_check(p)["status"] == "gone" and the_check(p)["http_status"] == int(code)
+    assert c.CRAWL_ERRORS_TOPIC not in p["sink"].messages
+
+
+async def test_a_410_of_a_plain_crawl_is_still_a_crawl_error():
+    pipeline, p = make({URL: FetchResult("410")})
+    assert await pipeline.handle("example", task(), TOPIC) == Ending("410", DEAD_LETTERED)
+    assert c.LINK_CHECKS_TOPIC not in p["sink"].messages
+
+
+async def test_a_304_to_a_plain_crawl_is_a_crawl_error():
+    pipeline, p = make({URL: FetchResult("304")})
+    assert await pipeline.handle("example", task(), TOPIC) == Ending("304", DEAD_LETTERED)
+    assert c.LINK_CHECKS_TOPIC not in p["sink"].messages
+
+
+@pytest.mark.parametrize(
+    ("fetched", "status", "http", "destination"),
+    [
+        (FetchResult("500"), "500", 500, DEAD_LETTERED),
+        (FetchResult("Timeout"), "Timeout", None, DEAD_LETTERED),
+        (FetchResult("200", body=b"not an image"), "UnidentifiedImageError", 200, DEAD_LETTERED),
+    ],
+)
+async def test_a_failed_re_check_is_a_crawl_error_and_a_failed_check(
+    fetched, status, http, destination
+):
+    pipeline, p = make({URL: fetched})
+    ending = await pipeline.handle("example", recheck(), TOPIC)
+    assert (ending.status, ending.destination) == (status, destination)
+    (error,) = p["sink"].messages[c.CRAWL_ERRORS_TOPIC]
+    assert error["status"] == status
+    assert the_check(p) == {
+        "identifier": "u-1",
+        "url": URL,
+        "status": "failed",
+        "http_status": http,
+        "error": status,
+    }
+    assert p["stats"].checks == [("example", "failed")]
+
+
+async def test_a_re_check_robots_txt_refuses_is_a_failed_check_without_a_request():
+    pipeline, p = make({})
+    pipeline._robots = ConsultingRobots(c.Status.ROBOTS_DISALLOWED)
+    ending = await pipeline.handle("example", recheck(), TOPIC)
+    assert ending == Ending("RobotsDisallowed", DEAD_LETTERED, 0)
+    assert p["fetcher"].requests == []
+    assert the_check(p)["status"] == "failed" and the_check(p)["http_status"] is None

@@ -34,7 +34,7 @@ from image_crawler.contract import (
 from worker.images.pool import Body
 
 # What a re-check's final status says of the file, where it says anything.
-_CHECKS: Final = {
+_CHECKS: Final[dict[str, str]] = {
     Status.NOT_MODIFIED: CHECK_UNCHANGED,
     Status.OK: CHECK_CHANGED,
     Status.NOT_FOUND: CHECK_GONE,
