@@ -348,18 +348,25 @@ def read_records(text: TextIO, fmt: Format, fields: Fields, check_header: Header
     yield from _not_empty(records)
 
 
+def validate_record(
+    record: Record, *, default_source: str | None, new_uuid: Callable[[], str]
+) -> Row:
+    """``validate`` of one record's values, where the record is."""
+    return validate(
+        record.values,
+        record.line,
+        default_source=default_source,
+        new_uuid=new_uuid,
+        unit=record.unit,
+    )
+
+
 def _validated(
     records: Records, default_source: str | None, new_uuid: Callable[[], str]
 ) -> Iterator[Item]:
     for record in records:
         if isinstance(record, Record):
-            yield validate(
-                record.values,
-                record.line,
-                default_source=default_source,
-                new_uuid=new_uuid,
-                unit=record.unit,
-            )
+            yield validate_record(record, default_source=default_source, new_uuid=new_uuid)
         else:
             yield record
 

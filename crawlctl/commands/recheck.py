@@ -78,6 +78,7 @@ from crawlctl.commands.produce import (
     size_of,
     source_option,
     validate,
+    validate_record,
 )
 from crawlctl.connections import kafka_option, kafka_settings
 from crawlctl.console import (
@@ -318,13 +319,7 @@ def feed_rows(records: Records, default_source: str | None) -> Iterator[Item]:
         elif is_blank(record.values.get("uuid")):
             yield BadRow(record.line, "missing uuid: nothing to join on", record.unit)
         else:
-            yield validate(
-                record.values,
-                record.line,
-                default_source=default_source,
-                new_uuid=_no_new_uuid,
-                unit=record.unit,
-            )
+            yield validate_record(record, default_source=default_source, new_uuid=_no_new_uuid)
 
 
 Feed = dict[str, FeedEntry]
