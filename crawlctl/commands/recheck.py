@@ -215,6 +215,8 @@ def recheck_row(record: Record, rules: Rules) -> Recheck | BadRow | Skipped:
             reason = f"checked_at is not an ISO 8601 date or time: {_shown(values['checked_at'])}"
             return BadRow(line, reason, unit)
     fields = {"url": values.get("url"), "uuid": uuid, "source": values.get("source")}
+    if rules.feed is None and is_blank(fields["url"]):
+        return BadRow(line, "missing url (give the field, or --urls FEED)", unit)
     if rules.feed is not None and (is_blank(fields["url"]) or is_blank(fields["source"])):
         entry = rules.feed.get(uuid.strip())
         if entry is None and is_blank(fields["url"]):

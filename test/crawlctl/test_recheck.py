@@ -220,7 +220,8 @@ def test_good_rows(row: dict[str, Any], expected: Recheck) -> None:
         ({"url": "https://a.example/1.jpg", "uuid": "u", "source": "s", "sha256": 12},
          "field 'sha256' is not 64 hex digits"),
         # What produce refuses, recheck refuses.
-        ({"uuid": "u", "source": "s", "etag": "e"}, "missing url"),
+        ({"uuid": "u", "source": "s", "etag": "e"}, "missing url (give the field, or --urls FEED)"),
+        ({"url": " ", "uuid": "u", "source": "s", "etag": "e"}, "missing url (give the field, "),
         ({"url": "ftp://a.example/1.jpg", "uuid": "u", "source": "s", "etag": "e"},
          "url is not an http(s) URL: 'ftp://a.example/1.jpg'"),
         ({"url": "https://a.example/1.jpg", "uuid": "u", "etag": "e"},
