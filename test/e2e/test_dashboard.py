@@ -7,13 +7,14 @@ when it is missing) is driven through the DevTools protocol (test/harness/dashbo
   exactly its inline blocks (checked on the text, and in the browser: an injected script
   and a fetch to another origin are refused).
 - Against a monitor's ``/metrics`` made up by the test (1,000 sources, odd names, halted
-  and unrated sources): every row and total as ``/metrics`` says; throughput once the
-  counters move, steady when the monitor refreshes them less often than the page reads,
-  0 once they stop; sorting by a click on a header, the filter box; the "cannot reach
-  the monitor" state when the server goes away, and a standby monitor when it is back.
+  and unrated sources, re-checks by status): every row and total as ``/metrics`` says;
+  throughput once the counters move, steady when the monitor refreshes them less often
+  than the page reads, 0 once they stop; sorting by a click on a header, the filter box;
+  the "cannot reach the monitor" state when the server goes away, and a standby monitor
+  when it is back.
 - During a real crawl (the monitor, a worker, a local origin, one source halted by its
-  breaker): the sources and their values as the monitor's ``/metrics`` says, sorting,
-  no console error, no request to another origin;
+  breaker, re-check counters written into Redis): the sources and their values as the
+  monitor's ``/metrics`` says, sorting, no console error, no request to another origin;
   the screenshot is saved to the test's directory, and to ``DASHBOARD_SCREENSHOT``
   when that is set (how ``docs/dashboard.png`` is made; the crawl then runs longer so
   that the chart has more to show).
@@ -72,9 +73,11 @@ COLUMNS = [
     "successes",
     "errors",
     "noIndex",
+    "rechecks",
     "state",
 ]
-TOTALS = ["successes", "errors", "throughput", "backlog", "eta", "sources", "split"]
+STATE = COLUMNS.index("state")
+TOTALS = ["successes", "errors", "throughput", "backlog", "eta", "sources", "split", "rechecks"]
 
 # What the page shows, read in one go: the state, the totals, and the table as displayed.
 READ_PAGE = """(() => {
@@ -168,6 +171,31 @@ def test_durations_read_in_two_units(seconds: float | None, shown: str) -> None:
     assert fmt_duration(seconds) == shown
 
 
+# The metric of re-checks by status, and the key its samples get among a source's values.
+RECHECKS = "crawler_source_rechecks_total"
+RECHECK_KEY = "rechecks:"
+
+
+def fmt_rechecks(values: Mapping[str, float]) -> str:
+    """``"12 unchanged · 3 changed · 1 gone"``: the statuses of ``values``'
+    ``rechecks:{status}`` keys with any, the contract's first and in its order."""
+    counts = {
+        k.removeprefix(RECHECK_KEY): v for k, v in values.items() if k.startswith(RECHECK_KEY)
+    }
+    order = [*c.RECHECK_STATUSES, *sorted(set(counts) - set(c.RECHECK_STATUSES))]
+    return " · ".join(f"{fmt_int(counts[s])} {s}" for s in order if counts.get(s, 0) > 0)
+
+
+def recheck_totals(text: str) -> dict[str, float]:
+    """Every source's re-checks in a ``/metrics`` text, summed by status."""
+    totals: dict[str, float] = {}
+    for values in per_source(text)[0].values():
+        for key, value in values.items():
+            if key.startswith(RECHECK_KEY):
+                totals[key] = totals.get(key, 0) + value
+    return totals
+
+
 def expected_row(source: str, values: Mapping[str, float]) -> list[str]:
     """A table row as the page shows a source whose metrics are ``values``."""
     state = ""
@@ -185,6 +213,7 @@ def expected_row(source: str, values: Mapping[str, float]) -> list[str]:
         fmt_int(values.get("successes")),
         fmt_int(values.get("errors")),
         fmt_int(values.get("no_index")),
+        fmt_rechecks(values),
         state,
     ]
 
@@ -209,7 +238,10 @@ def per_source(text: str) -> tuple[dict[str, dict[str, float]], dict[str, float]
     totals: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name in PER_SOURCE:
+            if sample.name == RECHECKS:
+                key = RECHECK_KEY + sample.labels["status"]
+                sources.setdefault(sample.labels["source"], {})[key] = sample.value
+            elif sample.name in PER_SOURCE:
                 sources.setdefault(sample.labels["source"], {})[PER_SOURCE[sample.name]] = (
                     sample.value
                 )
@@ -281,6 +313,8 @@ class SourceState:
     successes: int = 0
     errors: int = 0
     no_index: int = 0
+    # status -> count, a sample each (the monitor's has none for a status never seen).
+    rechecks: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 class MadeUpMonitor:
@@ -315,6 +349,13 @@ class MadeUpMonitor:
         yield family(CounterMetricFamily, "crawler_source_successes", "successes")
         yield family(CounterMetricFamily, "crawler_source_errors", "errors")
         yield family(CounterMetricFamily, "crawler_source_no_index", "no_index")
+        rechecks = CounterMetricFamily(
+            RECHECKS.removesuffix("_total"), "made up: rechecks", labels=["source", "status"]
+        )
+        for source, state in self.sources.items():
+            for status, count in state.rechecks.items():
+                rechecks.add_metric([source, status], count)
+        yield rechecks
         states = list(self.sources.values())
         backlog = sum(s.backlog or 0 for s in states)
         etas = [s.eta for s in states if s.eta is not None]
@@ -358,9 +399,17 @@ def thousand_sources() -> dict[str, SourceState]:
             successes=i * 1234,
             errors=i * 7 % 50,
             no_index=i * 3 % 7,
+            # One in five re-checked; some statuses at 0, which the page leaves out.
+            rechecks=(
+                {"unchanged": i * 11, "changed": i % 4, "gone": i % 3, "failed": i % 2}
+                if i % 5 == 0
+                else {}
+            ),
         )
         for i in range(996)
     }
+    # A status the page does not know yet comes after the contract's.
+    sources["source0010"].rechecks["moved"] = 2
     sources["halted-for-now"] = SourceState(effective=0, halted=1, eta=math.inf, errors=80)
     sources["halted-for-good"] = SourceState(
         effective=0, halted=1, permanent=1, eta=math.inf, errors=500
@@ -462,6 +511,18 @@ async def test_a_thousand_sources_show_as_metrics_says_and_throughput_follows_th
         assert page["totals"]["sources"] == "1,000"
         assert page["subs"]["sources"] == "2 halted, 1 permanently"
         assert page["totals"]["throughput"] == NONE
+        # Every source's re-checks, summed by status.
+        checked = recheck_totals(text)
+        assert page["totals"]["rechecks"] == fmt_int(sum(checked.values()))
+        assert page["subs"]["rechecks"] == fmt_rechecks(checked)
+        assert (
+            page["subs"]["rechecks"]
+            == "1,094,500 unchanged · 300 changed · 200 gone · 100 failed · 2 moved"
+        )
+        assert expected["source0010"][COLUMNS.index("rechecks")] == (
+            "110 unchanged · 2 changed · 1 gone · 2 moved"
+        )
+        assert expected["source0011"][COLUMNS.index("rechecks")] == ""
 
         # 500 successes and 100 errors a reading, until the page shows a rate (five
         # readings): the throughput is their sum per second.
@@ -507,6 +568,9 @@ async def test_throughput_holds_steady_when_the_monitor_counts_less_often_than_t
 
     async with made_up_monitor(monitor) as port:
         await open_dashboard(tab, port)
+        # No re-check yet: the family has no sample, and the counters are known.
+        page = await read_page(tab)
+        assert (page["totals"]["rechecks"], page["subs"]["rechecks"]) == ("0", "none yet")
         counting = asyncio.create_task(count())
         try:
             seen: list[float] = []
@@ -537,7 +601,11 @@ async def test_a_click_on_a_header_sorts_and_the_filter_box_narrows(tab: Tab) ->
     names = ["wikimedia", "flickr", "smithsonian", "met", "wikiart", "europeana", "nappy"]
     monitor = MadeUpMonitor(
         {
-            name: SourceState(successes=(i * 7919) % 1000, configured=i + 1.0)
+            name: SourceState(
+                successes=(i * 7919) % 1000,
+                configured=i + 1.0,
+                rechecks={"unchanged": (i * 37) % 11, "gone": i % 3} if i % 3 else {},
+            )
             for i, name in enumerate(names)
         }
     )
@@ -559,6 +627,9 @@ async def test_a_click_on_a_header_sorts_and_the_filter_box_narrows(tab: Tab) ->
         by_successes = sorted(names, key=lambda n: -monitor.sources[n].successes)
         assert await sorted_by("successes", "descending") == by_successes
         assert await sorted_by("successes", "ascending") == by_successes[::-1]
+        # By the number of re-checks, whatever their statuses; ties by name.
+        by_rechecks = sorted(names, key=lambda n: (-sum(monitor.sources[n].rechecks.values()), n))
+        assert await sorted_by("rechecks", "descending") == by_rechecks
         by_rate = sorted(names, key=lambda n: -monitor.sources[n].configured)
         assert await sorted_by("configured", "descending") == by_rate
 
@@ -704,6 +775,12 @@ CRAWL = {
     "rawpixel": CrawledSource(5.0, 0, failing=True),
 }
 FAILING_URLS = 40
+# Re-checks of earlier crawls, as the workers' stats flush counts them: written into Redis
+# before the crawl (these URLs carry no earlier crawl), so that the page shows some.
+RECHECKED = {
+    "flickr": {c.CHECK_UNCHANGED: 1840, c.CHECK_CHANGED: 52, c.CHECK_GONE: 7},
+    "met": {c.CHECK_UNCHANGED: 120, c.CHECK_FAILED: 3},
+}
 # Set to a path (docs/dashboard.png) to keep the screenshot; the crawl is then this many
 # times longer, so that the chart has more to show.
 SCREENSHOT_ENV = "DASHBOARD_SCREENSHOT"
@@ -768,6 +845,13 @@ async def test_during_a_real_crawl_the_page_shows_what_the_monitor_measures(
                     for i, url in enumerate(urls[half:])
                 ],
             )
+        await redis.mset(
+            {
+                c.rechecks_key(name, status): count
+                for name, counts in RECHECKED.items()
+                for status, count in counts.items()
+            }
+        )
         crawl.monitor = CrawlerProcess(
             "crawl_monitor",
             {
@@ -794,7 +878,7 @@ async def test_during_a_real_crawl_the_page_shows_what_the_monitor_measures(
         page = await tab.wait_until(
             f"""(() => {{ const p = {READ_PAGE};
               const done = Number(p.totals.successes.replaceAll(",", ""));
-              const halted = p.rows.some((r) => r[0] === "rawpixel" && r[7] !== "");
+              const halted = p.rows.some((r) => r[0] === "rawpixel" && r[{STATE}] !== "");
               return done >= {good * 0.75} && halted && p.chartLines > 0 && p; }})()""",
             120 * scale,
             "a crawl well under way, with rawpixel halted",
@@ -805,6 +889,13 @@ async def test_during_a_real_crawl_the_page_shows_what_the_monitor_measures(
         for name, source in CRAWL.items():
             assert sources[name]["configured"] == source.rate_rps
         assert (shown_rate(page) or 0) > 0
+        rows = {row[0]: row for row in page["rows"]}
+        rechecks = COLUMNS.index("rechecks")
+        assert rows["flickr"][rechecks] == "1,840 unchanged · 52 changed · 7 gone"
+        assert rows["met"][rechecks] == "120 unchanged · 3 failed"
+        assert rows["wikimedia"][rechecks] == ""
+        assert page["totals"]["rechecks"] == "2,022"
+        assert page["subs"]["rechecks"] == "1,960 unchanged · 52 changed · 7 gone · 3 failed"
         screenshot = await tab.screenshot()
         await asyncio.to_thread((tmp_path / "dashboard.png").write_bytes, screenshot)
         if keep:
