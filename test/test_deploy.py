@@ -41,6 +41,7 @@ MONITOR_SAMPLES = frozenset(
         "crawler_source_permanently_halted",
         "crawler_source_successes_total",
         "crawler_source_errors_total",
+        "crawler_source_rechecks_total",
         "crawler_successes_total",
         "crawler_errors_total",
         "crawler_split_total",
@@ -70,6 +71,8 @@ REQUIRED = frozenset(
         "crawler_source_eta_seconds",
         "crawler_source_halted",
         "crawler_monitor_loop_seconds_bucket",
+        # Issue 30: re-checks by status.
+        "crawler_source_rechecks_total",
     }
 )
 SUFFIXES = {
