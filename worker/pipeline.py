@@ -26,8 +26,8 @@ go with the image's resolution message (``opt_outs``, ``tdm_policy``).
 A message that carries an earlier crawl's validators (``SourceTask.earlier``) is a
 re-check (worker.download.recheck): its GET is conditional, a 304 or a 200 with the
 earlier body ends it with nothing stored or published, and every re-check, whatever its
-end, publishes one ``link_checks`` message and counts its verdict (``rechecks:{source}:
-{status}``). A 410 seen by a re-check goes to ``link_rot`` as a 404 does.
+end, publishes one ``link_checks`` message and counts its verdict (the hash
+``rechecks``). A 410 seen by a re-check goes to ``link_rot`` as a 404 does.
 
 The worker's per-source metrics (worker/metrics.py) are counted here: a request once
 pacing grants its slot, the bytes of each body downloaded, and each recorded status as

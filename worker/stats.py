@@ -42,13 +42,14 @@ from image_crawler.contract import (
     LAST_N_STATUSES,
     NUM_MALFORMED,
     NUM_RESIZED,
+    RECHECKS_HASH,
     RESIZE_ERRORS,
     STATUS_WINDOWS,
     Status,
     backoff_signals_key,
     last50_key,
     num_resized_key,
-    rechecks_key,
+    rechecks_field,
     resize_errors_key,
     window_member,
 )
@@ -73,7 +74,8 @@ class QueuedOutcome(NamedTuple):
     """An outcome waiting to be written: its ``source`` (None for a malformed message),
     ``status``, whether it was a ``backoff`` signal, the Unix time it was recorded ``at``,
     and the future resolved once it is stored. With ``check`` set, it is a re-check's
-    verdict instead (``status`` is then that verdict): counted, outside the windows."""
+    verdict instead (``status`` is then that verdict): counted in RECHECKS_HASH, outside
+    the windows and the counters."""
 
     source: str | None
     status: str
@@ -87,14 +89,10 @@ class QueuedOutcome(NamedTuple):
 _SUCCESSES: Final = frozenset({Status.OK, Status.NOT_MODIFIED})
 
 
-def counted_keys(
-    source: str | None, status: str, backoff: bool, check: bool = False
-) -> tuple[str, ...]:
+def counted_keys(source: str | None, status: str, backoff: bool) -> tuple[str, ...]:
     """The counters one outcome adds 1 to."""
     if source is None:
         return (NUM_MALFORMED,)
-    if check:
-        return (rechecks_key(source, status),)
     if status in _SUCCESSES:
         keys: tuple[str, ...] = (NUM_RESIZED, num_resized_key(source))
     else:
@@ -111,7 +109,7 @@ def flush_commands(
     An outcome adds its member ``"{status}:{time}"``, scored by its time, to each of its
     source's windows and its status to the source's last-N list (trimmed to the newest
     ``last_n``), and adds 1 to each of its counters (``counted_keys``); a re-check's
-    verdict (``check``) only adds to its counter. A window drops
+    verdict (``check``) only adds 1 to its field of RECHECKS_HASH. A window drops
     what fell out of it once a flush, just before the flush's first outcome of that
     window is added, by that outcome's time: a batch queued while Redis was away may span
     more than a window, and none of its own outcomes is dropped.
@@ -119,7 +117,11 @@ def flush_commands(
     commands: list[tuple[str, ...]] = []
     trimmed: set[str] = set()
     for source, status, backoff, at, _, check in batch:
-        if source is not None and not check:
+        if check:
+            assert source is not None
+            commands.append(("HINCRBY", RECHECKS_HASH, rechecks_field(source, status), "1"))
+            continue
+        if source is not None:
             for prefix, window_s in STATUS_WINDOWS:
                 key = f"{prefix}{source}"
                 if key not in trimmed:
@@ -128,7 +130,7 @@ def flush_commands(
                 commands.append(("ZADD", key, repr(at), window_member(status, at)))
             last = last50_key(source)
             commands += [("RPUSH", last, status), ("LTRIM", last, str(-last_n), "-1")]
-        commands += [("INCR", key) for key in counted_keys(source, status, backoff, check)]
+        commands += [("INCR", key) for key in counted_keys(source, status, backoff)]
     return commands
 
 
@@ -239,9 +241,14 @@ class RedisStats:
         windows: dict[str, list[Any]] = {}
         statuses: defaultdict[str, list[str]] = defaultdict(list)
         counts: Counter[str] = Counter()
+        checks: Counter[str] = Counter()
         for source, status, backoff, now, _, check in batch:
-            counts.update(counted_keys(source, status, backoff, check))
-            if source is None or check:
+            if check:
+                assert source is not None
+                checks[rechecks_field(source, status)] += 1
+                continue
+            counts.update(counted_keys(source, status, backoff))
+            if source is None:
                 continue
             score = repr(now)
             member = window_member(status, now)
@@ -257,6 +264,7 @@ class RedisStats:
                 "w": list(windows.values()),
                 "l": [[last50_key(source), values] for source, values in statuses.items()],
                 "c": counts,
+                "h": [[RECHECKS_HASH, checks]] if checks else [],
             }
         )
         await self._flush_script(args=(document, LAST_N_STATUSES))

@@ -60,8 +60,8 @@ def resolutions(outputs: Outputs, uuid: str) -> list[c.ResolutionMessage]:
 
 
 async def counted(redis) -> dict[str, int]:
-    keys = [c.rechecks_key(SOURCE, check) for check in c.RECHECK_STATUSES]
-    values = await redis.mget(keys)
+    fields = [c.rechecks_field(SOURCE, check) for check in c.RECHECK_STATUSES]
+    values = await redis.hmget(c.RECHECKS_HASH, fields)
     return {check: int(v or 0) for check, v in zip(c.RECHECK_STATUSES, values, strict=True)}
 
 

@@ -397,6 +397,8 @@ async def dump(redis: Redis) -> dict[str, tuple[str, Any]]:
             value = await redis.lrange(key, 0, -1)
         elif kind == "zset":
             value = await redis.zrange(key, 0, -1, withscores=True)
+        elif kind == "hash":
+            value = await redis.hgetall(key)
         else:
             raise AssertionError(f"unexpected {kind} at {key}")
         state[key] = (kind, value)
@@ -440,9 +442,14 @@ async def test_a_flush_leaves_redis_as_flush_commands_one_at_a_time_do(redis, re
     assert state[c.NUM_MALFORMED] == ("string", "4")
     assert state[c.backoff_signals_key("a")] == ("string", "2")
     assert state[c.backoff_signals_key("c")] == ("string", "1")
-    assert state[c.rechecks_key("a", c.CHECK_UNCHANGED)] == ("string", "17")
-    assert state[c.rechecks_key("a", c.CHECK_GONE)] == ("string", "1")
-    assert state[c.rechecks_key("b", c.CHECK_CHANGED)] == ("string", "1")
+    assert state[c.RECHECKS_HASH] == (
+        "hash",
+        {
+            c.rechecks_field("a", c.CHECK_UNCHANGED): "17",
+            c.rechecks_field("a", c.CHECK_GONE): "1",
+            c.rechecks_field("b", c.CHECK_CHANGED): "1",
+        },
+    )
     assert state[c.num_resized_key("a")] == ("string", "37")  # 200s and 304s
 
 

@@ -3,7 +3,8 @@
 -- counters), grouped by key, in one call.
 --
 -- ARGV: a JSON batch {"w": [[window key, trim score, [score, member, ...]], ...], "l":
--- [[last-N key, [status, ...]], ...], "c": {counter key: increment}}, then N. Each window
+-- [[last-N key, [status, ...]], ...], "c": {counter key: increment}, "h": [[hash key,
+-- {field: increment}], ...]}, then N. Each window
 -- is trimmed before its ZADD, each list trimmed after its RPUSH. Scores travel as the
 -- strings Python prints (repr: exact).
 local batch = cjson.decode(ARGV[1])
@@ -24,4 +25,7 @@ for _, last in ipairs(batch.l) do
   redis.call('LTRIM', last[1], -n, -1)
 end
 for key, count in pairs(batch.c) do redis.call('INCRBY', key, count) end
+for _, hash in ipairs(batch.h) do
+  for field, count in pairs(hash[2]) do redis.call('HINCRBY', hash[1], field, count) end
+end
 return 1
