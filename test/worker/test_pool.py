@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import platform
 from pathlib import Path
@@ -38,6 +39,9 @@ async def test_a_body_shared_through_memory_gives_the_same_result_as_inline(pool
     outcome = await pool.process(image.body)
     assert isinstance(outcome, ProcessedImage)
     assert outcome == process_image(image.body)
+    # Hashed from the map, and back through the pipe while the thumbnail takes the memfd.
+    assert outcome.sha256 == hashlib.sha256(image.body).hexdigest()
+    assert len(outcome.phash) == 16
     assert pool.shares_memory
 
 

@@ -1,4 +1,5 @@
-"""The image kernel: one downloaded body in, dimensions, quality, EXIF and a thumbnail out.
+"""The image kernel: one downloaded body in, dimensions, quality, EXIF, a thumbnail and the
+body's SHA-256 and the image's perceptual hash out.
 
 Pure and picklable so that it can run in a process pool: no asyncio, no I/O, no global
 Pillow state touched. Every expected problem with the body (not an image, corrupt,
@@ -12,10 +13,12 @@ libjpeg-turbo encodes it. Everything else, and any JPEG that road refuses, goes 
 Pillow as before. On the benchmark's photographs of about 270 KB the JPEG road takes
 about half the CPU of Pillow's (draft, BICUBIC resize, encode) for thumbnails that differ
 from a full-decode Lanczos thumbnail by about as much; bench/README.md has the figures.
+Either road hashes the thumbnail's pixels before encoding them (worker/images/phash.py).
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import mmap
 import struct
@@ -32,6 +35,7 @@ from PIL import AvifImagePlugin, Image, JpegImagePlugin
 from image_crawler.contract import Status
 from worker.images import ico
 from worker.images.exif import EXIF_IFD, GPS_IFD, ExifLimits, exif_to_json
+from worker.images.phash import phash
 from worker.images.quality import estimate_jpeg_quality
 
 _DETAIL_MAX_CHARS = 200
@@ -116,7 +120,9 @@ class ProcessedImage:
     other formats, `exif` the EXIF as JSON (see `exif_to_json`) or None when the image
     has none, `thumbnail` a baseline JPEG (RGB or L) whose longest side is at most
     `ImageLimits.thumbnail_px`, same aspect, never upscaled, as stored (not rotated by
-    EXIF Orientation).
+    EXIF Orientation). `sha256` is the hex SHA-256 of the body, `phash` the 64-bit DCT
+    perceptual hash of the thumbnail's pixels as 16 hex digits (imagehash's `phash`, see
+    worker/images/phash.py).
     """
 
     width: int
@@ -125,6 +131,16 @@ class ProcessedImage:
     compression_quality: int | None
     exif: dict[str, Any] | None
     thumbnail: bytes = field(repr=False)
+    sha256: str
+    phash: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Thumbnail:
+    """A thumbnail's JPEG, and the perceptual hash of its pixels before they were encoded."""
+
+    jpeg: bytes
+    phash: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,13 +268,15 @@ def _process(
         format=im.format or "",
         compression_quality=quality,
         exif=exif,
-        thumbnail=thumbnail,
+        thumbnail=thumbnail.jpeg,
+        sha256=hashlib.sha256(body).hexdigest(),  # a map too, without a copy
+        phash=thumbnail.phash,
     )
 
 
 def _turbo_thumbnail(
     im: Image.Image, body: bytes | mmap.mmap, target: tuple[int, int], quality: int
-) -> bytes | None:
+) -> _Thumbnail | None:
     """The thumbnail of a YCbCr or greyscale JPEG through libjpeg-turbo and OpenCV, or
     None to let Pillow do it (CMYK, 12-bit, or anything libjpeg-turbo calls damaged:
     Pillow then gives the verdict it always gave, including on files it tolerates)."""
@@ -275,13 +293,13 @@ def _turbo_thumbnail(
         return None
     pixels = _resize(pixels, width, height, target)
     if grey:
-        return bytes(
-            simplejpeg.encode_jpeg(
-                pixels.reshape(th, tw, 1), quality, colorspace="GRAY", colorsubsampling="Gray"
-            )
+        jpeg = simplejpeg.encode_jpeg(
+            pixels.reshape(th, tw, 1), quality, colorspace="GRAY", colorsubsampling="Gray"
         )
-    # 4:2:0, as Pillow writes at this quality.
-    return bytes(simplejpeg.encode_jpeg(pixels, quality, colorspace="RGB", colorsubsampling="420"))
+    else:
+        # 4:2:0, as Pillow writes at this quality.
+        jpeg = simplejpeg.encode_jpeg(pixels, quality, colorspace="RGB", colorsubsampling="420")
+    return _Thumbnail(bytes(jpeg), phash(pixels))
 
 
 def _resize(pixels: Any, width: int, height: int, target: tuple[int, int]) -> Any:
@@ -342,7 +360,7 @@ def _pillow_thumbnail(
     jpeg: JpegImagePlugin.JpegImageFile | None,
     target: tuple[int, int],
     quality: int,
-) -> bytes:
+) -> _Thumbnail:
     width, height = im.size
     box: tuple[float, float, float, float] | None = None
     if jpeg is not None and target != (width, height):
@@ -359,7 +377,8 @@ def _pillow_thumbnail(
     frame = _flatten(frame)
     out = io.BytesIO()
     frame.save(out, "JPEG", quality=quality, optimize=False)
-    return out.getvalue()
+    # Pillow's own grey: half the CPU of unpacking its RGB into an array for OpenCV.
+    return _Thumbnail(out.getvalue(), phash(np.asarray(frame.convert("L"))))
 
 
 def _read_exif(im: Image.Image, limits: ExifLimits) -> dict[str, Any] | None:
