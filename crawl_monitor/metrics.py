@@ -22,7 +22,8 @@ with a ``urls.{source}`` topic for the backlog):
   (``resize_errors:{source}:NoIndex``);
 - ``crawler_source_rechecks_total`` (labels ``source`` and ``status``, one of
   ``image_crawler.contract.RECHECK_STATUSES``): re-checks of earlier crawls ended
-  (``rechecks:{source}:{status}``), a series only for the statuses a source has had.
+  (the hash ``rechecks``, field ``{source}:{status}``), a series only for the statuses a
+  source has had.
 
 Totals: ``crawler_successes_total``, ``crawler_errors_total`` (``num_resized``,
 ``resize_errors``), ``crawler_split_total`` (``num_split``), ``crawler_backlog_urls``,
@@ -209,7 +210,7 @@ def _rechecks(counters: Counters) -> Metric:
     rechecks = CounterMetricFamily(
         "crawler_source_rechecks",
         "Re-checks of a source's earlier crawls ended, by status: unchanged, changed, gone, "
-        "failed (rechecks:{source}:{status}).",
+        "failed (hash rechecks, field {source}:{status}).",
         labels=["source", "status"],
     )
     for source, by_status in sorted(counters.rechecks.items()):

@@ -27,7 +27,8 @@ rounded to six significant digits and ETAs to the second.
 
 ``rechecks`` (issue 30) is in a source's entry only when it has any: its re-checks of
 earlier crawls ended so far, by status (``image_crawler.contract.RECHECK_STATUSES``, in
-that order, the statuses with none left out), from ``rechecks:{source}:{status}``.
+that order, the statuses with none left out), from the hash ``rechecks`` (fields
+``{source}:{status}``).
 
 ``specific`` lists the sources with any success, error, recent status, backlog or
 re-check, every halted one, and every one held below its configured rate; with
@@ -45,7 +46,7 @@ import dataclasses
 import math
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Final
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
@@ -60,14 +61,15 @@ from image_crawler.contract import (
     PACE_FLOOR,
     PACE_RECOVERING,
     RECHECK_STATUSES,
+    RECHECKS_HASH,
     RESIZE_ERRORS,
     PacingInfo,
     Status,
     crawl_eta_s,
     eta_s,
     num_resized_key,
-    rechecks_key,
     resize_errors_key,
+    source_and_check,
 )
 from image_crawler.logs import get_logger
 from image_crawler.retry import sleep_unless_stopped
@@ -91,7 +93,7 @@ class Counters:
     # (resize_errors:{source}:NoIndex).
     no_index: Mapping[str, int] = dataclasses.field(default_factory=dict)
     # Re-checks ended, by status in the order of RECHECK_STATUSES, of the sources that
-    # have any (rechecks:{source}:{status}; a status with none is left out).
+    # have any (the hash rechecks, field {source}:{status}; a status with none is left out).
     rechecks: Mapping[str, Mapping[str, int]] = dataclasses.field(default_factory=dict)
 
 
@@ -213,20 +215,35 @@ def _int(value: object) -> int:
         return 0
 
 
-def _rechecks(sources: list[str], values: list[Any]) -> dict[str, dict[str, int]]:
-    """The non-zero ``rechecks:{source}:{status}`` counts of the sources with any, from
-    their values read source by source, each in the order of RECHECK_STATUSES."""
-    width = len(RECHECK_STATUSES)
+def _rechecks(sources: list[str], fields: Mapping[str, Any]) -> dict[str, dict[str, int]]:
+    """The non-zero counts of ``fields`` (RECHECKS_HASH's) of the known ``sources`` that
+    have any, by source name, each source's in the order of RECHECK_STATUSES. Fields of
+    other sources or statuses are left out."""
+    if not fields:  # no re-checks at all: the known sources are not even looked at
+        return {}
+    known = set(sources)
     found: dict[str, dict[str, int]] = {}
-    # Most sources have none: the absent keys are skipped before any parsing.
-    for i in [i for i, value in enumerate(values) if value is not None]:
-        if count := _int(values[i]):
-            found.setdefault(sources[i // width], {})[RECHECK_STATUSES[i % width]] = count
-    return found
+    for field, value in fields.items():
+        source, status = source_and_check(field)
+        if source in known and status in RECHECK_STATUSES and (count := _int(value)):
+            found.setdefault(source, {})[status] = count
+    return {source: _in_check_order(found[source]) for source in sorted(found)}
+
+
+def _in_check_order(counts: Mapping[str, int]) -> dict[str, int]:
+    return {status: counts[status] for status in RECHECK_STATUSES if status in counts}
+
+
+# Where read_counters's pipeline answers the rechecks hash.
+_RECHECKS_REPLY: Final = 6
 
 
 async def read_counters(redis: aioredis.Redis, sources: list[str]) -> Counters:
-    """Global and per-source counters in one pipelined round trip."""
+    """Global and per-source counters in one pipelined round trip.
+
+    A ``rechecks`` key that is no hash reads as no re-checks, as a per-source key of
+    another type reads as 0; the other counters' errors are raised.
+    """
     async with redis.pipeline(transaction=False) as pipe:
         pipe.get(NUM_RESIZED)
         pipe.get(RESIZE_ERRORS)
@@ -235,8 +252,11 @@ async def read_counters(redis: aioredis.Redis, sources: list[str]) -> Counters:
             pipe.mget([num_resized_key(s) for s in sources])
             pipe.mget([resize_errors_key(s) for s in sources])
             pipe.mget([resize_errors_key(s, Status.NO_INDEX) for s in sources])
-            pipe.mget([rechecks_key(s, status) for s in sources for status in RECHECK_STATUSES])
-        replies = await pipe.execute()
+            pipe.hgetall(RECHECKS_HASH)
+        replies = await pipe.execute(raise_on_error=False)
+    for reply in replies[:_RECHECKS_REPLY]:
+        if isinstance(reply, Exception):
+            raise reply
     successful: dict[str, int] = {}
     errors: dict[str, int] = {}
     no_index: dict[str, int] = {}
@@ -245,7 +265,8 @@ async def read_counters(redis: aioredis.Redis, sources: list[str]) -> Counters:
         successful = {s: n for s, v in zip(sources, replies[3], strict=True) if (n := _int(v))}
         errors = {s: n for s, v in zip(sources, replies[4], strict=True) if (n := _int(v))}
         no_index = {s: n for s, v in zip(sources, replies[5], strict=True) if (n := _int(v))}
-        rechecks = _rechecks(sources, replies[6])
+        fields = replies[_RECHECKS_REPLY]
+        rechecks = _rechecks(sources, fields if isinstance(fields, Mapping) else {})
     return Counters(
         num_resized=_int(replies[0]),
         resize_errors=_int(replies[1]),

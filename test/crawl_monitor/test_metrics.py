@@ -34,6 +34,7 @@ from test.harness.crawl import sources_file
 from test.harness.services import create_topics, produce, wait_for
 
 AT_RATE = "at its configured rate"
+RECHECKS = "crawler_source_rechecks_total"
 
 
 def snapshot() -> RegulatorSnapshot:
@@ -249,7 +250,15 @@ async def test_the_monitor_serves_metrics_health_and_the_dashboard(
     await create_topics(kafka.bootstrap, ["urls.alpha"], partitions=1)
     await produce(kafka.bootstrap, "urls.alpha", [b'{"url": "u", "uuid": "1"}'])
     await redis.set(c.num_resized_key("alpha"), 3)
-    await redis.set(c.rechecks_key("alpha", c.CHECK_GONE), 2)
+    await redis.hset(
+        c.RECHECKS_HASH,
+        mapping={
+            c.rechecks_field("alpha", c.CHECK_GONE): 2,
+            c.rechecks_field("alpha", c.CHECK_CHANGED): "x",  # no count: no series
+            c.rechecks_field("alpha", "teapot"): 4,  # no status of the contract: none
+            c.rechecks_field("stranger", c.CHECK_GONE): 7,  # no known source: none
+        },
+    )
     env = {
         **kafka.env,
         "REDIS_URL": redis_url,
@@ -286,7 +295,9 @@ async def test_the_monitor_serves_metrics_health_and_the_dashboard(
     assert _value(text, 'crawler_source_backlog_urls{source="alpha"}') == 1.0
     assert _value(text, 'crawler_source_successes_total{source="alpha"}') == 3.0
     assert _value(text, 'crawler_source_rechecks_total{source="alpha",status="gone"}') == 2.0
-    assert 'crawler_source_rechecks_total{source="alpha",status="unchanged"}' not in text
+    assert [line for line in text.splitlines() if line.startswith(RECHECKS)] == [
+        f'{RECHECKS}{{source="alpha",status="gone"}} 2.0'
+    ]
     assert _value(text, 'crawler_source_configured_requests_per_second{source="alpha"}') == 0.2
     assert _value(text, "crawler_sources") == 1.0
     assert _value(text, "crawler_monitor_loop_seconds_count") >= 1

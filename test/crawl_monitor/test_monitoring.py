@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from redis.exceptions import ResponseError
 from structlog.testing import capture_logs
 
 from crawl_monitor.backlog import Backlog
-from crawl_monitor.monitoring import Counters, MonitoringLog, build_update
+from crawl_monitor.monitoring import Counters, MonitoringLog, build_update, read_counters
 from crawl_monitor.policy.decision import RegulatorSnapshot
 from crawl_monitor.regulator import Regulator
 from crawl_monitor.store import RedisRegulatorStore
@@ -183,14 +184,23 @@ async def test_a_seeded_redis_is_reported(redis):
             c.resize_errors_key("flickr"): 1,
             c.num_resized_key("animaldiversity"): 18,
             c.resize_errors_key("broken"): 30,
-            c.rechecks_key("flickr", c.CHECK_UNCHANGED): 12,
-            c.rechecks_key("flickr", c.CHECK_CHANGED): 3,
-            c.rechecks_key("flickr", c.CHECK_GONE): 1,
-            c.rechecks_key("flickr", c.CHECK_FAILED): 0,  # none: left out
-            c.rechecks_key("quiet", c.CHECK_FAILED): 2,
-            c.rechecks_key("animaldiversity", c.CHECK_GONE): "x",  # no count: left out
-            c.rechecks_key("stranger", c.CHECK_GONE): 7,  # no known source: not read
         }
+    )
+    await redis.hset(
+        c.RECHECKS_HASH,
+        mapping={
+            c.rechecks_field("flickr", c.CHECK_UNCHANGED): 12,
+            c.rechecks_field("flickr", c.CHECK_CHANGED): 3,
+            c.rechecks_field("flickr", c.CHECK_GONE): 1,
+            c.rechecks_field("flickr", c.CHECK_FAILED): 0,  # none: left out
+            c.rechecks_field("quiet", c.CHECK_FAILED): 2,
+            c.rechecks_field("animaldiversity", c.CHECK_GONE): "x",  # no count: left out
+            c.rechecks_field("animaldiversity", c.CHECK_CHANGED): "1.5",  # no count either
+            c.rechecks_field("broken", "teapot"): 4,  # no status of the contract
+            c.rechecks_field("broken", ""): 4,  # no status
+            "broken": 4,  # no status, nor source
+            c.rechecks_field("stranger", c.CHECK_GONE): 7,  # no known source: left out
+        },
     )
     regulator = Regulator(RedisRegulatorStore(redis), lambda: rates)
     await regulator.tick()
@@ -301,6 +311,39 @@ async def test_a_seeded_redis_is_reported(redis):
         "flickr": {"unchanged": 12, "changed": 3, "gone": 1},
         "quiet": {"failed": 2},
     }
+
+
+async def test_the_counters_are_three_gets_three_mgets_and_one_hgetall(redis):
+    """Whatever the number of sources: the re-checks cost one HGETALL, not a key each."""
+    await redis.hset(c.RECHECKS_HASH, c.rechecks_field("source0007", c.CHECK_GONE), 3)
+    await redis.config_resetstat()
+    counters = await read_counters(redis, [f"source{i:04}" for i in range(1000)])
+    stats = await redis.info("commandstats")
+    calls = {name.removeprefix("cmdstat_"): stat["calls"] for name, stat in stats.items()}
+    assert {name: calls.get(name) for name in ("get", "mget", "hgetall")} == {
+        "get": 3,
+        "mget": 3,
+        "hgetall": 1,
+    }
+    assert counters.rechecks == {"source0007": {"gone": 3}}
+
+
+async def test_without_known_sources_the_rechecks_are_not_read(redis):
+    await redis.hset(c.RECHECKS_HASH, c.rechecks_field("flickr", c.CHECK_GONE), 3)
+    await redis.config_resetstat()
+    assert (await read_counters(redis, [])).rechecks == {}
+    assert "cmdstat_hgetall" not in await redis.info("commandstats")
+
+
+async def test_a_rechecks_hash_of_another_type_reads_as_no_rechecks(redis):
+    await redis.set(c.num_resized_key("flickr"), 5)
+    await redis.set(c.RECHECKS_HASH, "not-a-hash")
+    counters = await read_counters(redis, ["flickr"])
+    assert (counters.successful, counters.rechecks) == ({"flickr": 5}, {})
+    # The other counters are read as before: a global one of another type is an error.
+    await redis.rpush(c.NUM_RESIZED, "not-a-count")
+    with pytest.raises(ResponseError):
+        await read_counters(redis, ["flickr"])
 
 
 def busy(successful: dict[str, int]) -> Counters:
