@@ -16,9 +16,9 @@ the Crawl-delay that caps the source's rate (``crawl_delay:``) and whether an op
 exempted the source (``robots_exempt``). Its backlog, the URLs split but not yet taken by
 the workers, as the monitor last measured it (the hash ``backlog``, with the time of the
 measurement in ``backlog_measured_at``), and from it the ETA at the effective rate; its
-errors by reason (``resize_errors:{source}:{status}``) and its re-checks of earlier crawls
-by status (``rechecks:{source}:{status}``), both found in one SCAN, and the URLs found
-deleted unread (``urls_lost:``).
+errors by reason (``resize_errors:{source}:{status}``, found with SCAN), its re-checks of
+earlier crawls by status (the hash ``rechecks``, field ``{source}:{status}``) and the URLs
+found deleted unread (``urls_lost:``).
 
 The command prints the table once (``--once``), or as JSON (``--json``, ``status_json``),
 or keeps it live, read again every ``--interval`` seconds; while Redis is away it keeps
@@ -33,7 +33,6 @@ import contextlib
 import dataclasses
 import json
 import math
-import os.path
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any, Final
@@ -73,7 +72,7 @@ from image_crawler.contract import (
     PACE_STOPPED,
     RATES_HASH,
     RECHECK_STATUSES,
-    RECHECKS_PREFIX,
+    RECHECKS_HASH,
     RESIZE_ERRORS,
     ROBOTS_EXEMPT_SET,
     TEMP_HALTED_SET,
@@ -82,6 +81,7 @@ from image_crawler.contract import (
     PacingInfo,
     Status,
     eta_s,
+    source_and_check,
 )
 from image_crawler.lua import lua_script
 
@@ -107,15 +107,12 @@ _ARGV: Final = (
     BACKLOG_AT,
     URLS_LOST,
     Status.NO_INDEX,
+    RECHECKS_HASH,
 )
-# Every per-status error counter, resize_errors:{source}:{status}, and every re-check
-# counter, rechecks:{source}:{status}; source names and statuses hold no ':'. One SCAN
-# finds both (a walk costs the same whatever it matches): its pattern is their prefixes'
-# common start (of key names: commonprefix is no path function here), and the keys it
-# finds are kept by prefix.
+# Every per-status error counter, resize_errors:{source}:{status}; source names and
+# statuses hold no ':'.
 _REASON_PREFIX: Final = f"{RESIZE_ERRORS}:"
-_COUNTER_PREFIXES: Final = (_REASON_PREFIX, RECHECKS_PREFIX)
-COUNTER_KEYS_MATCH: Final = os.path.commonprefix(_COUNTER_PREFIXES) + "*:*:*"  # noqa: RUF071
+REASON_KEYS_MATCH: Final = f"{RESIZE_ERRORS}:*:*"
 # Keys SCAN looks at per call: each call holds Redis for about that many keys' walk.
 SCAN_COUNT: Final = 1000
 
@@ -169,7 +166,8 @@ class SourceStatus:
     errors_by_reason: Mapping[str, int] = dataclasses.field(default_factory=dict)
     # ``urls_lost:``: URLs deleted from urls.{source} before a worker read them.
     urls_lost: int = 0
-    # ``rechecks:{source}:{status}``, the statuses it has had, in RECHECK_STATUSES order.
+    # ``rechecks``'s ``{source}:{status}`` counts, the statuses it has had, in
+    # RECHECK_STATUSES order.
     rechecks: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
 
@@ -184,7 +182,7 @@ class CrawlStatus:
     backlog_age_s: float | None = None
     # Every ``resize_errors:{source}:{status}`` summed by status, most frequent first.
     errors_by_reason: Mapping[str, int] = dataclasses.field(default_factory=dict)
-    # Every ``rechecks:{source}:{status}`` summed by status, in RECHECK_STATUSES order.
+    # Every source's re-checks (``rechecks``) summed by status, in RECHECK_STATUSES order.
     rechecks: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
 
@@ -249,22 +247,16 @@ def _by_count(counts: Mapping[str, int]) -> dict[str, int]:
     return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
 
 
-def _by_source(counts: Mapping[str, Any], prefix: str) -> dict[str, dict[str, int]]:
-    # {prefix}{source}:{status} -> count, for the positive integer counts.
-    found: dict[str, dict[str, int]] = {}
-    for key, value in counts.items():
-        source, sep, status = key.removeprefix(prefix).partition(":")
-        count = _count(value)
-        if key.startswith(prefix) and sep and source and status and count:
-            found.setdefault(source, {})[status] = count
-    return found
-
-
 def reasons_by_source(counts: Mapping[str, Any]) -> dict[str, dict[str, int]]:
     """``{"resize_errors:flickr:503": "2", ...}`` -> ``{"flickr": {"503": 2}}``, each
     source's reasons most frequent first. Keys that are not such a counter, and counts
     that are not a non-negative integer, are left out."""
-    found = _by_source(counts, _REASON_PREFIX)
+    found: dict[str, dict[str, int]] = {}
+    for key, value in counts.items():
+        source, sep, status = key.removeprefix(_REASON_PREFIX).partition(":")
+        count = _count(value)
+        if key.startswith(_REASON_PREFIX) and sep and source and status and count:
+            found.setdefault(source, {})[status] = count
     return {source: _by_count(reasons) for source, reasons in found.items()}
 
 
@@ -272,13 +264,24 @@ def _in_check_order(counts: Mapping[str, int]) -> dict[str, int]:
     return {status: counts[status] for status in RECHECK_STATUSES if counts.get(status)}
 
 
-def rechecks_by_source(counts: Mapping[str, Any]) -> dict[str, dict[str, int]]:
-    """``{"rechecks:flickr:gone": "2", ...}`` -> ``{"flickr": {"gone": 2}}``, each
-    source's statuses in the order of RECHECK_STATUSES. Keys that are not such a counter
-    (another status included), and counts that are not a positive integer, are left out."""
-    found = _by_source(counts, RECHECKS_PREFIX)
-    in_order = {source: _in_check_order(statuses) for source, statuses in found.items()}
-    return {source: statuses for source, statuses in in_order.items() if statuses}
+def rechecks_by_source(fields: Mapping[str, Any]) -> dict[str, dict[str, int]]:
+    """The hash ``rechecks``'s ``{"flickr:gone": "2", ...}`` -> ``{"flickr": {"gone": 2}}``,
+    each source's statuses in the order of RECHECK_STATUSES. Fields that are not a
+    source and one of those statuses, and counts that are not a positive integer, are
+    left out."""
+    found: dict[str, dict[str, int]] = {}
+    for field, value in fields.items():
+        source, status = source_and_check(field)
+        count = _count(value)
+        if source and status in RECHECK_STATUSES and count:
+            found.setdefault(source, {})[status] = count
+    return {source: _in_check_order(statuses) for source, statuses in found.items()}
+
+
+def _pairs(flat: Any) -> dict[str, Any]:
+    # HGETALL's [field, value, field, value, ...] as a dict.
+    items = _strings(flat)
+    return dict(zip(items[::2], items[1::2], strict=False))
 
 
 def _source(
@@ -319,10 +322,9 @@ def _source(
     )
 
 
-def parse_status(payload: str | bytes, counter_keys: Sequence[str] = ()) -> CrawlStatus:
+def parse_status(payload: str | bytes, reason_keys: Sequence[str] = ()) -> CrawlStatus:
     """The script's JSON answer as a ``CrawlStatus``, sources sorted by name;
-    ``counter_keys`` are the keys the script was given (error and re-check counters),
-    whose counts it answers in order."""
+    ``reason_keys`` are the keys the script was given, whose counts it answers in order."""
     data = json.loads(payload)
     halted = set(_strings(data.get("halted")))
     temp_halted = set(_strings(data.get("temp_halted")))
@@ -331,9 +333,8 @@ def parse_status(payload: str | bytes, counter_keys: Sequence[str] = ()) -> Craw
     counts = data.get("reasons")
     # cjson's holes and empty tables: a count is only where the list has one.
     listed = counts if isinstance(counts, list) else []
-    counted = dict(zip(counter_keys, listed, strict=False))
-    reasons = reasons_by_source(counted)
-    rechecks = rechecks_by_source(counted)
+    reasons = reasons_by_source(dict(zip(reason_keys, listed, strict=False)))
+    rechecks = rechecks_by_source(_pairs(data.get("rechecks")))
     raw_sources = data.get("sources")
     sources = tuple(
         _source(
@@ -369,20 +370,18 @@ def parse_status(payload: str | bytes, counter_keys: Sequence[str] = ()) -> Craw
     )
 
 
-async def counter_keys(redis: aioredis.Redis) -> list[str]:
-    """Every ``resize_errors:{source}:{status}`` and ``rechecks:{source}:{status}`` key,
-    found with one SCAN (a step of ``SCAN_COUNT`` keys a call, so that Redis serves others
-    between steps)."""
-    found = redis.scan_iter(match=COUNTER_KEYS_MATCH, count=SCAN_COUNT)
-    keys = [key async for key in found if key.startswith(_COUNTER_PREFIXES)]
+async def reason_keys(redis: aioredis.Redis) -> list[str]:
+    """Every ``resize_errors:{source}:{status}`` key, found with SCAN (a step of
+    ``SCAN_COUNT`` keys a call, so that Redis serves others between steps)."""
+    keys = [key async for key in redis.scan_iter(match=REASON_KEYS_MATCH, count=SCAN_COUNT)]
     return list(dict.fromkeys(keys))  # SCAN may return a key twice
 
 
 async def read_status(redis: aioredis.Redis) -> CrawlStatus:
-    """Everything ``status_table`` shows: the error and re-check counters' keys found with
-    SCAN, then every value read in one round trip (one script, one moment of Redis's
-    clock)."""
-    keys = await counter_keys(redis)
+    """Everything ``status_table`` shows: the error counters' keys found with SCAN, then
+    every value read in one round trip (one script, one moment of Redis's clock), the
+    re-checks' hash included."""
+    keys = await reason_keys(redis)
     payload = await redis.eval(_SCRIPT, len(keys), *keys, *_ARGV)
     return parse_status(payload, keys)
 

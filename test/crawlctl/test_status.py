@@ -179,17 +179,18 @@ async def seed_robots(redis: Redis) -> None:
 
 async def seed_rechecks(redis: Redis) -> None:
     """Re-checks of flickr's and busy's earlier crawls, as the workers' stats flush
-    counts them (``rechecks:{source}:{status}``)."""
-    await redis.mset(
-        {
-            c.rechecks_key("flickr", c.CHECK_UNCHANGED): 12,
-            c.rechecks_key("flickr", c.CHECK_CHANGED): 3,
-            c.rechecks_key("flickr", c.CHECK_GONE): 1,
-            c.rechecks_key("flickr", c.CHECK_FAILED): 0,  # none: not shown
-            c.rechecks_key("busy", c.CHECK_FAILED): 2,
-            c.rechecks_key("busy", c.CHECK_UNCHANGED): 40,
-            c.rechecks_key("nowhere", c.CHECK_GONE): 5,  # a source in no set
-        }
+    counts them (the hash ``rechecks``, field ``{source}:{status}``)."""
+    await redis.hset(
+        c.RECHECKS_HASH,
+        mapping={
+            c.rechecks_field("flickr", c.CHECK_UNCHANGED): 12,
+            c.rechecks_field("flickr", c.CHECK_CHANGED): 3,
+            c.rechecks_field("flickr", c.CHECK_GONE): 1,
+            c.rechecks_field("flickr", c.CHECK_FAILED): 0,  # none: not shown
+            c.rechecks_field("busy", c.CHECK_FAILED): 2,
+            c.rechecks_field("busy", c.CHECK_UNCHANGED): 40,
+            c.rechecks_field("nowhere", c.CHECK_GONE): 5,  # a source in no set
+        },
     )
 
 
@@ -236,22 +237,26 @@ async def test_read_status_reads_robots_keys_in_the_same_round_trip(
     }
 
 
-async def test_read_status_reads_the_rechecks_in_the_same_scan_and_script(
+async def test_read_status_reads_the_rechecks_in_the_same_script(
     redis: Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     await seed(redis)
     await seed_rechecks(redis)
     await redis.set(c.resize_errors_key("flickr", "404"), 1)
-    commands: list[str] = []
+    calls: list[tuple[Any, ...]] = []
     execute = redis.execute_command
 
     async def counting(*args: Any, **options: Any) -> Any:
-        commands.append(str(args[0]))
+        calls.append(args)
         return await execute(*args, **options)
 
     monkeypatch.setattr(redis, "execute_command", counting)
     status = await read_status(redis)
-    assert commands == ["SCAN", "EVAL"]
+    assert [str(args[0]) for args in calls] == ["SCAN", "EVAL"]
+    # The SCAN finds the error counters only; the script reads the re-checks' hash.
+    scan, script = calls
+    assert scan[scan.index(b"MATCH") + 1] == f"{c.RESIZE_ERRORS}:*:*"
+    assert script[2:4] == (1, c.resize_errors_key("flickr", "404"))
     by_name = {s.name: s for s in status.sources}
     # In the order of the contract's statuses, whatever the counts.
     assert list(by_name["flickr"].rechecks.items()) == [
@@ -261,7 +266,8 @@ async def test_read_status_reads_the_rechecks_in_the_same_scan_and_script(
     ]
     assert list(by_name["busy"].rechecks.items()) == [("unchanged", 40), ("failed", 2)]
     assert by_name["met"].rechecks == {} and by_name["flickr"].errors_by_reason == {"404": 1}
-    # Every counter found, as for the errors by reason: "nowhere" is in no set.
+    # Every source's re-checks count in the crawl's, as for the errors by reason: "nowhere"
+    # is in no set.
     assert "nowhere" not in by_name
     assert list(status.rechecks.items()) == [
         ("unchanged", 52),
@@ -312,9 +318,9 @@ async def read_plainly(redis: Redis) -> CrawlStatus:
             "backlog": backlog.get(name, False),
             "lost": await ask("GET", c.urls_lost_key(name)),
         }
-    counter_keys = sorted(str(key) for key in await redis.keys(f"{c.RESIZE_ERRORS}:*:*"))
-    counter_keys += sorted(str(key) for key in await redis.keys(f"{c.RECHECKS_PREFIX}*:*"))
-    reasons = [await ask("GET", key) for key in counter_keys]
+    reason_keys = sorted(str(key) for key in await redis.keys(f"{c.RESIZE_ERRORS}:*:*"))
+    reasons = [await ask("GET", key) for key in reason_keys]
+    rechecks = await ask("HGETALL", c.RECHECKS_HASH, absent={})
     totals = {
         key: await ask("GET", key)
         for key in (c.NUM_RESIZED, c.RESIZE_ERRORS, c.NUM_SPLIT, c.NUM_MALFORMED)
@@ -326,11 +332,12 @@ async def read_plainly(redis: Redis) -> CrawlStatus:
         "temp_halted": temp_halted,
         "robots_exempt": exempt,
         "reasons": reasons,
+        "rechecks": [item for pair in rechecks.items() for item in pair],
         "backlog_at": await ask("GET", c.BACKLOG_AT),
         "totals": totals,
         "now": [str(seconds), str(microseconds)],
     }
-    return parse_status(json.dumps(answer), counter_keys)
+    return parse_status(json.dumps(answer), reason_keys)
 
 
 def commands(*each: tuple[Any, ...]) -> Callable[[Redis], Awaitable[None]]:
@@ -339,6 +346,36 @@ def commands(*each: tuple[Any, ...]) -> Callable[[Redis], Awaitable[None]]:
             await redis.execute_command(*command)
 
     return run
+
+
+rechecks_oddities = commands(
+    ("SADD", c.INBOUND_SOURCES_SET, "odd"),
+    ("HSET", c.RECHECKS_HASH, c.rechecks_field("odd", c.CHECK_GONE), "many"),
+    ("HSET", c.RECHECKS_HASH, c.rechecks_field("odd", c.CHECK_CHANGED), "1.5"),
+    ("HSET", c.RECHECKS_HASH, c.rechecks_field("odd", "teapot"), "3"),  # not a status
+    ("HSET", c.RECHECKS_HASH, c.rechecks_field("odd", ""), "3"),  # no status
+    ("HSET", c.RECHECKS_HASH, "odd", "3"),  # no status, nor source
+    ("HSET", c.RECHECKS_HASH, c.rechecks_field("", c.CHECK_GONE), "3"),  # no source
+    ("HSET", c.RECHECKS_HASH, c.rechecks_field("odd", c.CHECK_FAILED), "-1"),
+    ("HSET", c.RECHECKS_HASH, c.rechecks_field("nowhere", c.CHECK_GONE), "4"),  # in no set
+    ("SET", c.rechecks_field("odd", c.CHECK_UNCHANGED), "4"),  # a key, not a field
+)
+
+
+async def test_odd_rechecks_are_left_out(redis: Redis) -> None:
+    await rechecks_oddities(redis)
+    status = await read_status(redis)
+    assert [(s.name, dict(s.rechecks)) for s in status.sources] == [("odd", {})]
+    assert status.rechecks == {"gone": 4}  # nowhere's
+
+
+async def test_a_rechecks_hash_of_another_type_reads_as_none(redis: Redis) -> None:
+    await redis.sadd(c.INBOUND_SOURCES_SET, "flickr")
+    await redis.set(c.num_resized_key("flickr"), 5)
+    await redis.set(c.RECHECKS_HASH, "not-a-hash")
+    status = await read_status(redis)
+    assert [(s.name, s.successes, dict(s.rechecks)) for s in status.sources] == [("flickr", 5, {})]
+    assert status.rechecks == {}
 
 
 LATER = "4102444800.500000"  # a pace_next far ahead of any clock the test runs under
@@ -406,17 +443,13 @@ LATER = "4102444800.500000"  # a pace_next far ahead of any clock the test runs 
         pytest.param(seed_robots, id="seeded-robots"),
         pytest.param(seed_backlog, id="seeded-backlog"),
         pytest.param(seed_rechecks, id="seeded-rechecks"),
+        pytest.param(rechecks_oddities, id="rechecks-oddities"),
         pytest.param(
             commands(
                 ("SADD", c.INBOUND_SOURCES_SET, "odd"),
-                ("SET", c.rechecks_key("odd", c.CHECK_GONE), "many"),
-                ("SADD", c.rechecks_key("odd", c.CHECK_CHANGED), "a-set"),
-                ("SET", c.rechecks_key("odd", "teapot"), "3"),  # no status of the contract
-                ("SET", f"{c.RECHECKS_PREFIX}odd:", "3"),  # no status
-                ("SET", c.rechecks_key("odd", c.CHECK_FAILED), "-1"),
-                ("SET", "rechecksodd:x:gone", "4"),  # no such prefix, though the SCAN finds it
+                ("SET", c.RECHECKS_HASH, "not-a-hash"),
             ),
-            id="rechecks-oddities",
+            id="rechecks-wrong-type",
         ),
         pytest.param(
             commands(
@@ -802,20 +835,20 @@ def test_reasons_by_source(counts: dict[str, Any], expected: dict[str, dict[str,
 
 
 @pytest.mark.parametrize(
-    ("counts", "expected"),
+    ("fields", "expected"),
     [
         (
-            {"rechecks:a:gone": "2", "rechecks:a:unchanged": "5", "rechecks:b:failed": "1"},
+            {"a:gone": "2", "a:unchanged": "5", "b:failed": "1"},
             {"a": {"unchanged": 5, "gone": 2}, "b": {"failed": 1}},
         ),
-        ({"rechecks:a:gone": "0"}, {}),  # nothing to show
-        ({"rechecks:a:gone": "x", "rechecks:a:changed": "-1", "rechecks:a:failed": False}, {}),
-        ({"rechecks:a:": "3", "rechecks::gone": "3", "rechecks:a:teapot": "3"}, {}),
-        ({"rechecks:a:gone:x": "3", "resize_errors:a:gone": "3"}, {}),
+        ({"a:gone": "0"}, {}),  # nothing to show
+        ({"a:gone": "x", "a:changed": "-1", "a:failed": False, "a:unchanged": "1.5"}, {}),
+        ({"a:": "3", ":gone": "3", "a:teapot": "3", "gone": "3", "": "3"}, {}),
+        ({"a:gone:x": "3", "rechecks:a:gone:x": "3"}, {}),
     ],
 )
-def test_rechecks_by_source(counts: dict[str, Any], expected: dict[str, dict[str, int]]) -> None:
-    found = rechecks_by_source(counts)
+def test_rechecks_by_source(fields: dict[str, Any], expected: dict[str, dict[str, int]]) -> None:
+    found = rechecks_by_source(fields)
     assert found == expected
     assert all(list(s) == [x for x in c.RECHECK_STATUSES if x in s] for s in found.values())
 

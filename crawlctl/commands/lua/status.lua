@@ -6,7 +6,7 @@
 -- ARGV: the set and hash names, then key prefixes and counters, in the order of _ARGV.
 -- Answers JSON {"sources": {name: {...}}, "halted": [...], "temp_halted": [...],
 -- "robots_exempt": [...], "reasons": [the count of each of KEYS, in order, or false],
--- "backlog_at": ...,
+-- "rechecks": [field, count, ...] (HGETALL of the hash rechecks), "backlog_at": ...,
 -- "totals": {...}, "now": [seconds, microseconds]}. A key of the wrong type reads as
 -- absent rather than failing the view. "now" is Redis's clock, not the operator's: the
 -- workers write pace_next from Redis's TIME, so only that clock compares with it.
@@ -15,7 +15,7 @@ local pace_rate_prefix, resized, errors, last_prefix = ARGV[5], ARGV[6], ARGV[7]
 local override_prefix, alias_prefix, split, malformed = ARGV[9], ARGV[10], ARGV[11], ARGV[12]
 local pace_next_prefix, exempt_set, crawl_delay_prefix = ARGV[13], ARGV[14], ARGV[15]
 local disallowed_status, backlog_hash, backlog_at = ARGV[16], ARGV[17], ARGV[18]
-local lost_prefix, no_index_status = ARGV[19], ARGV[20]
+local lost_prefix, no_index_status, rechecks_hash = ARGV[19], ARGV[20], ARGV[21]
 
 local function call(...)
   local reply = redis.pcall(...)
@@ -80,7 +80,8 @@ for first = 1, #KEYS, 1000 do
 end
 return cjson.encode({
   sources = sources, halted = halted, temp_halted = temp, robots_exempt = exempt,
-  reasons = reasons, backlog_at = call('GET', backlog_at), now = redis.call('TIME'),
+  reasons = reasons, rechecks = call('HGETALL', rechecks_hash) or {},
+  backlog_at = call('GET', backlog_at), now = redis.call('TIME'),
   totals = {
     num_resized = call('GET', resized), resize_errors = call('GET', errors),
     num_split = call('GET', split), num_malformed = call('GET', malformed),
