@@ -427,8 +427,8 @@ def _encode(obj: dict[str, Any]) -> bytes:
 
 _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 # Control characters (CR and LF among them), DEL and C1, and anything beyond Latin-1. A
-# pattern, not a loop over the characters: every 200 with validators is checked (0.4 us
-# against 5 us for a 40-character ETag).
+# pattern, not a loop over the characters: every 200 with validators is checked (0.19 us
+# against 2.0 us for a 35-character ETag).
 _NOT_IN_A_HEADER = re.compile(r"[^\x20-\x7e\xa0-\xff]")
 
 
