@@ -160,7 +160,6 @@ def test_a_resolution_message_leaves_out_what_the_server_did_not_send():
     }
 
 
-
 def test_unparseable_message_caps_raw_at_4_kib():
     message = c.UnparseableMessage.from_raw(b"x" * 10_000, "too big", "urls.s")
     assert len(message.raw) == 4096
