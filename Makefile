@@ -1,6 +1,6 @@
-# The few commands people type. CI (.ci/run) runs `make test`'s command, then lint and
-# typecheck, then compose-check.
-.PHONY: install test lint format typecheck demo constraints compose-check
+# The few commands people type. CI (.ci/run) runs `make test`'s command, then lint,
+# typecheck and the documentation's strict build, then compose-check.
+.PHONY: install test lint format typecheck demo docs docs-build constraints compose-check
 
 install:
 	python3 -m venv .venv && . .venv/bin/activate && pip install -q -c constraints.txt -e '.[test]'
@@ -19,6 +19,15 @@ typecheck:
 
 demo:
 	. .venv/bin/activate && image-crawler demo
+
+# The documentation site (docs/, mkdocs.yml), served with live reload on
+# http://127.0.0.1:8000/; `docs-build` is CI's strict build (a broken link fails it).
+export NO_MKDOCS_2_WARNING = 1
+docs:
+	. .venv/bin/activate && mkdocs serve --dev-addr 127.0.0.1:8000
+
+docs-build:
+	. .venv/bin/activate && mkdocs build --strict --site-dir site
 
 # constraints.txt: the exact versions the Docker images install, and the ones CI and
 # `make install` test with. Resolved on the images' Python (3.11), so that environment
