@@ -55,7 +55,7 @@ constraints:
 	mv constraints.txt.new constraints.txt
 
 # The production stack for real (run as root): builds both images and the stand-ins on a
-# Docker engine of its own and runs docker-compose.yml (README, "Production").
+# Docker engine of its own and runs docker-compose.yml (docs/production.md).
 compose-check:
 	test -d .venv || $(MAKE) install
 	. .venv/bin/activate && python -m deploy.compose_check

@@ -8,7 +8,7 @@ Subcommands (each has ``--help``)::
     recheck   re-check an earlier crawl's images (its etag, last_modified, sha256)
     status    a live table of every source's backlog, ETA, pacing, counters and halt state
     halt      halt a source now (the permanent breaker, set by hand)
-    resume    resume a halted source (the README's redis-cli procedure, done right)
+    resume    resume a halted source (the original redis-cli procedure, done right)
     override  set or clear a source's rate override
     robots-exempt  stop (or, --remove, resume) obeying robots.txt for sources; list them
 

@@ -1,7 +1,7 @@
 """The crawler's outside contract, defined once: topics, Redis keys, statuses, messages.
 
-Both processes import their names from here; the README says the same in prose ("Output
-topics", and the key table under "Politeness"). Every message type has
+Both processes import their names from here; the documentation says the same in prose
+(docs/output.md, and the key table in docs/politeness.md). Every message type has
 ``to_json``/``from_json`` so its shape lives in one place, and decoding failures raise
 ``MalformedMessage`` with a reason fit for a log line.
 """

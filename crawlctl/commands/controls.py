@@ -2,8 +2,8 @@
 and ``robots-exempt``.
 
 Each is a few Redis commands in one transaction (MULTI/EXEC), the same ones an operator
-would type into redis-cli (``README.md``, "Operating a crawl"); each returns what it did,
-as redis-cli lines with a note where a command changed nothing, for the command to print.
+would type into redis-cli (docs/operating.md); each returns what it did, as redis-cli
+lines with a note where a command changed nothing, for the command to print.
 The monitor reads the keys every second, so an action takes effect within a second;
 ``halt`` also sets the source's pace rate to 0 itself, so that workers stop within their
 pacing horizon (about 0.05 s) instead of at the monitor's next loop. Every command acts on
@@ -126,7 +126,7 @@ async def halt(redis: aioredis.Redis, source: str) -> list[Done]:
 
 
 async def resume(redis: aioredis.Redis, source: str, rate: float | None = None) -> list[Done]:
-    """The README's resume procedure, done right, in one transaction.
+    """The documented resume procedure (docs/operating.md), done right, in one transaction.
 
     With ``rate``, first SET ``override_rate:{source}`` (as the procedure does). Then
     clear the last-50 statuses and the 60-second window (or the errors that caused the

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 OVERRIDE_FILE = Path(__file__).resolve().parent / "docker-compose.check.yml"
 PROJECT = "image-crawler-check"
-# Everything but Grafana, which has no stand-in (see the README's "Production").
+# Everything but Grafana, which has no stand-in (see docs/production.md).
 SERVICES = ("kafka", "redis", "seaweedfs", "createbucket", "monitor", "worker", "prometheus")
 HEALTH_CHECKED = ("kafka", "redis", "seaweedfs", "monitor", "worker")
 HEALTH_TIMEOUT_S = 240.0

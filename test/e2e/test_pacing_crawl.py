@@ -9,7 +9,7 @@ origin, with every request's start time taken at the origin.
   50/s: the rate settles below it and climbs back once the server can take more.
 
 Set ``PACING_REPORT_DIR`` to keep each test's figures as JSON (``python -m bench.pacing``
-runs these tests and renders them for the README).
+runs these tests and renders them for docs/politeness.md).
 """
 
 from __future__ import annotations

@@ -119,7 +119,7 @@ def process_shared(
 
     The bytes are mapped, not read: Pillow reads them straight from the worker's pages,
     where a copy (``pread`` into a fresh buffer, whose pages fault in every time) would
-    cost the pool CPU on every image (the README's "Benchmark" says how much). The
+    cost the pool CPU on every image (docs/benchmark.md says how much). The
     mapping is exactly ``size`` bytes long, so what lies beyond (the tail of a larger
     earlier body) is past the end of the file for the decoder."""
     own_fd = _open_shared(owner_pid, fd, opened)
@@ -406,7 +406,7 @@ class PoolProcessor:
     Each process has ``depth`` lanes: it is sent its next image while it works on the
     current one, so it never waits for the event loop between images: a process that
     blocks even briefly between images lets its CPU idle, and its next image then costs
-    more CPU (the README's "Inside a worker" says how much). Only bodies shared through
+    more CPU (docs/architecture.md, "Inside a worker", says how much). Only bodies shared through
     memory are queued; a body that must go through the pipe goes to an idle process, so
     that sending it never waits.
 

@@ -9,7 +9,7 @@ C signer botocore itself uses when installed with its ``crt`` extra), called dir
 36 us a thumbnail, of which 23 are the payload's SHA-256, against 78 us for botocore's
 ``S3SigV4Auth`` on its ``AWSRequest`` (the same signature, byte for byte). The request is
 a plain aiohttp PUT on a keep-alive session (the costs are measured in ``bench/``, see
-the README).
+docs/benchmark.md).
 """
 
 from __future__ import annotations
