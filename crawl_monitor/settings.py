@@ -67,43 +67,17 @@ class MonitorSettings:
         """Read every setting; raises ``ConfigError`` naming the first bad variable."""
         env = os.environ if env is None else env
         default = cls()
-        sources_file = env_optional(env, "SOURCES_FILE")
-        if sources_file is not None and not Path(sources_file).is_file():
-            raise ConfigError(f"SOURCES_FILE is not a readable file: {sources_file!r}")
-        sources_url = env_optional(env, "SOURCES_URL")
-        if sources_url is not None and not sources_url.startswith(("http://", "https://")):
-            raise ConfigError(f"SOURCES_URL must start with http:// or https://: {sources_url!r}")
-        pace_rate_ttl_ms = env_int(env, "PACE_RATE_TTL_MS", default.pace_rate_ttl_ms, minimum=1)
-        if pace_rate_ttl_ms < REFILL_PERIOD_S * 1000:
-            raise ConfigError(
-                f"{env_name(env, 'PACE_RATE_TTL_MS')} must be at least "
-                f"{int(REFILL_PERIOD_S * 1000)} (one refill period), or rates expire between "
-                f"loops; got {pace_rate_ttl_ms}"
-            )
-        leader_lease_ms = env_int(env, "LEADER_LEASE_MS", default.leader_lease_ms, minimum=1)
-        if leader_lease_ms < 2 * REFILL_PERIOD_S * 1000:
-            raise ConfigError(
-                f"LEADER_LEASE_MS must be at least {int(2 * REFILL_PERIOD_S * 1000)} (two "
-                f"refill periods), or the leader loses its lease between two of its own "
-                f"loops; got {leader_lease_ms}"
-            )
-        url_topic_retention_ms = env_int(
-            env, "URL_TOPIC_RETENTION_MS", default.url_topic_retention_ms, minimum=-(2**63)
-        )
-        if url_topic_retention_ms != -1 and url_topic_retention_ms < 1:
-            # Kafka takes 0 as "delete each segment once it rolls", unread or not, and
-            # refuses other negatives when the topic is created.
-            raise ConfigError(
-                "URL_TOPIC_RETENTION_MS must be -1 (never delete unread URLs) or a positive "
-                f"number of milliseconds, got {url_topic_retention_ms}"
-            )
-        log_level = env_str(env, "LOG_LEVEL", default.log_level).upper()
-        if log_level not in logging.getLevelNamesMapping():
-            raise ConfigError(f"LOG_LEVEL is not a log level: {log_level!r}")
+        # The settings with checks of their own, read before the others and in this order.
+        sources_file = _sources_file(env)
+        sources_url = _sources_url(env)
+        pace_rate_ttl_ms = _pace_rate_ttl_ms(env, default.pace_rate_ttl_ms)
+        leader_lease_ms = _leader_lease_ms(env, default.leader_lease_ms)
+        url_topic_retention_ms = _url_topic_retention_ms(env, default.url_topic_retention_ms)
+        log_level = _log_level(env, default.log_level)
         return cls(
             kafka=KafkaSettings.from_env(env),
             redis=RedisSettings.from_env(env),
-            sources_file=Path(sources_file) if sources_file is not None else None,
+            sources_file=sources_file,
             sources_url=sources_url,
             sources_refresh_s=env_float(
                 env, "SOURCES_REFRESH_S", default.sources_refresh_s, minimum=0.05
@@ -138,6 +112,67 @@ class MonitorSettings:
             log_level=log_level,
             deprecated=deprecated_settings(env),
         )
+
+
+def _sources_file(env: Mapping[str, str]) -> Path | None:
+    """SOURCES_FILE, which must be a readable file (unset: None)."""
+    sources_file = env_optional(env, "SOURCES_FILE")
+    if sources_file is not None and not Path(sources_file).is_file():
+        raise ConfigError(f"SOURCES_FILE is not a readable file: {sources_file!r}")
+    return Path(sources_file) if sources_file is not None else None
+
+
+def _sources_url(env: Mapping[str, str]) -> str | None:
+    """SOURCES_URL, which must be an http(s) URL (unset: None)."""
+    sources_url = env_optional(env, "SOURCES_URL")
+    if sources_url is not None and not sources_url.startswith(("http://", "https://")):
+        raise ConfigError(f"SOURCES_URL must start with http:// or https://: {sources_url!r}")
+    return sources_url
+
+
+def _pace_rate_ttl_ms(env: Mapping[str, str], default: int) -> int:
+    """PACE_RATE_TTL_MS, which must outlive one refill period."""
+    pace_rate_ttl_ms = env_int(env, "PACE_RATE_TTL_MS", default, minimum=1)
+    if pace_rate_ttl_ms < REFILL_PERIOD_S * 1000:
+        raise ConfigError(
+            f"{env_name(env, 'PACE_RATE_TTL_MS')} must be at least "
+            f"{int(REFILL_PERIOD_S * 1000)} (one refill period), or rates expire between "
+            f"loops; got {pace_rate_ttl_ms}"
+        )
+    return pace_rate_ttl_ms
+
+
+def _leader_lease_ms(env: Mapping[str, str], default: int) -> int:
+    """LEADER_LEASE_MS, which must outlive two refill periods."""
+    leader_lease_ms = env_int(env, "LEADER_LEASE_MS", default, minimum=1)
+    if leader_lease_ms < 2 * REFILL_PERIOD_S * 1000:
+        raise ConfigError(
+            f"LEADER_LEASE_MS must be at least {int(2 * REFILL_PERIOD_S * 1000)} (two "
+            f"refill periods), or the leader loses its lease between two of its own "
+            f"loops; got {leader_lease_ms}"
+        )
+    return leader_lease_ms
+
+
+def _url_topic_retention_ms(env: Mapping[str, str], default: int) -> int:
+    """URL_TOPIC_RETENTION_MS: -1 (never delete) or a positive number of milliseconds."""
+    url_topic_retention_ms = env_int(env, "URL_TOPIC_RETENTION_MS", default, minimum=-(2**63))
+    if url_topic_retention_ms != -1 and url_topic_retention_ms < 1:
+        # Kafka takes 0 as "delete each segment once it rolls", unread or not, and
+        # refuses other negatives when the topic is created.
+        raise ConfigError(
+            "URL_TOPIC_RETENTION_MS must be -1 (never delete unread URLs) or a positive "
+            f"number of milliseconds, got {url_topic_retention_ms}"
+        )
+    return url_topic_retention_ms
+
+
+def _log_level(env: Mapping[str, str], default: str) -> str:
+    """LOG_LEVEL, upper-cased, which must name a log level."""
+    log_level = env_str(env, "LOG_LEVEL", default).upper()
+    if log_level not in logging.getLevelNamesMapping():
+        raise ConfigError(f"LOG_LEVEL is not a log level: {log_level!r}")
+    return log_level
 
 
 def backoff_from_env(env: Mapping[str, str]) -> AdaptiveSettings:
