@@ -124,12 +124,23 @@ def build_update(
 
     Without an earlier reading, rates are 0.
     """
-    success_rps = _per_second(now.num_resized, before.num_resized if before else None, elapsed_s)
-    error_rps = _per_second(now.resize_errors, before.resize_errors if before else None, elapsed_s)
-    split_rate = _per_second(now.num_split, before.num_split if before else None, elapsed_s)
+    tripped = (snapshot.halted | snapshot.temp_halted) if snapshot else frozenset()
+    listed = _specific(now, snapshot, backlog, tripped)
+    specific = _top(listed, top_sources, before, tripped)
+    omitted = len(listed) - len(specific)
+    general = _general(now, before, elapsed_s, snapshot, backlog, tripped, omitted)
+    return MonitoringUpdate(general=general, specific=specific)
+
+
+def _specific(
+    now: Counters,
+    snapshot: RegulatorSnapshot | None,
+    backlog: Backlog | None,
+    tripped: frozenset[str],
+) -> dict[str, dict[str, Any]]:
+    """The entry of every source worth listing (see the module's docstring), by name."""
     rates: Mapping[str, float] = snapshot.rates if snapshot else {}
     pacing: Mapping[str, PacingInfo] = snapshot.pacing if snapshot else {}
-    tripped = (snapshot.halted | snapshot.temp_halted) if snapshot else frozenset()
     last_statuses: Mapping[str, Mapping[str, int]] = snapshot.last_statuses if snapshot else {}
     waiting: Mapping[str, int] = backlog.sources if backlog else {}
     specific: dict[str, dict[str, Any]] = {}
@@ -158,15 +169,41 @@ def build_update(
         }
         if rechecked:
             specific[source]["rechecks"] = dict(rechecked)
-    omitted = 0
-    if 0 < top_sources < len(specific):
-        kept = sorted(specific, key=lambda s: _rank(s, specific[s], before, tripped))[:top_sources]
-        omitted = len(specific) - len(kept)
-        specific = {source: specific[source] for source in sorted(kept)}
+    return specific
+
+
+def _top(
+    specific: dict[str, dict[str, Any]],
+    top_sources: int,
+    before: Counters | None,
+    tripped: frozenset[str],
+) -> dict[str, dict[str, Any]]:
+    """``specific`` cut to its ``top_sources`` first by ``_rank`` (0: all of it)."""
+    if not 0 < top_sources < len(specific):
+        return specific
+    kept = sorted(specific, key=lambda s: _rank(s, specific[s], before, tripped))[:top_sources]
+    return {source: specific[source] for source in sorted(kept)}
+
+
+def _general(
+    now: Counters,
+    before: Counters | None,
+    elapsed_s: float,
+    snapshot: RegulatorSnapshot | None,
+    backlog: Backlog | None,
+    tripped: frozenset[str],
+    omitted: int,
+) -> dict[str, Any]:
+    """The crawl's figures; ``omitted``: the sources ``specific`` leaves out."""
+    success_rps = _per_second(now.num_resized, before.num_resized if before else None, elapsed_s)
+    error_rps = _per_second(now.resize_errors, before.resize_errors if before else None, elapsed_s)
+    split_rate = _per_second(now.num_split, before.num_split if before else None, elapsed_s)
+    pacing: Mapping[str, PacingInfo] = snapshot.pacing if snapshot else {}
     crawl_eta = None
     if backlog is not None and snapshot is not None:
-        crawl_eta = _seconds(crawl_eta_s(waiting, {s: p.rate_rps for s, p in pacing.items()}))
-    general = {
+        rates = {s: p.rate_rps for s, p in pacing.items()}
+        crawl_eta = _seconds(crawl_eta_s(backlog.sources, rates))
+    return {
         "global_max_rps": round(
             sum((p.rate_rps for source, p in pacing.items() if source not in tripped), 0.0), 6
         ),
@@ -181,7 +218,6 @@ def build_update(
         "eta_s": crawl_eta,
         "specific_omitted": omitted,
     }
-    return MonitoringUpdate(general=general, specific=specific)
 
 
 def _rate(rate_rps: float) -> float:
