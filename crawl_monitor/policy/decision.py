@@ -189,18 +189,7 @@ def decide(
     events: list[LogEvent] = []
     key_errors = _report_key_errors(observed, memory.reported_key_errors, events)
     delays = _crawl_delays(observed, memory.reported_crawl_delays, events)
-    loop = _Loop(
-        observed=observed,
-        resumed=frozenset() if memory.halted is None else memory.halted - observed.halted,
-        paces_before=memory.paces,
-        pacing_before=memory.pacing or {},
-        delays=delays.in_force,
-        overrides=_Overrides(memory.reported_overrides, events),
-        events=events,
-        now_s=now_s,
-        adaptive=adaptive,
-        published=observed.published if memory.loops == 0 else None,
-    )
+    loop = _Loop.begin(observed, memory, delays.in_force, events, now_s=now_s, adaptive=adaptive)
     # Each source: its configured rate, the breakers' verdict on it, its pace.
     tally = _Tally()
     for source in plan.sources:
@@ -260,6 +249,32 @@ class _Loop:
     # and what became of each known source's record, appended as it is decided.
     published: Mapping[str, str] | None = None
     inherited: list[Outcome] = dataclasses.field(default_factory=list)
+
+    @classmethod
+    def begin(
+        cls,
+        observed: ObservedState,
+        memory: Memory,
+        delays: Mapping[str, float],
+        events: list[LogEvent],
+        *,
+        now_s: float,
+        adaptive: AdaptiveSettings,
+    ) -> _Loop:
+        """The loop deciding on ``observed`` after the one ``memory`` remembers: the sources
+        resumed since, their paces, and at a term's first loop the last leader's rates."""
+        return cls(
+            observed=observed,
+            resumed=frozenset() if memory.halted is None else memory.halted - observed.halted,
+            paces_before=memory.paces,
+            pacing_before=memory.pacing or {},
+            delays=delays,
+            overrides=_Overrides(memory.reported_overrides, events),
+            events=events,
+            now_s=now_s,
+            adaptive=adaptive,
+            published=observed.published if memory.loops == 0 else None,
+        )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
