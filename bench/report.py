@@ -396,26 +396,7 @@ def _run_table(result: dict[str, Any], run: dict[str, Any]) -> list[tuple[str, s
     ]
     rows += _recheck_table(run.get("recheck"), tag)
     for i, memory in enumerate(run["memory"]):
-        at = memory["rss_at"]
-        rss = " / ".join(
-            _mib(at[k]["main_rss"]) if at.get(k) else "-" for k in ("10%", "50%", "100%")
-        )
-        rows += [
-            (
-                f"{tag} worker {i} peak RSS main / largest pool process",
-                f"{_mib(memory['peak_rss_main_bytes'])} / "
-                f"{_mib(memory['peak_rss_pool_max_bytes'])}",
-            ),
-            (f"{tag} worker {i} RSS at 10% / 50% / 100%", rss),
-            (
-                f"{tag} worker {i} pool processes; bodies in memfds (max)",
-                f"{memory['pool_processes']}; {_mib(memory.get('memfd_bytes_max'))}",
-            ),
-            (
-                f"{tag} worker {i} broker connections (max)",
-                str(memory["broker_connections_max"]),
-            ),
-        ]
+        rows += _worker_memory_rows(memory, f"{tag} worker {i}")
     fairness = run.get("fairness")
     if fairness:
         half = fairness.get("at_50%", {})
@@ -430,6 +411,24 @@ def _run_table(result: dict[str, Any], run: dict[str, Any]) -> list[tuple[str, s
     others = ", ".join(f"{k} {v:.1f}" for k, v in sorted(run["other_cpu_s"].items()))
     rows.append((f"{tag} other processes' CPU s", others))
     return rows
+
+
+def _worker_memory_rows(memory: dict[str, Any], label: str) -> list[tuple[str, str]]:
+    """One worker's memory rows: peak and sampled RSS, pool, memfds, broker connections."""
+    at = memory["rss_at"]
+    rss = " / ".join(_mib(at[k]["main_rss"]) if at.get(k) else "-" for k in ("10%", "50%", "100%"))
+    return [
+        (
+            f"{label} peak RSS main / largest pool process",
+            f"{_mib(memory['peak_rss_main_bytes'])} / {_mib(memory['peak_rss_pool_max_bytes'])}",
+        ),
+        (f"{label} RSS at 10% / 50% / 100%", rss),
+        (
+            f"{label} pool processes; bodies in memfds (max)",
+            f"{memory['pool_processes']}; {_mib(memory.get('memfd_bytes_max'))}",
+        ),
+        (f"{label} broker connections (max)", str(memory["broker_connections_max"])),
+    ]
 
 
 def _recheck_table(recheck: dict[str, Any] | None, tag: str) -> list[tuple[str, str]]:
