@@ -455,6 +455,23 @@ def measure_img2dataset(
                 file=sys.stderr,
             )
         pairs.append((got["base"], got["n"]))
+    wall_s = round(time.monotonic() - started, 1)
+    return _img2dataset_result(
+        pairs, checks, images=images, base=base, threads=threads, wall_s=wall_s
+    )
+
+
+def _img2dataset_result(
+    pairs: Sequence[tuple[dict[str, Any], dict[str, Any]]],
+    checks: Sequence[dict[str, Any]],
+    *,
+    images: int,
+    base: int,
+    threads: int,
+    wall_s: float,
+) -> dict[str, Any]:
+    """``measure_img2dataset``'s result from its (base run, N run) readings and the N runs'
+    thumbnails checked."""
     figures = per_image_figures(pairs)
     successes = [n["successes"] for _, n in pairs]
     return {
@@ -465,7 +482,7 @@ def measure_img2dataset(
         **figures,
         "images": images,
         "base_images": base,
-        "repeats": repeats,
+        "repeats": len(pairs),
         "successes_by_repeat": successes,
         "all_succeeded": all(s == images for s in successes)
         and all(b["successes"] == base for b, _ in pairs),
@@ -473,7 +490,7 @@ def measure_img2dataset(
             run["failed_to_download"] + run["failed_to_resize"] for pair in pairs for run in pair
         ),
         "thumbnails_checked": _checks_summed(checks),
-        "wall_s": round(time.monotonic() - started, 1),
+        "wall_s": wall_s,
         "wall_s_n_runs": [n["wall_s"] for _, n in pairs],
         "command": " ".join(pairs[-1][1]["command"]),
         "runs": [{"base": b, "n": n} for b, n in pairs],
