@@ -47,6 +47,7 @@ from crawl_monitor.settings import MonitorSettings
 from image_crawler import contract, healthcheck
 from image_crawler.config import RENAMED, MetricsSettings, S3Settings
 from image_crawler.metrics import serving
+from test.core.test_config import readers_in, variables
 from test.harness.apt import AptUnavailable, apt_install
 from test.harness.production_seaweedfs import ComposeSeaweedFS, NoWeed, find_or_install_weed
 from test.harness.services import free_port_range
@@ -63,7 +64,6 @@ pytestmark = [
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 ENV_EXAMPLE = ROOT / ".env.example"
-README = ROOT / "README.md"
 DOCKERIGNORE = ROOT / ".dockerignore"
 
 PINNED_IMAGES = {
@@ -632,25 +632,20 @@ def test_app_environments_are_valid_settings(compose_default: dict[str, Any]) ->
     assert worker.thumbnails.store == "s3"
 
 
-def readme_configuration_names() -> set[str]:
-    """The variables in the first column of the README's Configuration table."""
-    section = re.search(r"^## Configuration\n(.*?)(?=^## |\Z)", README.read_text(), re.M | re.S)
-    assert section, "README.md has no '## Configuration' section"
-    names: set[str] = set()
-    for line in section.group(1).splitlines():
-        if line.startswith("|"):
-            names |= set(re.findall(r"`([A-Z][A-Z0-9_]*)`", line.split("|")[1]))
-    return names
-
-
 @pytest.mark.parametrize("app", sorted(APPS))
 def test_app_environment_is_documented(compose_default: dict[str, Any], app: str) -> None:
-    documented = readme_configuration_names()
-    assert "KAFKA_HOSTS" in documented  # the parser found the table
-    undocumented = set(environment(compose_default, app)) - documented
-    assert not undocumented, f"not in README.md's Configuration table: {sorted(undocumented)}"
-    deprecated = set(environment(compose_default, app)) & set(RENAMED.values())
+    """Every variable the compose file gives an app is in docs/configuration.md's table,
+    under its current name, as read by that app (itself, or through a library it runs:
+    the worker's AWS keys are botocore's)."""
+    documented = variables()
+    env = environment(compose_default, app)
+    assert "KAFKA_HOSTS" in env and "KAFKA_HOSTS" in documented  # both were read
+    deprecated = set(env) & set(RENAMED.values())
     assert not deprecated, f"deprecated names: {sorted(deprecated)}"
+    undocumented = {name for name in env if name not in documented}
+    assert not undocumented, f"not in docs/configuration.md: {sorted(undocumented)}"
+    elsewhere = {name for name in env if not readers_in(app, documented[name])}
+    assert not elsewhere, f"docs/configuration.md: not read by the {app}: {sorted(elsewhere)}"
 
 
 # --- what the containers run, run here ----------------------------------------------------
