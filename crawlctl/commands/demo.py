@@ -2,11 +2,12 @@
 
 The plan is pure: ``plan_demo`` spreads the samples (``crawlctl/samples``) over three
 sources whose image counts give them rates of about 2, 10 and 50 requests/s (the inverse
-of the monitor's ``compute_crawl_rate``), and adds one URL that answers 404. A
-``DemoOrigin`` (``demo_origin.py``) serves them on loopback, in-process, and ``up``'s
-local stack crawls them. ``DemoTally`` follows each uuid to its end in
-``image_metadata_updates``, ``link_rot`` or ``crawl_errors``, read without a consumer group
-(every partition assigned), so tansu's slow group protocol is not involved.
+of the monitor's ``compute_crawl_rate``), and adds one URL that answers 404; the samples
+and the plan's types are in ``demo_plan.py``. A ``DemoOrigin`` (``demo_origin.py``)
+serves them on loopback, in-process, and ``up``'s local stack crawls them. ``DemoTally``
+follows each uuid to its end in ``image_metadata_updates``, ``link_rot`` or
+``crawl_errors``, read without a consumer group (every partition assigned), so tansu's
+slow group protocol is not involved.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import math
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
@@ -29,6 +29,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from crawlctl.commands.demo_plan import BROKEN_SAMPLE, DemoItem, DemoPlan, Sample, load_samples
 from crawlctl.commands.produce import SendSettings, send_images
 from crawlctl.commands.up import describe, stack_options, stack_settings, with_stack
 from crawlctl.console import (
@@ -66,9 +67,7 @@ DEMO_SOURCES: Final = (
     ("demo-medium", 10.0),
     ("demo-large", 50.0),
 )
-BROKEN_SAMPLE: Final = "broken.jpg"
 MISSING_NAME: Final = "missing.jpg"
-_CONTENT_TYPES: Final = {".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".png": "image/png"}
 OUTCOME_TOPICS: Final = (METADATA_TOPIC, LINK_ROT_TOPIC, CRAWL_ERRORS_TOPIC)
 
 
@@ -82,55 +81,6 @@ def image_count_for_rate(rate_rps: float) -> int:
         raise ValueError(f"a computed rate lies in [{MIN_RATE_RPS}, {MAX_RATE_RPS}]")
     share = (rate_rps - MIN_RATE_RPS) / (MAX_RATE_RPS - MIN_RATE_RPS)
     return math.ceil(MIN_IMAGES + share * (MAX_IMAGES - MIN_IMAGES))
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Sample:
-    name: str
-    body: bytes
-    content_type: str
-
-
-def load_samples() -> list[Sample]:
-    """The bundled sample files (images and the one broken file), by name."""
-    folder = resources.files("crawlctl") / "samples"
-    samples = []
-    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
-        suffix = Path(entry.name).suffix.lower()
-        if entry.is_file() and suffix in _CONTENT_TYPES:
-            samples.append(Sample(entry.name, entry.read_bytes(), _CONTENT_TYPES[suffix]))
-    return samples
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class DemoItem:
-    """One URL of the demo: what the origin serves at ``path`` (None: 404) for ``source``."""
-
-    uuid: str
-    source: str
-    path: str
-    sample: Sample | None
-
-    @property
-    def expected_ok(self) -> bool:
-        return self.sample is not None and self.sample.name != BROKEN_SAMPLE
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class DemoPlan:
-    items: tuple[DemoItem, ...]
-    # Source -> (image count for the sources file, the rate it gives).
-    sources: Mapping[str, tuple[int, float]]
-
-    def sources_file(self) -> list[dict[str, Any]]:
-        """The ``SOURCES_FILE`` content that gives each source its rate."""
-        return [{"source_name": s, "image_count": n} for s, (n, _) in self.sources.items()]
-
-    def by_source(self) -> dict[str, list[DemoItem]]:
-        grouped: dict[str, list[DemoItem]] = {s: [] for s in self.sources}
-        for item in self.items:
-            grouped[item.source].append(item)
-        return grouped
 
 
 def plan_demo(

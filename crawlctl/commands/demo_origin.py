@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 if TYPE_CHECKING:
-    from crawlctl.commands.demo import DemoPlan
+    from crawlctl.commands.demo_plan import DemoPlan
 
 
 class DemoOrigin:
