@@ -16,7 +16,9 @@ from redis.exceptions import ResponseError
 from rich.console import Console
 
 from crawlctl import cli
-from crawlctl.commands.status import (
+from crawlctl.console import EXIT_OK, EXIT_USAGE
+from crawlctl.status.json_view import status_json
+from crawlctl.status.model import (
     ETA_DRAINING,
     ETA_EMPTY,
     ETA_HALTED,
@@ -25,28 +27,28 @@ from crawlctl.commands.status import (
     SCAN_COUNT,
     CrawlStatus,
     Eta,
-    FittedTable,
     SourceStatus,
     Totals,
     View,
-    backlog_line,
     eta,
-    eta_cell,
-    eta_text,
-    next_slot_text,
     parse_status,
-    paused_by_server,
     read_status,
     reasons_by_source,
     rechecks_by_source,
-    robots_text,
     sort_sources,
     source_eta,
-    status_json,
-    status_table,
     totals,
 )
-from crawlctl.console import EXIT_OK, EXIT_USAGE
+from crawlctl.status.terminal import (
+    FittedTable,
+    backlog_line,
+    eta_cell,
+    eta_text,
+    next_slot_text,
+    paused_by_server,
+    robots_text,
+    status_table,
+)
 from image_crawler import contract as c
 
 FLICKR = c.PacingInfo(178.4, 178.4, "computed", c.PACE_CONFIGURED, "at its configured rate")

@@ -1,4 +1,4 @@
--- The fast path of `image-crawler status`'s read (crawlctl/commands/status.py): every
+-- The fast path of `image-crawler status`'s read (crawlctl/status/model.py): every
 -- source's keys in one call, timed by Redis' clock.
 --
 -- KEYS: the per-status error counters (resize_errors:{source}:{status}) the caller found
