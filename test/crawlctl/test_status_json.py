@@ -4,6 +4,7 @@ count asked for."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from redis.asyncio import Redis
@@ -23,12 +24,18 @@ from test.crawlctl.test_status_model import (
 )
 
 
-async def test_the_json_has_every_field_with_numbers_as_numbers(redis: Redis) -> None:
+async def seeded_document(redis: Redis) -> dict[str, Any]:
+    """The ``--json`` document of ``seed_backlog`` and ``seed_rechecks``, read back."""
     await seed_backlog(redis)
     await seed_rechecks(redis)
     document = status_json(await read_status(redis))
     # Strict JSON: no NaN or Infinity anywhere (an endless ETA is null).
     document = json.loads(json.dumps(document, allow_nan=False))
+    return document
+
+
+async def test_the_json_has_every_field_with_numbers_as_numbers(redis: Redis) -> None:
+    document = await seeded_document(redis)
     assert document["version"] == 1
     general = document["general"]
     assert set(general) == {
@@ -55,6 +62,10 @@ async def test_the_json_has_every_field_with_numbers_as_numbers(redis: Redis) ->
         ("gone", 6),
         ("failed", 2),
     ]
+
+
+async def test_each_source_in_the_json_has_every_field(redis: Redis) -> None:
+    document = await seeded_document(redis)
     assert [s["name"] for s in document["sources"]] == [
         "flickr", "busy", "broken", "orphan", "met", "phylopic"]  # fmt: skip
     by_name = {s["name"]: s for s in document["sources"]}
