@@ -1,6 +1,6 @@
 """The monitor's settings: one frozen dataclass, built once from the environment.
 
-README.md's Configuration section lists the variables, their defaults and meanings.
+docs/configuration.md lists the variables, their defaults and meanings.
 """
 
 from __future__ import annotations

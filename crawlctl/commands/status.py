@@ -49,7 +49,7 @@ def register(subcommands: Subcommands) -> None:
     status.add_argument(
         "--json",
         action="store_true",
-        help="print the status once as JSON (every field; see the README) and exit",
+        help="print the status once as JSON (every field; see docs/operating.md) and exit",
     )
     status.add_argument(
         "--sort",

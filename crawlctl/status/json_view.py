@@ -1,6 +1,6 @@
 """The crawl's state as ``--json`` (``status_json``): every field of the model, numbers
 as numbers, None as null, and strict JSON (no NaN or Infinity). Its fields are
-documented in the README.
+documented in docs/operating.md.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def status_json(
 ) -> dict[str, Any]:
     """The ``--json`` document: ``{"version", "general": {...}, "sources": [...]}``, the
     sources in ``sort`` order, the first ``top`` (None: all). Its fields are documented
-    in the README; a new field may be added, none changes meaning without a new version."""
+    in docs/operating.md; a new field may be added, none changes meaning without a new version."""
     total = totals(status.sources)
     ordered = sort_sources(status.sources, sort)
     shown = ordered if top is None else ordered[:top]
