@@ -76,10 +76,8 @@ async def seed(redis: Redis) -> None:
     await redis.set(c.NUM_MALFORMED, 2)
 
 
-async def test_read_status_gathers_every_source_in_one_scan_and_one_script(
-    redis: Redis, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    await seed(redis)
+def record_commands(redis: Redis, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the commands ``redis`` sends from now on, in order."""
     commands: list[str] = []
     execute = redis.execute_command
 
@@ -88,6 +86,14 @@ async def test_read_status_gathers_every_source_in_one_scan_and_one_script(
         return await execute(*args, **options)
 
     monkeypatch.setattr(redis, "execute_command", counting)
+    return commands
+
+
+async def test_read_status_gathers_every_source_in_one_scan_and_one_script(
+    redis: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await seed(redis)
+    commands = record_commands(redis, monkeypatch)
     status = await read_status(redis)
     assert commands == ["SCAN", "EVAL"]  # the error counters' keys, then every value
     by_name = {s.name: s for s in status.sources}
@@ -200,14 +206,7 @@ async def test_read_status_reads_robots_keys_in_the_same_round_trip(
     redis: Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     await seed_robots(redis)
-    commands: list[str] = []
-    execute = redis.execute_command
-
-    async def counting(*args: Any, **options: Any) -> Any:
-        commands.append(str(args[0]))
-        return await execute(*args, **options)
-
-    monkeypatch.setattr(redis, "execute_command", counting)
+    commands = record_commands(redis, monkeypatch)
     status = await read_status(redis)
     assert commands == ["SCAN", "EVAL"]
     robots = {
@@ -638,14 +637,7 @@ async def test_a_thousand_sources_of_ten_reasons_are_read_in_scan_steps(
             pipe.set(c.resize_errors_key(source, reason), n)
         pipe.set(c.last50_key(source), "x")  # other keys the scan walks past
     await pipe.execute()
-    commands: list[str] = []
-    execute = redis.execute_command
-
-    async def counting(*args: Any, **options: Any) -> Any:
-        commands.append(str(args[0]))
-        return await execute(*args, **options)
-
-    monkeypatch.setattr(redis, "execute_command", counting)
+    commands = record_commands(redis, monkeypatch)
     status = await read_status(redis)
     # Redis answers others between the steps: none walks more than SCAN_COUNT keys.
     assert commands[-1] == "EVAL" and set(commands[:-1]) == {"SCAN"}
