@@ -21,7 +21,8 @@ import sys
 import time
 from pathlib import Path
 
-from crawlctl.commands.demo import DemoItem, DemoPlan, DemoTally, outcome_consumer
+from crawlctl.commands.demo import DemoTally, outcome_consumer
+from crawlctl.commands.demo_plan import DemoItem, DemoPlan
 
 PROGRESS_EVERY_S = 5.0
 # An EXIF message may trail its resolution: read on this long once every uuid has ended.

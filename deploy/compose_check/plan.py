@@ -18,7 +18,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Final
 
-from crawlctl.commands.demo import BROKEN_SAMPLE, Sample, image_count_for_rate, load_samples
+from crawlctl.commands.demo import image_count_for_rate
+from crawlctl.commands.demo_plan import BROKEN_SAMPLE, Sample, load_samples
 from image_crawler.contract import Status
 from test.harness.origin import Origin
 

@@ -27,7 +27,8 @@ from PIL import Image
 from redis.asyncio import Redis
 
 from crawlctl import cli
-from crawlctl.commands.demo import BROKEN_SAMPLE, DEMO_SOURCES, load_samples
+from crawlctl.commands.demo import DEMO_SOURCES
+from crawlctl.commands.demo_plan import BROKEN_SAMPLE, load_samples
 from image_crawler import contract as c
 from image_crawler.lifecycle import cancel_and_wait
 from test.harness.corpus import good_images

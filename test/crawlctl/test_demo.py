@@ -12,14 +12,13 @@ from PIL import Image
 
 from crawl_monitor.policy.rates import compute_crawl_rate
 from crawlctl.commands.demo import (
-    BROKEN_SAMPLE,
     DEMO_SOURCES,
     MISSING_NAME,
     DemoTally,
     image_count_for_rate,
-    load_samples,
     plan_demo,
 )
+from crawlctl.commands.demo_plan import BROKEN_SAMPLE, load_samples
 from image_crawler.contract import CRAWL_ERRORS_TOPIC, LINK_ROT_TOPIC, METADATA_TOPIC
 
 
