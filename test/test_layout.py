@@ -9,8 +9,8 @@ and no function of the shipped packages is longer than ``MAX_FUNCTION_LINES``.""
 from __future__ import annotations
 
 import ast
-from collections import deque
-from collections.abc import Iterator, Mapping
+import graphlib
+from collections.abc import Mapping
 from pathlib import Path
 from textwrap import indent
 
@@ -155,66 +155,18 @@ def import_graph(paths: list[Path], root: Path = ROOT) -> dict[str, set[str]]:
 
 
 def cycles(graph: Mapping[str, set[str]]) -> list[list[str]]:
-    """One circle of each group of modules that import one another (a strongly connected
-    component), as ``[a, b, ..., a]`` from the group's first module by name."""
-    found = []
-    for group in _strongly_connected(graph):
-        if len(group) > 1:
-            start = min(group)
-            found.append([start, *_path(graph, start, start, group)])
-    return sorted(found)
-
-
-def _strongly_connected(graph: Mapping[str, set[str]]) -> Iterator[set[str]]:
-    """Tarjan's algorithm."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-
-    def visit(node: str) -> Iterator[set[str]]:
-        index[node] = low[node] = len(index)
-        stack.append(node)
-        on_stack.add(node)
-        for target in sorted(graph[node]):
-            if target not in index:
-                yield from visit(target)
-                low[node] = min(low[node], low[target])
-            elif target in on_stack:
-                low[node] = min(low[node], index[target])
-        if low[node] == index[node]:
-            group = set()
-            while True:
-                member = stack.pop()
-                on_stack.discard(member)
-                group.add(member)
-                if member == node:
-                    break
-            yield group
-
-    for node in sorted(graph):
-        if node not in index:
-            yield from visit(node)
-
-
-def _path(graph: Mapping[str, set[str]], start: str, goal: str, within: set[str]) -> list[str]:
-    """A shortest import path from ``start`` to ``goal`` through ``within``: the modules
-    after ``start``, ``goal`` last."""
-    came_from: dict[str, str] = {}
-    queue = deque([start])
-    while queue:
-        node = queue.popleft()
-        for target in sorted(graph[node] & within):
-            if target == goal:
-                path = [goal]
-                while node != start:
-                    path.append(node)
-                    node = came_from[node]
-                return path[::-1]
-            if target not in came_from:
-                came_from[target] = node
-                queue.append(target)
-    raise AssertionError(f"no import path from {start} to {goal}")
+    """A circle of modules that import one another, as ``[a, b, ..., a]`` (``a`` imports
+    ``b``) from its first module by name; none when there is none. graphlib finds one
+    circle at a time: mend it, and the next shows."""
+    try:
+        graphlib.TopologicalSorter(graph).prepare()
+    except graphlib.CycleError as error:
+        # graphlib lists each module before the modules that import it.
+        circle = error.args[1][:-1][::-1]
+        first = circle.index(min(circle))
+        circle = circle[first:] + circle[:first]
+        return [[*circle, circle[0]]]
+    return []
 
 
 @pytest.mark.parametrize("package", [BASE, *ROOMS])
