@@ -118,6 +118,19 @@ ROBOTS_EXEMPT_SET: Final = "robots_exempt"
 # listed in the set CRAWL_DELAYED_SET, which the monitor reads every loop (and cleans).
 CRAWL_DELAY_PREFIX: Final = "crawl_delay:"
 CRAWL_DELAYED_SET: Final = "crawl_delayed"
+# Politeness per host (issue 36): the host is the unit of politeness inside a source.
+# Each host's pacing state, a hash "pace_host:{source}:{host}" (the host lower-cased, or
+# its registered domain under PACING_KEY=domain), written by the workers' pacing script
+# where slots are granted (worker/politeness/hosts.py says what each field means): its
+# next slot, adaptive rate, robots.txt Crawl-delay and breaker. It expires once the host
+# has been idle for a while (10 minutes, longer while it is halted or Crawl-delayed).
+# Operators write two of its fields: "halt" (any text: the host gets no request until it
+# is removed) and "override" (the host's rate, requests/s, under the source's); a hash
+# holding either never expires.
+PACE_HOST_PREFIX: Final = "pace_host:"
+# The operator's ceiling (requests/s, a float) for any one host of a source; unset: the
+# worker's MAX_HOST_RATE, or the source's rate.
+HOST_RATE_PREFIX: Final = "host_rate:"
 # Beyond the original (issue 18): each source's backlog, the consumer lag of the workers'
 # group (image_handlers) on urls.{source}, summed over partitions: URLs split but not yet
 # taken. A hash source -> count, rewritten by the monitor each
@@ -182,6 +195,15 @@ def robots_lock_key(origin: str) -> str:
 
 def crawl_delay_key(source: str) -> str:
     return f"{CRAWL_DELAY_PREFIX}{source}"
+
+
+def pace_host_key(source: str, host: str) -> str:
+    # A source name never holds ":", so the key splits at its first one.
+    return f"{PACE_HOST_PREFIX}{source}:{host}"
+
+
+def host_rate_key(source: str) -> str:
+    return f"{HOST_RATE_PREFIX}{source}"
 
 
 def last50_key(source: str) -> str:
@@ -276,6 +298,9 @@ class Status(enum.StrEnum):
     # none or a past unavailable_after; robots.txt Content-Signal search=no): no
     # thumbnail, no metadata; crawl_errors carries the directives that said so.
     NO_INDEX = "NoIndex"
+    # Its host stayed failing for HOST_GIVE_UP_S (worker/politeness/hosts.py): not tried
+    # again, and never a breaker error (a host never halts its source).
+    HOST_UNAVAILABLE = "HostUnavailable"
     # Written by the original crawler's workers for a URL that got no token; nothing
     # writes it now, but the status windows of a crawl upgraded in place may still hold
     # it, and it was never an error.
@@ -318,6 +343,7 @@ EXPECTED_STATUSES: Final[frozenset[str]] = frozenset(
         Status.ROBOTS_DISALLOWED,
         Status.ROBOTS_UNAVAILABLE,
         Status.NO_INDEX,
+        Status.HOST_UNAVAILABLE,
         Status.LEGACY_NO_RATE_TOKEN,
     }
 )

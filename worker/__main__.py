@@ -179,7 +179,9 @@ def _build_pipeline(
     stack.push_async_callback(close_session, http)
     processor = PoolProcessor(settings.image_processes)
     stack.callback(processor.close)
-    pacer = RedisPacer(redis, PacingSettings(no_rate_retry_s=settings.token_retry_s))
+    pacer = RedisPacer(
+        redis, PacingSettings(no_rate_retry_s=settings.token_retry_s), settings.hosts
+    )
     stack.callback(pacer.close)
     stats = RedisStats(redis)
     fetcher = Fetcher(
@@ -189,7 +191,9 @@ def _build_pipeline(
         ByteBudget(settings.fetch.max_bytes_in_flight),
         token=settings.robots.token,
     )
-    robots = RobotsGuard(redis, fetcher, pacer, settings.robots)
+    robots = RobotsGuard(
+        redis, fetcher, pacer, settings.robots, pacing_key=settings.hosts.pacing_key
+    )
     stack.callback(robots.close)
     pipeline = Pipeline(
         pacer=pacer,
@@ -203,6 +207,7 @@ def _build_pipeline(
         ),
         rate_limit_timeout_s=settings.rate_limit_timeout_s,
         robots=robots,
+        pacing_key=settings.hosts.pacing_key,
     )
     return _Parts(pipeline, pacer, stats, processor)
 

@@ -5,13 +5,16 @@ stored and its messages are acknowledged, or its failure is recorded and sent wh
 contract says (``link_rot`` or ``crawl_errors``). Only then may the caller commit the
 message's offset.
 
-A retryable failure (``RETRYABLE_STATUSES``) is tried again here, after an exponential
-backoff with jitter, up to ``RetryPolicy.max_attempts`` tries in all; each try waits for
-its own slot, so it is paced like any request and never starts before a server's
-Retry-After has passed. A Retry-After holds back every worker's requests to the source
-(``Pacer.pause``), not only this URL's. Every try's status is recorded, with whether it
-was a backoff signal (a status of ``BACKOFF_STATUSES``, or a response much slower than
-the source's usual): the monitor cuts the source's rate on those.
+Every request is paced by its URL's host within its source (``HostKey``, see
+worker/politeness/hosts.py). A retryable failure (``RETRYABLE_STATUSES``) is tried again
+here, after an exponential backoff with jitter, up to ``RetryPolicy.max_attempts`` tries
+in all; each try waits for its own slot, so it is paced like any request and never
+starts before a server's Retry-After has passed. A Retry-After holds back every worker's
+requests to the host (``Pacer.pause``), not only this URL's. Every answer is reported to
+the host's pace (``Pacer.report``), with whether it was a backoff signal (a status of
+``BACKOFF_STATUSES``, or a response much slower than the host's usual): the host's rate is
+cut on those, and its breaker counts its server's failures. A URL of a host given up by
+its breaker ends as ``HostUnavailable``, without a request.
 
 Before any of that, the URL's host's robots.txt is asked (``RobotsGuard``; so is each
 redirect hop's): a URL it disallows ends as ``RobotsDisallowed`` without a request, and
@@ -47,7 +50,6 @@ from typing import Final
 import prometheus_client
 
 from image_crawler.contract import (
-    BACKOFF_STATUSES,
     CRAWL_ERRORS_TOPIC,
     LINK_CHECKS_TOPIC,
     LINK_ROT_TOPIC,
@@ -72,6 +74,7 @@ from worker.download.fetch import FetchResult, UrlFetcher
 from worker.images.kernel import ImageFailure
 from worker.images.pool import ImageProcessor, body_size
 from worker.metrics import DOWNLOADED_BYTES, OUTCOMES, RECHECKS, REQUESTS
+from worker.politeness.hosts import HostKey, key_of
 from worker.politeness.latency import LatencyWatch
 from worker.politeness.pacing import Pacer
 from worker.politeness.retry_after import obey_retry_after
@@ -89,6 +92,11 @@ LINK_ROT = "link_rot"
 DEAD_LETTERED = "dead_lettered"
 MALFORMED = "malformed"
 UNCHANGED = "unchanged"  # a re-check that found the file as it was: link_checks only
+
+# A fetch that ended before any request: nothing to report of the host.
+_NOT_ASKED: Final = frozenset(
+    {Status.BLOCKED, Status.INVALID_URL, Status.ROBOTS_DISALLOWED, ROBOTS_PENDING}
+)
 
 # A store or broker that fails (rather than hangs: see worker.sinks.base) is tried again
 # at once, nearly: most failures are a dropped connection, and the URL waits meanwhile.
@@ -171,8 +179,10 @@ class Pipeline:
         rate_limit_timeout_s: float = WorkerSettings().rate_limit_timeout_s,
         max_backoff_s: float = 10.0,
         rng: random.Random | None = None,
+        pacing_key: str = "host",
     ) -> None:
         self._pacer = pacer
+        self._pacing_key = pacing_key
         self._fetcher = fetcher
         self._processor = processor
         self._store = store
@@ -270,7 +280,11 @@ class Pipeline:
         ``ROBOTS_PENDING`` (not recorded): a redirect led to a host whose robots.txt
         could not be fetched; it has been waited for, and the URL may be tried again.
         """
-        await self._take_slot(source, task)
+        key = key_of(source, task.url, self._pacing_key)
+        ended = await self._take_slot(key, task)
+        if ended is not None:  # the host was given up: no request
+            await self._record(source, ended)
+            return Tried(ended)
         metrics = self._source_metrics(source)
         metrics.requests.inc()
         robots = self._robots
@@ -283,7 +297,7 @@ class Pipeline:
             if refused is None:
                 return Tried(ROBOTS_PENDING)
             fetched = FetchResult(refused, detail=fetched.detail, signals=hop)
-        backoff = await self._heed(source, fetched)
+        await self._heed(key, fetched)
         unchanged = False
         status: str
         if fetched.ok:
@@ -306,7 +320,7 @@ class Pipeline:
                     status=status,
                     detail=fetched.detail,
                 )
-        await self._record(source, status, backoff=backoff)
+        await self._record(source, status)
         directives = fetched.signals.noindex if status == Status.NO_INDEX else ()
         return Tried(status, fetched.status, directives, unchanged)
 
@@ -316,29 +330,30 @@ class Pipeline:
             metrics = self._metrics[source] = SourceMetrics(source)
         return metrics
 
-    async def _record(self, source: str, status: str, *, backoff: bool = False) -> None:
+    async def _record(self, source: str, status: str) -> None:
         """An attempt's end: its outcome counted, and stored in the statistics."""
         self._source_metrics(source).outcome(status).inc()
-        await self._reliably(
-            "record_stats", lambda: self._stats.record(source, status, backoff=backoff)
-        )
+        await self._reliably("record_stats", lambda: self._stats.record(source, status))
 
-    async def _heed(self, source: str, fetched: FetchResult) -> bool:
-        """Act on what a response says of its server's load: obey a Retry-After. True
-        when the response is a backoff signal."""
+    async def _heed(self, key: HostKey, fetched: FetchResult) -> None:
+        """Act on what a response says of its server's load: obey a Retry-After, and
+        report the answer to its host's pace (a backoff signal when it was much slower
+        than the host's usual). A fetch that made no request reports nothing."""
+        if fetched.status in _NOT_ASKED:
+            return
         if fetched.retry_after is not None:  # most responses have none: no call
             await obey_retry_after(
                 self._pacer,
-                source,
+                key,
                 fetched.status,
                 fetched.retry_after,
                 now_unix_s=time.time(),
                 max_s=self._retries.max_retry_after_s,
             )
         slow = fetched.response_s is not None and self._response_times.observe(
-            source, fetched.response_s
+            key, fetched.response_s
         )
-        return slow or fetched.status in BACKOFF_STATUSES
+        self._pacer.report(key, fetched.status, signal=slow)
 
     async def _back_off(self, source: str, task: SourceTask, status: str, attempts: int) -> None:
         retries = self._retries
@@ -418,8 +433,10 @@ class Pipeline:
         self._source_metrics(source).check(check).inc()
         await self._reliably("record_stats", lambda: self._stats.record_check(source, check))
 
-    async def _take_slot(self, source: str, task: SourceTask) -> None:
-        future = asyncio.ensure_future(self._pacer.acquire(source))
+    async def _take_slot(self, key: HostKey, task: SourceTask) -> str | None:
+        """Wait for the host's slot; None, or the status the URL ends with instead."""
+        source = key.source
+        future = asyncio.ensure_future(self._pacer.acquire(key))
         waited_s = 0.0
         try:
             # ``wait``, not ``wait_for``: it leaves the slot's future alone at the timeout
@@ -431,7 +448,8 @@ class Pipeline:
                 log.warning(
                     "rate_limit_timeout", source=source, identifier=task.uuid, waited_s=waited_s
                 )
-            future.result()  # a slot's future that failed raises here, as it did when awaited
+            # A slot's future that failed raises here, as it did when awaited.
+            return future.result()
         except asyncio.CancelledError:
             future.cancel()
             raise

@@ -26,6 +26,7 @@ from image_crawler.config import (
     env_str,
 )
 from worker.download.netguard import AddressPolicy, IPNetwork, parse_networks
+from worker.politeness.hosts import PACING_KEYS, HostSettings
 from worker.politeness.robots_rules import DEFAULT_PRODUCT_TOKEN, PRODUCT_TOKEN, product_token
 
 PROJECT_URL = "https://github.com/cc-archive/image-crawler"
@@ -132,6 +133,8 @@ class WorkerSettings:
     thumbnails: ThumbnailSettings = dataclasses.field(default_factory=ThumbnailSettings)
     fetch: FetchSettings = dataclasses.field(default_factory=FetchSettings)
     robots: RobotsSettings = dataclasses.field(default_factory=RobotsSettings)
+    # Politeness per host: PACING_KEY, MAX_HOST_RATE, HOST_GIVE_UP_S.
+    hosts: HostSettings = dataclasses.field(default_factory=HostSettings)
     # Where /metrics and /healthz are served (METRICS_PORT unset: not at all).
     metrics: MetricsSettings = dataclasses.field(default_factory=MetricsSettings)
     # Task slots of this process, shared fairly among sources.
@@ -187,6 +190,7 @@ class WorkerSettings:
         max_retry_after_s = _positive_seconds(env, "MAX_RETRY_AFTER_S", default.max_retry_after_s)
         settings = cls(
             robots=_robots(env, fetch, max_retry_after_s),
+            hosts=_hosts(env),
             kafka=KafkaSettings.from_env(env),
             redis=RedisSettings.from_env(env),
             s3=S3Settings.from_env(env),
@@ -212,16 +216,20 @@ class WorkerSettings:
             log_level=env_str(env, "LOG_LEVEL", default.log_level),
             deprecated=deprecated_settings(env),
         )
-        if settings.shutdown_grace_s >= settings.kafka_max_poll_interval_s:
-            # A draining worker stops polling; past the poll interval Kafka drops it from
-            # the group and the commit of what it drained fails (all of it runs again).
-            raise ConfigError(
-                f"{env_name(env, 'SHUTDOWN_GRACE_S')} ({settings.shutdown_grace_s:g}) must be "
-                f"shorter than {env_name(env, 'KAFKA_MAX_POLL_INTERVAL_S')} "
-                f"({settings.kafka_max_poll_interval_s:g}): a worker does not poll while it "
-                "drains"
-            )
+        _check_grace(env, settings)
         return settings
+
+
+def _check_grace(env: Mapping[str, str], settings: WorkerSettings) -> None:
+    if settings.shutdown_grace_s >= settings.kafka_max_poll_interval_s:
+        # A draining worker stops polling; past the poll interval Kafka drops it from
+        # the group and the commit of what it drained fails (all of it runs again).
+        raise ConfigError(
+            f"{env_name(env, 'SHUTDOWN_GRACE_S')} ({settings.shutdown_grace_s:g}) must be "
+            f"shorter than {env_name(env, 'KAFKA_MAX_POLL_INTERVAL_S')} "
+            f"({settings.kafka_max_poll_interval_s:g}): a worker does not poll while it "
+            "drains"
+        )
 
 
 def _robots(
@@ -250,6 +258,20 @@ def _robots(
         retry_base_s=_positive_seconds(env, "ROBOTS_RETRY_S", default.retry_base_s),
         max_retry_after_s=max_retry_after_s,
         fetch_timeout_s=fetch.total_timeout_s,
+    )
+
+
+def _hosts(env: Mapping[str, str]) -> HostSettings:
+    default = HostSettings()
+    pacing_key = env_str(env, "PACING_KEY", default.pacing_key).lower()
+    if pacing_key not in PACING_KEYS:
+        raise ConfigError(f"PACING_KEY must be one of {', '.join(PACING_KEYS)}, got {pacing_key!r}")
+    max_host_rps = env_float(env, "MAX_HOST_RATE", math.inf, minimum=0.001)
+    return dataclasses.replace(
+        default,
+        pacing_key=pacing_key,
+        max_host_rps=None if max_host_rps == math.inf else max_host_rps,
+        give_up_s=_positive_seconds(env, "HOST_GIVE_UP_S", default.give_up_s),
     )
 
 

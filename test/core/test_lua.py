@@ -33,7 +33,7 @@ def test_every_script_is_loaded_once_and_every_load_has_its_file():
     calls = loaded()
     assert len(calls) == len(set(calls)), "a script loaded twice"
     assert set(calls) == lua_files()
-    assert len(calls) >= 10
+    assert len(calls) >= 9
 
 
 @pytest.mark.parametrize("path", sorted(lua_files()))

@@ -166,7 +166,7 @@ WIDTHS_S = (0.5, 1.0, 2.0, 5.0)
 
 
 @pytest.mark.timeout(300)
-async def test_a_crawl_delay_paces_the_source_from_its_first_request(
+async def test_a_crawl_delay_paces_its_host_from_its_first_request(
     kafka, redis, redis_url, origin, tmp_path
 ):
     body = tiny_jpeg()
@@ -183,9 +183,11 @@ async def test_a_crawl_delay_paces_the_source_from_its_first_request(
             times = sorted(t for t, _ in origin.request_log)
             assert over_bound(times, 2.0, WIDTHS_S) == {}
             assert times[-1] - times[0] >= 16 * 0.5 - 0.1
+            # The delay is the host's own: its source's rate is not lowered for it.
             pacing = c.PacingInfo.from_json(await redis.hget(c.RATES_HASH, DELAYED))
-            assert pacing.rate_rps == pytest.approx(2.0)
-            assert pacing.origin == "crawl_delay", pacing
+            assert pacing.rate_rps == pytest.approx(50.0), pacing
+            host = await redis.hget(c.pace_host_key(DELAYED, "127.0.0.1"), "delay")
+            assert float(host) == 0.5
     finally:
         crawl.stop()
 

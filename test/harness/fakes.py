@@ -10,26 +10,45 @@ from typing import Any
 from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from image_crawler.contract import Status
 from worker.download.fetch import FetchResult
+from worker.politeness.hosts import HostKey
 from worker.sinks.base import DependencyError
 
 
 class FakePacer:
-    """Grants slots of the sources in ``granted``; others wait forever. Records pauses."""
+    """Grants slots of the sources in ``granted``; others wait forever. Records the
+    sources of its slots and pauses, and every report; the hosts in ``gone`` answer
+    ``HostUnavailable``."""
 
     def __init__(self, granted: set[str] | None = None) -> None:
         self.granted = granted
+        self.gone: set[str] = set()
         self.taken: list[str] = []
-        self.waiting: list[asyncio.Future[None]] = []
+        self.keys: list[HostKey] = []
+        self.waiting: list[asyncio.Future[str | None]] = []
         self.pauses: list[tuple[str, float]] = []
+        self.paused_keys: list[HostKey] = []
+        self.reports: list[tuple[HostKey, str, bool]] = []
+        self.crawl_delays: list[tuple[HostKey, float]] = []
 
-    async def pause(self, source: str, delay_s: float) -> None:
-        self.pauses.append((source, delay_s))
+    async def pause(self, key: HostKey, delay_s: float) -> None:
+        self.pauses.append((key.source, delay_s))
+        self.paused_keys.append(key)
 
-    def acquire(self, source: str) -> asyncio.Future[None]:
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        if self.granted is None or source in self.granted:
-            self.taken.append(source)
+    async def note_crawl_delay(self, key: HostKey, delay_s: float, keep_s: float) -> None:
+        self.crawl_delays.append((key, delay_s))
+
+    def report(self, key: HostKey, status: str, *, signal: bool = False) -> None:
+        self.reports.append((key, status, signal))
+
+    def acquire(self, key: HostKey) -> asyncio.Future[str | None]:
+        future: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+        if key.host in self.gone:
+            future.set_result(Status.HOST_UNAVAILABLE)
+        elif self.granted is None or key.source in self.granted:
+            self.taken.append(key.source)
+            self.keys.append(key)
             future.set_result(None)
         else:
             self.waiting.append(future)

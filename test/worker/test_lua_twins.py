@@ -27,8 +27,22 @@ from redis.asyncio import Redis
 
 from image_crawler import contract as c
 from image_crawler.lua import lua_script
-from worker.politeness.pacing import gcra_grant, pacing_interval_s, paused_next
-from worker.politeness.robots import noted_crawl_delay
+from worker.politeness.hosts import (
+    CLEAN,
+    FAILED,
+    NO_REPORT,
+    REFUSED,
+    HostAnswer,
+    HostAsk,
+    HostReport,
+    HostSettings,
+    HostState,
+    SourceRound,
+    decide_source,
+    fields_of,
+    noted,
+    round_robin_grant,
+)
 from worker.stats import QueuedOutcome, RedisStats, flush_commands
 
 SOURCE = "twin"
@@ -117,9 +131,8 @@ async def assert_untouched(redis: Redis, key: str, before: object) -> None:
 # --- the headers ---------------------------------------------------------------------------
 
 WORKER_SCRIPTS = {
-    "worker/politeness/lua/pacing_acquire.lua": {"pacing_interval_s", "gcra_grant"},
-    "worker/politeness/lua/pacing_pause.lua": {"paused_next"},
-    "worker/politeness/lua/robots_note_delay.lua": {"noted_crawl_delay", "paused_next"},
+    "worker/politeness/lua/pacing_acquire.lua": {"decide_source"},
+    "worker/politeness/lua/host_note.lua": {"noted"},
     "worker/lua/stats_flush.lua": {"flush_commands"},
 }
 # "name (path.py)" or "name and name (path.py)", anywhere in the header.
@@ -145,230 +158,269 @@ def test_each_header_names_the_python_functions_it_is_the_fast_path_of(path, rul
     assert {function for function, _ in named} == rules, header
 
 
-# --- pacing_acquire.lua: pacing_interval_s and gcra_grant ----------------------------------
+# --- pacing_acquire.lua: decide_source -----------------------------------------------------
+
+HOST_SETTINGS = HostSettings()
+CAPPED = dataclasses.replace(HostSettings(), max_host_rps=4.0)
 
 
 @dataclasses.dataclass(frozen=True)
-class Ask:
-    rate: object = "10"
-    crawl_delay: object = None
-    next_at: object = None
-    wanted: int = 3
-    horizon_s: float = 0.05
+class HostCase:
+    """One host of an ask: its hash as stored (WRONG_TYPE: a set), what is reported of
+    it, and how many slots it wants."""
+
+    fields: dict[str, str] | object = dataclasses.field(default_factory=dict)
+    report: HostReport = NO_REPORT
+    wanted: int = 1
 
 
-ASKS = {
-    "no rate": Ask(rate=None),
-    "halted (rate 0)": Ask(rate="0"),
-    "negative rate": Ask(rate="-3"),
-    "rate not a number": Ask(rate="fast"),
-    "empty rate": Ask(rate=""),
-    "rate NaN": Ask(rate="nan"),
-    "rate infinite": Ask(rate="inf"),
-    "rate with a digit separator": Ask(rate="1_0"),
-    "rate in hexadecimal": Ask(rate="0x10"),
-    "rate with spaces": Ask(rate=" 2 "),
-    "rate key of the wrong type": Ask(rate=WRONG_TYPE),
-    "idle source": Ask(),
-    "next slot past": Ask(next_at=at(-5.0)),
-    "next slot now": Ask(next_at=at(0.0)),
-    "next slot not a number": Ask(next_at="soon"),
-    "next slot NaN": Ask(next_at="nan"),
-    "next slot key of the wrong type": Ask(next_at=WRONG_TYPE),
-    "next slot far ahead": Ask(next_at=at(30.0)),
-    "backlog: the horizon limits": Ask(rate="1000", wanted=100),
-    "backlog: the requests waiting limit": Ask(rate="1000", wanted=3),
-    "nothing wanted": Ask(wanted=0),
-    "crawl delay longer than 1/rate": Ask(crawl_delay="2", next_at=at(0.01)),
-    "crawl delay shorter than 1/rate": Ask(rate="1", crawl_delay="0.5"),
-    "crawl delay equal to 1/rate": Ask(rate="2", crawl_delay="0.5"),
-    "crawl delay far longer, backlog": Ask(rate="1000", crawl_delay="0.02", wanted=10),
-    "crawl delay not a number": Ask(rate="1000", crawl_delay="slow"),
-    "crawl delay infinite": Ask(rate="1000", crawl_delay="inf"),
-    "crawl delay NaN": Ask(rate="1000", crawl_delay="nan"),
-    "crawl delay negative": Ask(rate="1000", crawl_delay="-1"),
-    "crawl delay without a rate": Ask(rate=None, crawl_delay="2"),
-    "next slot exactly at the horizon": Ask(rate="4", next_at=at(0.25), horizon_s=0.25),
-    "next slot just past the horizon": Ask(rate="4", next_at=at(0.250001), horizon_s=0.25),
-    "second slot exactly at the horizon": Ask(rate="4", next_at=at(0.0), horizon_s=0.25),
+def times(**offsets: float) -> dict[str, str]:
+    return {name: at(offset) for name, offset in offsets.items()}
+
+
+def failed(n: int, *, last: int = FAILED) -> HostReport:
+    return HostReport(0, 0, 0, n, last)
+
+
+HOSTS: dict[str, HostCase] = {
+    "new": HostCase(),
+    "new, three wanted": HostCase(wanted=3),
+    "known at 20/s": HostCase({"rate": "20", **times(next=0.01, climb=-1)}, wanted=5),
+    "known, next past": HostCase({"rate": "5", **times(next=-3, climb=-1)}, wanted=2),
+    "slow start, 3 clean": HostCase(
+        {"rate": "2", "ss": "1", **times(climb=-1)}, HostReport(3, 0, 0, 0, CLEAN)
+    ),
+    "slow start reaches the ceiling": HostCase(
+        {"rate": "9", "ss": "1"}, HostReport(40, 0, 0, 0, CLEAN), 4
+    ),
+    "a signal ends the slow start": HostCase(
+        {"rate": "8", "ss": "1"}, HostReport(2, 1, 1, 0, REFUSED)
+    ),
+    "a signal within the cooldown": HostCase(
+        {"rate": "8", **times(cut=-0.5)}, HostReport(0, 1, 1, 0, REFUSED)
+    ),
+    "climbs back": HostCase({"rate": "3", **times(cut=-20, climb=-2)}, HostReport(4, 0, 0, 0, 1)),
+    "refused at the floor": HostCase(
+        {"rate": "0.1", "fails": "4", **times(cut=-5, since=-30)}, HostReport(0, 1, 1, 0, REFUSED)
+    ),
+    "five failures halt it": HostCase({"rate": "10"}, failed(5)),
+    "a failure after a halt": HostCase(
+        {"rate": "10", "fails": "4", "halts": "2", **times(until=-1, since=-200)}, failed(1)
+    ),
+    "halted": HostCase({"rate": "10", **times(until=12.5, since=-100)}),
+    "failing for an hour": HostCase({"rate": "10", "fails": "2", **times(since=-3601)}, failed(1)),
+    "gone": HostCase({"rate": "10", **times(gone=-5, since=-4000)}),
+    "a clean answer ends the streak": HostCase(
+        {"rate": "10", "fails": "3", "halts": "1", **times(since=-50)},
+        HostReport(1, 0, 0, 2, CLEAN),
+    ),
+    "halted by an operator": HostCase({"rate": "10", "halt": "asked by its webmaster"}),
+    "an operator's rate": HostCase({"override": "0.5", **times(next=-1)}, wanted=3),
+    "a Crawl-delay in force": HostCase(
+        {"rate": "10", "delay": "2", **times(delay_until=100, next=0.02)}, wanted=2
+    ),
+    "a Crawl-delay lapsed": HostCase(
+        {"rate": "10", "delay": "2", **times(delay_until=-1)}, wanted=2
+    ),
+    "its expiry due": HostCase({"rate": "10", **times(exp=100)}),
+    "its expiry not due": HostCase({"rate": "10", **times(exp=500)}),
+    "junk": HostCase({"rate": "fast", "next": "soon", "fails": "many", "ss": "yes"}, wanted=2),
+    "not a hash": HostCase(WRONG_TYPE),
 }
 
 
-def acquire_twin(ask: Ask) -> tuple[Any, object, int | None]:
-    """The answer the Python rule gives, the pace_next it leaves, and that key's expiry
-    (ms; None: not written)."""
-    interval_s = pacing_interval_s(read(ask.rate), read(ask.crawl_delay))
-    if interval_s is None:
-        return False, ask.next_at, None
-    grant = gcra_grant(NOW, read(ask.next_at), interval_s, ask.horizon_s, ask.wanted)
-    answer = [
-        printed(grant.next_at - ask.horizon_s - NOW),
-        [printed(slot - NOW) for slot in grant.slots],
-        printed(interval_s),
+@dataclasses.dataclass(frozen=True)
+class SourceCase:
+    rate: object = "10"
+    host_rate: object = None
+    next_at: object = None
+    hosts: tuple[str, ...] = ()
+    settings: HostSettings = HOST_SETTINGS
+
+
+SOURCES: dict[str, SourceCase] = {
+    **{f"10/s, {name}": SourceCase(hosts=(name,)) for name in HOSTS},
+    **{f"0.5/s, {name}": SourceCase(rate="0.5", hosts=(name,)) for name in list(HOSTS)[:6]},
+    "no rate": SourceCase(rate=None, hosts=("new",)),
+    "halted source": SourceCase(rate="0", hosts=("known at 20/s",)),
+    "rate not a number": SourceCase(rate="fast", hosts=("new",)),
+    "host_rate 2": SourceCase(host_rate="2", hosts=("known at 20/s", "new")),
+    "host_rate junk": SourceCase(host_rate="x", hosts=("known at 20/s",)),
+    "MAX_HOST_RATE 4": SourceCase(hosts=("known at 20/s",), settings=CAPPED),
+    "source next ahead": SourceCase(next_at=at(0.03), hosts=("known at 20/s",)),
+    "source next junk": SourceCase(next_at="soon", hosts=("new",)),
+    "three hosts share the source": SourceCase(
+        rate="100", hosts=("known at 20/s", "new, three wanted", "known, next past")
+    ),
+    "a blocked host beside a free one": SourceCase(hosts=("halted", "known, next past")),
+}
+
+
+async def seed(redis: Redis, source: str, case: SourceCase) -> None:
+    await store(redis, c.pace_rate_key(source), case.rate)
+    await store(redis, c.host_rate_key(source), case.host_rate)
+    await store(redis, c.pace_next_key(source), case.next_at)
+    for host in case.hosts:
+        fields = HOSTS[host].fields
+        key = c.pace_host_key(source, host)
+        if fields is WRONG_TYPE:
+            await redis.sadd(key, "x")
+        elif fields:
+            assert isinstance(fields, dict)
+            await redis.hset(key, mapping=fields)
+
+
+def acquire_twin(case: SourceCase) -> SourceRound | None:
+    rate = read(case.rate)
+    if rate is None or math.isnan(rate) or not 0 < rate < math.inf:
+        return None
+    host_rate = read(case.host_rate)
+    hosts = []
+    for name in case.hosts:
+        host = HOSTS[name]
+        fields = host.fields if isinstance(host.fields, dict) else {}
+        hosts.append((HostState.from_hash(fields), host.report, host.wanted))
+    return decide_source(NOW, rate, host_rate, read(case.next_at), hosts, HORIZON_S, case.settings)
+
+
+HORIZON_S = 0.05
+
+
+async def run_acquire(redis: Redis, cases: dict[str, SourceCase]) -> list[Any]:
+    (settings,) = {case.settings for case in cases.values()}
+    config = {
+        "rp": c.PACE_RATE_PREFIX,
+        "np": c.PACE_NEXT_PREFIX,
+        "hp": c.PACE_HOST_PREFIX,
+        "cp": c.HOST_RATE_PREFIX,
+        "h": HORIZON_S,
+        "s": settings.to_json_obj(),
+    }
+    asks = [
+        [source, [[h, HOSTS[h].wanted, HOSTS[h].report.to_list()] for h in case.hosts]]
+        for source, case in cases.items()
     ]
-    if not grant.slots:
-        return answer, ask.next_at, None
-    keep_ms = math.ceil((grant.next_at - NOW) * 1000) + 1000
-    return answer, f"{grant.next_at:.6f}", keep_ms
-
-
-async def run_acquire(redis: Redis, asks: dict[str, Ask]) -> list[Any]:
-    for source, ask in asks.items():
-        await store(redis, c.pace_rate_key(source), ask.rate)
-        await store(redis, c.crawl_delay_key(source), ask.crawl_delay)
-        await store(redis, c.pace_next_key(source), ask.next_at)
-    (horizon_s,) = {ask.horizon_s for ask in asks.values()}
     raw = await redis.eval(
         pinned(lua_script("worker.politeness", "pacing_acquire.lua")),
         0,
-        c.PACE_RATE_PREFIX,
-        c.PACE_NEXT_PREFIX,
-        repr(horizon_s),
-        json.dumps([[source, ask.wanted] for source, ask in asks.items()]),
-        c.CRAWL_DELAY_PREFIX,
+        json.dumps(config),
+        json.dumps(asks),
     )
     answers = json.loads(raw)
     # cjson writes an empty array as {}.
     return [
-        [a[0], a[1] if isinstance(a[1], list) else [], a[2]] if a else a
-        for a in (answers if isinstance(answers, list) else [])
+        [[a[0], a[1] or [], *a[2:]] for a in answer] if isinstance(answer, list) else answer
+        for answer in (answers if isinstance(answers, list) else [])
     ]
 
 
-@pytest.mark.parametrize("case", list(ASKS))
-async def test_acquire_grants_what_gcra_grant_grants(redis, case):
-    ask = ASKS[case]
-    (answer,) = await run_acquire(redis, {SOURCE: ask})
-    expected, next_at, keep_ms = acquire_twin(ask)
-    assert answer == expected
-    if keep_ms is None:
-        await assert_untouched(redis, c.pace_next_key(SOURCE), ask.next_at)
+def as_printed(answer: HostAnswer) -> list[Any]:
+    return [
+        printed(answer.next_s),
+        [printed(t) for t in answer.slots],
+        printed(answer.interval_s),
+        answer.flag,
+    ]
+
+
+async def assert_host_written(redis: Redis, key: str, state: HostState, before: object) -> None:
+    written = {k: v for k, v in (await redis.hgetall(key)).items() if v}
+    assert written == {k: v for k, v in fields_of(state).items() if v}, key
+    pttl = await redis.pttl(key)
+    if state.expires is None:
+        assert pttl == -1 or (pttl == -2 and not written), (key, pttl)
+    elif isinstance(before, dict) and f"{state.expires:.6f}" == before.get("exp"):
+        assert pttl == -1, (key, pttl)  # not renewed (the test stored it without one)
     else:
-        assert await stored(redis, c.pace_next_key(SOURCE)) == next_at
-        await assert_ttl(redis, c.pace_next_key(SOURCE), keep_ms)
+        await assert_ttl(redis, key, math.ceil((state.expires - NOW) * 1000))
 
 
-async def test_acquire_answers_each_ask_of_one_call_as_on_its_own(redis):
-    asks = {f"s{i}": ask for i, ask in enumerate(ASKS.values()) if ask.horizon_s == 0.05}
-    answers = await run_acquire(redis, asks)
-    assert answers == [acquire_twin(ask)[0] for ask in asks.values()]
-
-
-def test_the_horizon_cases_sit_exactly_on_the_boundary():
-    # Else they would test nothing: the arithmetic must land on the horizon exactly.
-    assert float(at(0.25)) == NOW + 0.25
-    assert gcra_grant(NOW, NOW + 0.25, 0.25, 0.25, 3).slots == (NOW + 0.25,)
-    assert gcra_grant(NOW, NOW, 0.25, 0.25, 3).slots == (NOW, NOW + 0.25)
-
-
-# --- pacing_pause.lua: paused_next ---------------------------------------------------------
-
-PAUSES = {
-    "no next slot": (None, 5.0),
-    "next slot past": (at(-10.0), 5.0),
-    "pause shorter than the next slot": (at(10.0), 5.0),
-    "pause longer than the next slot": (at(1.0), 5.0),
-    "pause ending exactly at the next slot": (at(5.0), 5.0),
-    "next slot not a number": ("soon", 5.0),
-    "next slot NaN": ("nan", 5.0),
-    "next slot key of the wrong type": (WRONG_TYPE, 5.0),
-    "a pause of nothing": (None, 0.0),
-    "a pause of nothing, next slot ahead": (at(1.0), 0.0),
-    "a long pause": (at(1.0), 3600.0),
-    "a pause of a fraction": (at(0.001), 0.123456789),
-}
-
-
-@pytest.mark.parametrize("case", list(PAUSES))
-async def test_pause_moves_the_next_slot_as_paused_next_does(redis, case):
-    before, delay_s = PAUSES[case]
-    key = c.pace_next_key(SOURCE)
-    await store(redis, key, before)
-    answer = await redis.eval(
-        pinned(lua_script("worker.politeness", "pacing_pause.lua")), 1, key, repr(delay_s)
-    )
-    after = paused_next(NOW, read(before), delay_s)
-    assert answer == f"{after - NOW:.14g}"  # Lua's tostring
-    if not unchanged(read(before), after):
-        assert await stored(redis, key) == f"{after:.6f}"
-        await assert_ttl(redis, key, math.ceil((after - NOW) * 1000) + 1000)
+@pytest.mark.parametrize("case", list(SOURCES), ids=list(SOURCES))
+async def test_acquire_decides_as_decide_source_does(redis, case):
+    source = "twin"
+    await seed(redis, source, SOURCES[case])
+    (answer,) = await run_acquire(redis, {source: SOURCES[case]})
+    twin = acquire_twin(SOURCES[case])
+    if twin is None:
+        assert answer is False
+        for host in SOURCES[case].hosts:
+            fields = HOSTS[host].fields
+            if isinstance(fields, dict):
+                assert await redis.hgetall(c.pace_host_key(source, host)) == fields
+        return
+    assert answer == [as_printed(a) for a in twin.answers]
+    for host, state in zip(SOURCES[case].hosts, twin.states, strict=True):
+        await assert_host_written(redis, c.pace_host_key(source, host), state, HOSTS[host].fields)
+    next_key = c.pace_next_key(source)
+    if twin.source_next is not None:
+        assert await stored(redis, next_key) == f"{twin.source_next:.6f}"
+        await assert_ttl(redis, next_key, math.ceil((twin.source_next - NOW) * 1000) + 1000)
     else:
-        await assert_untouched(redis, key, before)
+        await assert_untouched(redis, next_key, SOURCES[case].next_at)
 
 
-# --- robots_note_delay.lua: noted_crawl_delay ----------------------------------------------
+async def test_acquire_answers_each_source_of_one_call_as_on_its_own(redis):
+    cases = {
+        f"s{i}": case for i, case in enumerate(SOURCES.values()) if case.settings is HOST_SETTINGS
+    }
+    for source, case in cases.items():
+        await seed(redis, source, case)
+    answers = await run_acquire(redis, cases)
+    expected = []
+    for case in cases.values():
+        twin = acquire_twin(case)
+        expected.append(False if twin is None else [as_printed(a) for a in twin.answers])
+    assert answers == expected
 
-KEEP_MS = 600_000
+
+def test_a_host_and_its_source_share_slots_in_turn():
+    asks = [HostAsk(None, 0.01, 3), HostAsk(None, 0.01, 3)]
+    granted = round_robin_grant(NOW, None, 0.02, asks, 0.05)
+    # One slot per host per pass, each at the source's pace (50/s) within the horizon.
+    assert granted.slots == ((NOW, NOW + 0.04), (NOW + 0.02,))
+
+
+# --- host_note.lua: noted ------------------------------------------------------------------
+
 NOTES = {
-    "first delay of the source": (None, 2.0, None),
-    "a longer delay than the one in force": ("1", 2.0, None),
-    "the same delay again": ("2", 2.0, at(1.0)),
-    "a shorter delay than the one in force": ("5", 2.0, at(1.0)),
-    "delay in force not a number": ("slow", 2.0, None),
-    "delay in force NaN": ("nan", 2.0, at(1.0)),
-    "delay key of the wrong type": (WRONG_TYPE, 2.0, None),
-    "longer, next slot later still": ("1", 2.0, at(10.0)),
-    "longer, next slot past": ("1", 2.0, at(-1.0)),
-    "longer, next slot not a number": ("1", 2.0, "soon"),
-    "longer, next slot exactly a delay away": ("1", 2.0, at(2.0)),
-    "a fractional delay": ("0.25", 0.3, at(0.1)),
+    "a Retry-After on a new host": ({}, 2.0, None),
+    "a Retry-After shorter than the next slot": (times(next=5), 2.0, None),
+    "a Retry-After on a kept host": ({"halt": "x", **times(next=1)}, 3.0, None),
+    "a new Crawl-delay": (times(next=0.2), 0.0, 3.0),
+    "a shorter Crawl-delay": ({"delay": "5", **times(delay_until=100, next=0.5)}, 0.0, 2.0),
+    "a longer Crawl-delay": ({"delay": "1", **times(delay_until=100, next=0.5)}, 0.0, 4.0),
+    "a Crawl-delay after one lapsed": ({"delay": "9", **times(delay_until=-1)}, 0.0, 2.0),
+    "junk": ({"next": "soon", "delay": "x"}, 1.0, 2.0),
+    "not a hash": (WRONG_TYPE, 1.0, None),
 }
+KEEP_S = 600.0
 
 
-@pytest.mark.parametrize("case", list(NOTES))
-async def test_note_delay_keeps_and_moves_as_noted_crawl_delay_does(redis, case):
-    current, delay_s, next_before = NOTES[case]
-    keys = [c.crawl_delay_key(SOURCE), c.CRAWL_DELAYED_SET, c.pace_next_key(SOURCE)]
-    await store(redis, keys[0], current)
-    await store(redis, keys[2], next_before)
-    await redis.eval(
-        pinned(lua_script("worker.politeness", "robots_note_delay.lua")),
-        3,
-        *keys,
-        repr(delay_s),
-        KEEP_MS,
-        SOURCE,
+@pytest.mark.parametrize("case", list(NOTES), ids=list(NOTES))
+async def test_note_moves_and_keeps_as_noted_does(redis, case):
+    fields, pause_s, delay_s = NOTES[case]
+    key = c.pace_host_key("twin", "host")
+    if fields is WRONG_TYPE:
+        await redis.sadd(key, "x")
+    elif fields:
+        await redis.hset(key, mapping=fields)
+    answer = await redis.eval(
+        pinned(lua_script("worker.politeness", "host_note.lua")),
+        1,
+        key,
+        repr(pause_s),
+        "" if delay_s is None else repr(delay_s),
+        repr(KEEP_S),
+        repr(HOST_SETTINGS.idle_s),
     )
-    note = noted_crawl_delay(NOW, read(current), delay_s, read(next_before))
-    if note.written:
-        assert await stored(redis, keys[0]) == repr(delay_s)
-        await assert_ttl(redis, keys[0], KEEP_MS)
-    else:
-        await assert_untouched(redis, keys[0], current)
-    assert read(await stored(redis, keys[0])) == note.crawl_delay_s
-    assert await redis.smembers(c.CRAWL_DELAYED_SET) == {SOURCE}
-    if note.next_at is not None and not unchanged(read(next_before), note.next_at):
-        assert await stored(redis, keys[2]) == f"{note.next_at:.6f}"
-        await assert_ttl(redis, keys[2], math.ceil(delay_s * 1000) + 1000)
-    else:
-        await assert_untouched(redis, keys[2], next_before)
-
-
-async def test_note_delay_moves_the_next_slot_as_a_pause_of_the_delay_would(redis):
-    # The two scripts share the rule paused_next: given the same keys, the same result.
-    delay_s = 2.0
-    for next_before in (None, at(-1.0), at(1.0), at(10.0), "soon"):
-        await redis.flushdb()
-        await store(redis, c.pace_next_key("noted"), next_before)
-        await store(redis, c.pace_next_key("paused"), next_before)
-        await redis.eval(
-            pinned(lua_script("worker.politeness", "robots_note_delay.lua")),
-            3,
-            c.crawl_delay_key("noted"),
-            c.CRAWL_DELAYED_SET,
-            c.pace_next_key("noted"),
-            repr(delay_s),
-            KEEP_MS,
-            "noted",
-        )
-        await redis.eval(
-            pinned(lua_script("worker.politeness", "pacing_pause.lua")),
-            1,
-            c.pace_next_key("paused"),
-            repr(delay_s),
-        )
-        noted = await stored(redis, c.pace_next_key("noted"))
-        assert noted == await stored(redis, c.pace_next_key("paused")), next_before
+    before = HostState.from_hash(fields if isinstance(fields, dict) else {})
+    after = noted(before, NOW, pause_s, delay_s, KEEP_S, HOST_SETTINGS.idle_s)
+    written = {k: v for k, v in (await redis.hgetall(key)).items() if v}
+    assert written == {k: v for k, v in fields_of(after).items() if v}
+    next_at = after.next_at if after.next_at is not None else NOW
+    assert float(answer) == pytest.approx(next_at - NOW, abs=1e-6)
+    if after.expires is not None and after.expires != before.expires:
+        await assert_ttl(redis, key, math.ceil((after.expires - NOW) * 1000))
 
 
 # --- stats_flush.lua: flush_commands -------------------------------------------------------

@@ -1,8 +1,10 @@
-"""The workers' pacer (GCRA in one Lua script) against the real redis-server.
+"""The workers' pacer (GCRA per host within its source, in one Lua script) against the
+real redis-server.
 
 Slot arithmetic is checked on Redis' side (``pace_next:`` is exact: it moves by 1/rate a
 grant), the spacing the pacers keep on the loop's clock, loosely; the windows seen at an
-origin with real workers are checked in test_pacing_crawl.py.
+origin with real workers are checked in test_pacing_crawl.py. The source-level tests use
+hosts that start at their ceiling (``FAST_START``); the slow start has tests of its own.
 """
 
 import asyncio
@@ -16,9 +18,12 @@ from image_crawler.lifecycle import cancel_and_wait
 from test.harness.fakes import FlakyRedis
 from test.harness.services import wait_for
 from test.harness.windows import max_in_window
+from worker.politeness.hosts import HostKey, HostSettings
 from worker.politeness.pacing import PacingSettings, RedisPacer
 
 SOURCE = "example"
+KEY = HostKey(SOURCE, "images.example.org")
+FAST_START = HostSettings(start_rps=1e9)
 
 
 async def redis_now(redis: Redis) -> float:
@@ -31,9 +36,9 @@ async def pacers(redis_url):
     """Two pacers on their own clients: two workers' worth."""
     made: list[tuple[RedisPacer, asyncio.Task[None], Redis]] = []
 
-    def make() -> RedisPacer:
+    def make(hosts: HostSettings = FAST_START) -> RedisPacer:
         client = Redis.from_url(redis_url, decode_responses=True)
-        pacer = RedisPacer(client, PacingSettings(no_rate_retry_s=0.05))
+        pacer = RedisPacer(client, PacingSettings(no_rate_retry_s=0.05), hosts)
         made.append((pacer, asyncio.create_task(pacer.run()), client))
         return pacer
 
@@ -55,7 +60,7 @@ def granted_at(futures: list[asyncio.Future[None]]) -> list[float]:
 
 async def test_a_source_without_a_rate_gets_no_slot_until_it_has_one(redis, pacers):
     pacer = pacers()
-    waiting = pacer.acquire(SOURCE)
+    waiting = pacer.acquire(KEY)
     await wait_for(lambda: pacer.asks >= 3, 5, what="three asks")
     assert not waiting.done()
     await redis.set(c.pace_rate_key(SOURCE), "0")  # a halted source
@@ -70,7 +75,7 @@ async def test_a_source_without_a_rate_gets_no_slot_until_it_has_one(redis, pace
 async def test_a_rate_that_is_not_one_grants_nothing(redis, pacers, value):
     pacer = pacers()
     await redis.set(c.pace_rate_key(SOURCE), value)
-    waiting = pacer.acquire(SOURCE)
+    waiting = pacer.acquire(KEY)
     await wait_for(lambda: pacer.asks >= 2, 5, what="two asks")
     assert not waiting.done()
 
@@ -79,9 +84,10 @@ async def test_keys_of_the_wrong_type_are_survived(redis, pacers):
     pacer = pacers()
     await redis.sadd(c.pace_rate_key("odd"), "x")
     await redis.sadd(c.pace_next_key(SOURCE), "x")
+    await redis.sadd(c.pace_host_key(SOURCE, KEY.host), "x")
     await redis.set(c.pace_rate_key(SOURCE), "50")
-    odd = pacer.acquire("odd")
-    await asyncio.wait_for(pacer.acquire(SOURCE), 5)  # pace_next overwritten
+    odd = pacer.acquire(HostKey("odd", "h"))
+    await asyncio.wait_for(pacer.acquire(KEY), 5)  # pace_next overwritten
     assert not odd.done()
 
 
@@ -91,7 +97,7 @@ async def test_two_pacers_share_one_slot_every_interval(redis, pacers):
     start = await redis_now(redis) + 0.3
     await redis.set(c.pace_next_key(SOURCE), f"{start:.6f}")
     await redis.set(c.pace_rate_key(SOURCE), repr(rate))
-    futures = [pacer.acquire(SOURCE) for _ in range(10) for pacer in (first, second)]
+    futures = [pacer.acquire(KEY) for _ in range(10) for pacer in (first, second)]
     times = granted_at(futures)
     await asyncio.wait_for(asyncio.gather(*futures), 10)
     # Redis' arithmetic is exact: 20 grants moved the next slot 20 intervals on, whoever
@@ -109,8 +115,11 @@ async def test_two_pacers_share_one_slot_every_interval(redis, pacers):
 async def test_a_crawl_delay_is_the_shortest_interval_whatever_the_rate(redis, pacers, delay):
     first, second = pacers(), pacers()
     await redis.set(c.pace_rate_key(SOURCE), "100")
-    await redis.set(c.crawl_delay_key(SOURCE), delay)
-    futures = [pacer.acquire(SOURCE) for _ in range(3) for pacer in (first, second)]
+    far = await redis_now(redis) + 600
+    await redis.hset(
+        c.pace_host_key(SOURCE, KEY.host), mapping={"delay": delay, "delay_until": f"{far:.6f}"}
+    )
+    futures = [pacer.acquire(KEY) for _ in range(3) for pacer in (first, second)]
     times = granted_at(futures)
     await asyncio.wait_for(asyncio.gather(*futures), 10)
     interval = 0.25 if delay == "0.25" else 0.01  # anything but a delay is not one
@@ -123,7 +132,7 @@ async def test_an_idle_source_starts_from_now_without_catching_up(redis, pacers)
     before = await redis_now(redis)
     await redis.set(c.pace_next_key(SOURCE), f"{before - 60:.6f}")  # idle for a minute
     await redis.set(c.pace_rate_key(SOURCE), repr(rate))
-    futures = [pacer.acquire(SOURCE) for _ in range(5)]
+    futures = [pacer.acquire(KEY) for _ in range(5)]
     times = granted_at(futures)
     await asyncio.wait_for(asyncio.gather(*futures), 10)
     after = await redis_now(redis)
@@ -135,26 +144,27 @@ async def test_an_idle_source_starts_from_now_without_catching_up(redis, pacers)
 async def test_a_pause_holds_every_pacer_until_it_ends(redis, pacers):
     first, second = pacers(), pacers()
     await redis.set(c.pace_rate_key(SOURCE), "50")
-    await asyncio.wait_for(second.acquire(SOURCE), 5)
+    await asyncio.wait_for(second.acquire(KEY), 5)
     loop = asyncio.get_running_loop()
     paused_at = loop.time()
-    await first.pause(SOURCE, 1.0)
-    held = [pacer.acquire(SOURCE) for pacer in (first, second)]
+    await first.pause(KEY, 1.0)
+    held = [pacer.acquire(KEY) for pacer in (first, second)]
     times = granted_at(held)
     await asyncio.wait_for(asyncio.gather(*held), 5)
     # Granted from the pause's end (less the pacing horizon, at most), not before.
     assert min(times) - paused_at >= 1.0 - PacingSettings().horizon_s - 0.01
     # A shorter pause than the one in force changes nothing.
-    await redis.set(c.pace_next_key(SOURCE), f"{await redis_now(redis) + 30:.6f}")
-    await first.pause(SOURCE, 1.0)
-    assert float(await redis.get(c.pace_next_key(SOURCE))) > await redis_now(redis) + 25
+    host = c.pace_host_key(SOURCE, KEY.host)
+    await redis.hset(host, "next", f"{await redis_now(redis) + 30:.6f}")
+    await first.pause(KEY, 1.0)
+    assert float(await redis.hget(host, "next")) > await redis_now(redis) + 25
 
 
 async def test_a_cancelled_request_gives_its_slot_to_the_next(redis, pacers):
     pacer = pacers()
     await redis.set(c.pace_rate_key(SOURCE), "5")
-    await asyncio.wait_for(pacer.acquire(SOURCE), 5)
-    cancelled, kept = pacer.acquire(SOURCE), pacer.acquire(SOURCE)
+    await asyncio.wait_for(pacer.acquire(KEY), 5)
+    cancelled, kept = pacer.acquire(KEY), pacer.acquire(KEY)
     await wait_for(lambda: pacer.asks >= 2, 5, what="a second ask")
     cancelled.cancel()
     await asyncio.wait_for(kept, 1.0)  # the cancelled one's slot, ~0.2 s after the first
@@ -162,12 +172,12 @@ async def test_a_cancelled_request_gives_its_slot_to_the_next(redis, pacers):
 
 async def test_a_redis_that_is_away_grants_nothing_and_is_reported(redis, pacers):
     flaky = FlakyRedis(redis)
-    pacer = RedisPacer(flaky, PacingSettings(no_rate_retry_s=0.05))  # type: ignore[arg-type]
+    pacer = RedisPacer(flaky, PacingSettings(no_rate_retry_s=0.05), FAST_START)  # type: ignore[arg-type]
     task = asyncio.create_task(pacer.run())
     try:
         await redis.set(c.pace_rate_key(SOURCE), "100")
         with capture_logs() as logs:
-            waiting = pacer.acquire(SOURCE)
+            waiting = pacer.acquire(KEY)
             await wait_for(lambda: flaky.refused >= 2, 5, what="refused asks")
             assert not waiting.done()
             flaky.away = False
@@ -189,6 +199,71 @@ async def test_a_rate_beyond_the_event_loop_s_resolution_still_grants_every_requ
         for source in sources:
             pipe.set(c.pace_rate_key(source), "100000")
         await pipe.execute()
-    futures = [pacer.acquire(source) for source in sources for _ in range(3)]
+    futures = [pacer.acquire(HostKey(source, "h")) for source in sources for _ in range(3)]
     await asyncio.wait_for(asyncio.gather(*futures), 20)
     assert pacer.asks <= 20
+
+
+# --- per host ------------------------------------------------------------------------------
+
+
+async def test_each_host_is_paced_on_its_own_within_its_source(redis, pacers):
+    first, second = pacers(), pacers()
+    await redis.set(c.pace_rate_key(SOURCE), "40")
+    await redis.set(c.host_rate_key(SOURCE), "5")  # any one host at most 5/s
+    hosts = [HostKey(SOURCE, f"h{i}.example.org") for i in range(4)]
+    futures = {key: [p.acquire(key) for p in (first, second) for _ in range(3)] for key in hosts}
+    times = {key: granted_at(f) for key, f in futures.items()}
+    await asyncio.wait_for(asyncio.gather(*(f for fs in futures.values() for f in fs)), 10)
+    everything = sorted(t for ts in times.values() for t in ts)
+    for key in hosts:  # each host at its own 5/s...
+        assert max(times[key]) - min(times[key]) == pytest.approx(5 / 5, abs=0.05), key
+    # ...and the four together four times as fast, within the source's 40/s.
+    assert max(everything) - min(everything) < 1.3
+    assert max_in_window(everything, 0.5) <= 40 * 0.5 + 1
+
+
+async def test_a_crawl_delayed_or_halted_host_does_not_hold_back_another(redis, pacers):
+    pacer = pacers()
+    await redis.set(c.pace_rate_key(SOURCE), "20")
+    delayed, halted, free = (HostKey(SOURCE, h) for h in ("slow.org", "halted.org", "free.org"))
+    await pacer.note_crawl_delay(delayed, 30.0, 600.0)
+    await redis.hset(c.pace_host_key(SOURCE, halted.host), "halt", "by hand")
+    held = [pacer.acquire(delayed), pacer.acquire(halted)]
+    await asyncio.wait_for(asyncio.gather(*(pacer.acquire(free) for _ in range(10))), 5)
+    assert not any(f.done() for f in held)
+    await redis.hdel(c.pace_host_key(SOURCE, halted.host), "halt")  # resumed
+    await asyncio.wait_for(held[1], PacingSettings().operator_poll_s + 5)
+    assert not held[0].done()
+
+
+async def test_a_new_host_starts_slowly_and_climbs_on_clean_answers(redis, pacers):
+    pacer = pacers(HostSettings())
+    await redis.set(c.pace_rate_key(SOURCE), "50")
+    start = asyncio.get_running_loop().time()
+    times: list[float] = []
+    for _ in range(12):
+        await asyncio.wait_for(pacer.acquire(KEY), 5)
+        times.append(asyncio.get_running_loop().time())
+        pacer.report(KEY, "200")
+    # 1/s at first: the second request a second after the first...
+    assert times[1] - times[0] == pytest.approx(1.0, abs=0.1)
+    # ...then about 3/s, 9/s...: twelve requests in well under 3 s, not 12 s.
+    assert times[-1] - start < 3.0
+    assert float(await redis.hget(c.pace_host_key(SOURCE, KEY.host), "rate")) > 10
+
+
+async def test_a_failing_host_is_halted_then_given_up(redis, pacers):
+    pacer = pacers()
+    await redis.set(c.pace_rate_key(SOURCE), "50")
+    for _ in range(5):
+        await asyncio.wait_for(pacer.acquire(KEY), 5)
+        pacer.report(KEY, "500")
+    waiting = pacer.acquire(KEY)
+    host = c.pace_host_key(SOURCE, KEY.host)
+    await wait_for(lambda: redis.hget(host, "until"), 5, what="a halt")
+    assert not waiting.done()
+    assert await redis.pttl(host) / 1000 > 30  # kept at least while halted
+    # An hour of failures later (written by hand) its URLs end.
+    await redis.hset(host, mapping={"gone": "1", "until": ""})
+    assert await asyncio.wait_for(waiting, 40) == c.Status.HOST_UNAVAILABLE

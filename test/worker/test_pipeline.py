@@ -2,6 +2,7 @@ import asyncio
 import hashlib
 import json
 import re
+from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
@@ -22,6 +23,7 @@ from worker.pipeline import (
     Pipeline,
     RetryPolicy,
 )
+from worker.politeness.hosts import HostKey
 from worker.politeness.signals import NO_SIGNALS, Signals
 
 TOPIC = "urls.example"
@@ -115,6 +117,15 @@ async def test_retryable_statuses_are_tried_up_to_max_attempts_then_dead_lettere
     assert c.INBOUND_TOPIC not in p["sink"].messages  # retried here, not republished
 
 
+def signals(p: dict[str, Any]) -> list[tuple[str, str]]:
+    """The backoff signals reported to the hosts' pace: (source, status)."""
+    return [
+        (key.source, status)
+        for key, status, slow in p["pacer"].reports
+        if slow or status in c.BACKOFF_STATUSES
+    ]
+
+
 async def test_a_retry_that_succeeds_ends_with_the_image():
     url = "http://origin.test/a.jpg"
     image = jpeg_with_exif()
@@ -123,7 +134,7 @@ async def test_a_retry_that_succeeds_ends_with_the_image():
     assert ending == Ending("200", CRAWLED, attempts=2)
     assert "u-1.jpg" in p["store"].objects
     assert p["stats"].outcomes == [("example", "503"), ("example", "200")]
-    assert p["stats"].signals == [("example", "503")]  # the 503 asked us to slow down
+    assert signals(p) == [("example", "503")]  # the 503 asked us to slow down
     assert c.CRAWL_ERRORS_TOPIC not in p["sink"].messages
 
 
@@ -184,7 +195,7 @@ async def test_a_response_much_slower_than_usual_is_a_backoff_signal():
     pipeline, p = make({url: [*usual, slow]})
     for _ in range(21):
         await pipeline.handle("example", task(url=url), TOPIC)
-    assert p["stats"].signals == [("example", "200")]  # the last one only
+    assert signals(p) == [("example", "200")]  # the last one only
 
 
 @pytest.mark.parametrize("status", ["410", "Timeout", "TooLarge", "Blocked"])
@@ -197,7 +208,7 @@ async def test_other_failures_go_straight_to_crawl_errors(status):
     assert len(p["fetcher"].requests) == 1
     assert c.INBOUND_TOPIC not in p["sink"].messages
     # A timeout is a backoff signal too, though it is not tried again.
-    assert p["stats"].signals == ([("example", status)] if status == "Timeout" else [])
+    assert signals(p) == ([("example", status)] if status == "Timeout" else [])
 
 
 async def test_a_body_pillow_cannot_identify_is_counted_and_dead_lettered():
@@ -387,7 +398,7 @@ async def test_an_unchanged_file_answered_304_is_reported_and_nothing_else():
     }
     assert set(p["sink"].messages) == {c.LINK_CHECKS_TOPIC} and not p["store"].objects
     # A success for the breakers (an expected status) and for pacing (no backoff signal).
-    assert p["stats"].outcomes == [("example", "304")] and p["stats"].signals == []
+    assert p["stats"].outcomes == [("example", "304")] and signals(p) == []
     assert p["stats"].checks == [("example", "unchanged")]
     assert p["pacer"].taken == ["example"]  # paced like any request
 
@@ -479,3 +490,22 @@ async def test_a_re_check_robots_txt_refuses_is_a_failed_check_without_a_request
     assert ending == Ending("RobotsDisallowed", DEAD_LETTERED, 0)
     assert p["fetcher"].requests == []
     assert the_check(p)["status"] == "failed" and the_check(p)["http_status"] is None
+
+
+async def test_a_url_of_a_host_given_up_ends_without_a_request():
+    pipeline, p = make({"http://origin.test/a.jpg": FetchResult("200")})
+    p["pacer"].gone.add("origin.test")
+    ending = await pipeline.handle("example", task(), TOPIC)
+    assert ending == Ending(c.Status.HOST_UNAVAILABLE, DEAD_LETTERED, attempts=1)
+    assert p["fetcher"].requests == []
+    assert p["sink"].messages[c.CRAWL_ERRORS_TOPIC][0]["status"] == "HostUnavailable"
+
+
+async def test_each_answer_is_reported_to_its_host_and_a_retry_after_pauses_the_host():
+    url = "http://Images.Origin.test:8080/a.jpg"
+    limited = FetchResult("429", retry_after="2")
+    pipeline, p = make({url: [limited, FetchResult("404")]})
+    await pipeline.handle("example", task(url=url), TOPIC)
+    key = HostKey("example", "images.origin.test")
+    assert [(k, status) for k, status, _ in p["pacer"].reports] == [(key, "429"), (key, "404")]
+    assert p["pacer"].paused_keys == [key]

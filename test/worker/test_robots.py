@@ -11,6 +11,7 @@ import pytest
 from aiohttp import web
 from redis.asyncio import Redis
 from structlog.testing import capture_logs
+from yarl import URL
 
 from image_crawler import contract as c
 from image_crawler.config import ConfigError
@@ -21,6 +22,7 @@ from worker.download.fetch import Fetcher, new_session
 from worker.download.netguard import AddressPolicy, parse_networks
 from worker.images.pool import InlineProcessor
 from worker.pipeline import DEAD_LETTERED, Ending, Pipeline
+from worker.politeness.hosts import HostKey
 from worker.politeness.robots import Robots, RobotsEntry, RobotsGuard, origin_of
 from worker.politeness.signals import NO_SIGNALS, Signals
 from worker.settings import FetchSettings, RobotsSettings, WorkerSettings
@@ -264,30 +266,38 @@ async def test_an_image_redirect_is_checked_against_its_hosts_robots(
 
 # --- Crawl-delay ---------------------------------------------------------------------------
 @pytest.mark.parametrize(("asked", "kept"), [("7", "7.0"), ("0.5", "0.5"), ("3600", "60.0")])
-async def test_a_crawl_delay_is_noted_for_the_monitor_capped(redis, session, origin, asked, kept):
+async def test_a_crawl_delay_is_noted_for_its_host_capped(redis, session, origin, asked, kept):
     origin.set_robots(f"User-agent: *\nCrawl-delay: {asked}\nDisallow: /x\n")
-    guard = make_guard(redis, session)
+    pacer = FakePacer()
+    guard = make_guard(redis, session, pacer)
     with capture_logs() as logs:
         assert await guard.verdict(SOURCE, origin.url("/a.jpg")) is None
-    assert await redis.get(c.crawl_delay_key(SOURCE)) == kept
-    assert await redis.smembers(c.CRAWL_DELAYED_SET) == {SOURCE}
-    # The robots.txt request was a request: the next one waits a delay after it.
-    seconds, micros = await redis.time()
-    next_slot = float(await redis.get(c.pace_next_key(SOURCE)))
-    assert next_slot - (seconds + micros / 1e6) == pytest.approx(float(kept), abs=0.5)
+    host = URL(origin.url("/")).host
+    assert pacer.crawl_delays == [(HostKey(SOURCE, host), float(kept))]
     capped = [e for e in logs if e["event"] == "crawl_delay_capped"]
     assert len(capped) == (asked == "3600")
 
 
-async def test_the_largest_crawl_delay_of_a_sources_hosts_is_kept(
-    redis, session, origin, second_host
-):
+async def test_each_host_keeps_its_own_crawl_delay(redis, session, origin, second_host):
     origin.set_robots("User-agent: *\nCrawl-delay: 9\n")
     second_host.set_robots("User-agent: *\nCrawl-delay: 2\n")
-    guard = make_guard(redis, session)
+    pacer = FakePacer()
+    guard = make_guard(redis, session, pacer)
     await guard.verdict(SOURCE, origin.url("/a.jpg"))
     await guard.verdict(SOURCE, second_host.url("/a.jpg"))
-    assert await redis.get(c.crawl_delay_key(SOURCE)) == "9.0"
+    assert sorted(d for _, d in pacer.crawl_delays) == [2.0, 9.0]
+    assert len({key.host for key, _ in pacer.crawl_delays}) == 2
+
+
+async def test_a_tdmrep_file_the_robots_txt_disallows_is_not_asked_for(redis, session, origin):
+    origin.set_robots(f"User-agent: *\nDisallow: {c.TDMREP_PATH}\n")
+    pacer = FakePacer()
+    guard = make_guard(redis, session, pacer)
+    assert await guard.verdict(SOURCE, origin.url("/a.jpg")) is None
+    assert origin.requests("/robots.txt") == 1
+    assert origin.requests(c.TDMREP_PATH) == 0
+    # The robots.txt answer was reported to its host's pace, like any answer.
+    assert [status for _, status, _ in pacer.reports] == ["200"]
 
 
 # --- operators decide ----------------------------------------------------------------------
@@ -298,7 +308,7 @@ async def test_an_exempt_source_skips_robots_txt(redis, session, origin):
     assert await guard.verdict(SOURCE, origin.url("/a.jpg")) is None
     assert await guard.verdict("other", origin.url("/a.jpg")) == c.Status.ROBOTS_DISALLOWED
     assert origin.requests("/robots.txt") == 1  # for "other" only
-    assert not await redis.exists(c.crawl_delay_key(SOURCE))
+    assert not await redis.keys(f"{c.PACE_HOST_PREFIX}*")
 
 
 async def test_the_exempt_set_is_read_again(redis, session, origin):

@@ -1,7 +1,7 @@
-"""Is this response much slower than the source's usual? A backoff signal if so.
+"""Is this response much slower than the host's usual? A backoff signal if so.
 
 A server that starts to struggle often answers slowly before it answers 503, so a sharp
-rise in response time is one of the signals that cut a source's rate. Each source keeps
+rise in response time is one of the signals that cut a host's rate. Each host keeps
 one small record: an exponentially weighted mean of its response times (seconds from
 the request to the response headers) and how many it has seen. The rule:
 
@@ -22,6 +22,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections import OrderedDict
+from collections.abc import Hashable
+from typing import Final
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -95,27 +98,37 @@ def judge(baseline: Baseline, response_s: float, policy: LatencyPolicy) -> Verdi
     return Verdict(slow, Baseline(mean, min(samples, policy.min_samples)))
 
 
+# The most hosts a worker keeps a baseline of; the least recently answered go first.
+MAX_WATCHED: Final = 100_000
+
+
 class LatencyWatch:
-    """The baselines of the sources one worker fetches from: one ``Baseline`` each."""
+    """The baselines of the hosts one worker fetches from: one ``Baseline`` each, for
+    the ``max_watched`` hosts answered last (a forgotten host starts again, without a
+    verdict for ``min_samples`` answers)."""
 
-    def __init__(self, policy: LatencyPolicy | None = None) -> None:
+    def __init__(self, policy: LatencyPolicy | None = None, max_watched: int = MAX_WATCHED) -> None:
         self.policy = policy or LatencyPolicy()
-        self._baselines: dict[str, Baseline] = {}
+        self._max_watched = max_watched
+        self._baselines: OrderedDict[Hashable, Baseline] = OrderedDict()
 
-    def observe(self, source: str, response_s: float) -> bool:
-        """Record a response of ``source`` that took ``response_s`` seconds to its
-        headers; True if it was much slower than the source's usual."""
-        verdict = judge(self._baselines.get(source, Baseline()), response_s, self.policy)
-        self._baselines[source] = verdict.baseline
+    def observe(self, key: Hashable, response_s: float) -> bool:
+        """Record a response of ``key``'s host that took ``response_s`` seconds to its
+        headers; True if it was much slower than the host's usual."""
+        baselines = self._baselines
+        verdict = judge(baselines.pop(key, Baseline()), response_s, self.policy)
+        baselines[key] = verdict.baseline
+        if len(baselines) > self._max_watched:
+            baselines.popitem(last=False)
         return verdict.slow
 
-    def baseline(self, source: str) -> Baseline | None:
-        """The source's baseline, None before its first response."""
-        return self._baselines.get(source)
+    def baseline(self, key: Hashable) -> Baseline | None:
+        """The host's baseline, None before its first response."""
+        return self._baselines.get(key)
 
-    def forget(self, source: str) -> None:
-        """Drop the source's record (a source no longer crawled)."""
-        self._baselines.pop(source, None)
+    def forget(self, key: Hashable) -> None:
+        """Drop the host's record."""
+        self._baselines.pop(key, None)
 
     def __len__(self) -> int:
         return len(self._baselines)

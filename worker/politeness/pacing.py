@@ -1,19 +1,27 @@
-"""Pacing: when each request to a source may start, agreed by every worker through Redis.
+"""Pacing: when each request to a host may start, agreed by every worker through Redis.
 
-A generic cell rate algorithm (GCRA). The monitor keeps ``pace_rate:{source}`` at the
-source's rate; each source has one theoretical arrival time, ``pace_next:{source}``, the
-earliest Unix time at which its next request may start. Granting a request moves it on
-by ``1 / rate``; a source that was idle starts from Redis' ``TIME``, never from the past,
-so nothing is caught up in a burst. Requests start one every ``1 / rate`` seconds, from
-whichever worker they come.
+A generic cell rate algorithm (GCRA) on two levels. The monitor keeps
+``pace_rate:{source}`` at the source's rate; the source has one theoretical arrival time,
+``pace_next:{source}``, and so has each of its hosts, in its hash
+``pace_host:{source}:{host}`` (worker/politeness/hosts.py says what else the hash holds:
+the host's adaptive rate, Crawl-delay and breaker). A request to a host starts only in a
+slot of both: at the later of the two next slots, which each move on past it, by
+``1 / rate`` for the source and by the host's interval for the host. The source's rate is
+the ceiling of all its hosts together; each host is paced, backed off and halted on its
+own. An idle source or host starts from Redis' ``TIME``, never from the past, so nothing
+is caught up in a burst.
 
-A worker asks for all its waiting requests of every due source in one script call, and
-is granted the slots that fall within ``horizon_s`` of now, each with its start time: it
-starts each request at its slot, and asks again when the next slot comes within the
-horizon. Granting a little ahead is what keeps a backlogged source at its full rate (an
-ask that reaches Redis after the slot it was meant for would otherwise push every later
-slot back by the delay); it is also how long a request granted before a halt or a
-Retry-After may still start.
+A worker asks for all its waiting requests of every due host in one script call
+(``lua/pacing_acquire.lua``), with what it saw of each host's answers since it last
+asked (``report``: they move the host's rate and breaker there, at no extra round trip),
+and is granted the slots that fall within ``horizon_s`` of now, each with its start
+time: it starts each request at its slot, and asks again when the next slot comes within
+the horizon. Hosts of one source share its slots in turn, one per pass. Granting a
+little ahead is what keeps a backlogged source at its full rate (an ask that reaches
+Redis after the slot it was meant for would otherwise push every later slot back by the
+delay); it is also how long a request granted before a halt or a Retry-After may still
+start. Which hosts to ask about is kept in a heap of due times, so that a wake-up costs
+what is due, not what waits.
 
 A slot is a time, not a token: one that the worker reaches more than half an interval
 late (its event loop was busy) is given up, and its request asks again. Started late, it
@@ -25,19 +33,16 @@ microseconds late would all be given up; nor is the time before the answer was r
 Slot times are placed on the worker's clock at the middle of the ask's round trip,
 which is within half of it of Redis' own clock.
 
-A source's ``crawl_delay:{source}`` (its hosts' robots.txt Crawl-delay, see
-worker/politeness/robots.py) is the shortest interval between its requests, whatever the
-rate: the monitor lowers the rate to match within a loop, but the script obeys it from the
-moment a worker notes it.
-
 Fail closed: without a rate (no monitor: the key expired; a halted source: "0") nothing
 is granted, and the worker asks again after ``no_rate_retry_s``. A server's Retry-After
-pushes ``pace_next`` forward (``pause``), which holds every worker's requests to that
-source until then.
+pushes the host's next slot forward (``pause``), which holds every worker's requests to
+that host until then. A host halted by its breaker is asked about again when its halt
+ends, one an operator halted every ``operator_poll_s``; the requests of a host given up
+(``HostUnavailable``) end with that status.
 
-The rule is stated in Python by ``pacing_interval_s``, ``gcra_grant`` and ``paused_next``;
-the Lua scripts in ``lua/`` are its fast path (one atomic call for every asking source),
-and test/worker/test_lua_twins.py holds both to the same answers.
+The rule is stated in Python by worker/politeness/hosts.py (``decide_source``,
+``noted``); the Lua scripts in ``lua/`` are its fast path, and
+test/worker/test_lua_twins.py holds both to the same answers.
 """
 
 from __future__ import annotations
@@ -45,8 +50,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import heapq
+import itertools
 import json
-import math
 from collections import Counter, deque
 from collections.abc import Awaitable
 from typing import Any, Final, Protocol
@@ -55,22 +61,35 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from image_crawler.contract import (
-    CRAWL_DELAY_PREFIX,
+    HOST_RATE_PREFIX,
+    PACE_HOST_PREFIX,
     PACE_NEXT_PREFIX,
     PACE_RATE_PREFIX,
-    pace_next_key,
+    Status,
+    pace_host_key,
 )
 from image_crawler.logs import get_logger
 from image_crawler.lua import lua_script
 from image_crawler.retry import Backoff
+from worker.politeness.hosts import (
+    FLAG_GONE,
+    FLAG_HALTED,
+    FLAG_OPERATOR,
+    NO_REPORT,
+    HostKey,
+    HostReport,
+    HostSettings,
+)
 from worker.sinks.base import Outage
 
 log = get_logger(__name__)
 
 _ACQUIRE_SCRIPT: Final = lua_script("worker.politeness", "pacing_acquire.lua")
 
-_PAUSE_SCRIPT: Final = lua_script("worker.politeness", "pacing_pause.lua")
+_NOTE_SCRIPT: Final = lua_script("worker.politeness", "host_note.lua")
 
+
+DEFAULT_HOSTS: Final = HostSettings()
 
 # Slots this late or less are always started (see the module's docstring).
 MIN_LATENESS_S: Final = 0.002
@@ -81,65 +100,25 @@ REDIS_RETRY_BASE_S: Final = 0.1
 REDIS_RETRY_CAP_S: Final = 5.0
 
 
-def pacing_interval_s(rate: float | None, crawl_delay_s: float | None) -> float | None:
-    """Seconds between a source's slots: ``1 / rate``, or its Crawl-delay if that is longer.
-
-    None when there is no rate to pace by (absent or not a number, 0 for a halted source,
-    negative, infinite): nothing is granted. A Crawl-delay that is absent or not a finite
-    number is ignored.
-    """
-    if rate is None or not 0 < rate < math.inf:
-        return None
-    interval_s = 1 / rate
-    if crawl_delay_s is not None and interval_s < crawl_delay_s < math.inf:
-        return crawl_delay_s
-    return interval_s
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Grant:
-    """The slots one ask is granted (their start times, Unix s, in order) and the source's
-    next slot afterwards, ``next_at`` (its theoretical arrival time)."""
-
-    slots: tuple[float, ...]
-    next_at: float
-
-
-def gcra_grant(
-    now: float, next_at: float | None, interval_s: float, horizon_s: float, wanted: int
-) -> Grant:
-    """The slots a source with ``wanted`` requests waiting is granted at ``now`` (Unix s).
-
-    Slots run from the source's next slot ``next_at`` (from ``now`` when it is absent, not
-    a number or past: an idle source catches nothing up), one every ``interval_s``, and
-    only those that start within ``horizon_s`` of now (one exactly at the horizon is
-    granted). The next slot moves past each slot granted; it is stored only when one is.
-    """
-    tat = next_at if next_at is not None and next_at >= now else now
-    slots: list[float] = []
-    while len(slots) < wanted and tat <= now + horizon_s:
-        slots.append(tat)
-        tat += interval_s
-    return Grant(tuple(slots), tat)
-
-
-def paused_next(now: float, next_at: float | None, delay_s: float) -> float:
-    """A source's next slot once nothing may start for ``delay_s`` from ``now`` (Unix s):
-    ``now + delay_s``, unless its next slot ``next_at`` is later already (absent or not a
-    number counts as never set)."""
-    until = now + delay_s
-    current = 0.0 if next_at is None or math.isnan(next_at) else next_at
-    return until if until > current else current
-
-
 class Pacer(Protocol):
-    def acquire(self, source: str) -> Awaitable[None]:
-        """Resolves when a request to ``source`` may start. Cancelling it gives the slot
-        to the source's next waiting request, if any."""
+    def acquire(self, key: HostKey) -> Awaitable[str | None]:
+        """Resolves when a request to ``key``'s host may start (None), or with the status
+        its URL ends with instead (``HostUnavailable``: the host was given up).
+        Cancelling it gives the slot to the host's next waiting request, if any."""
         ...
 
-    async def pause(self, source: str, delay_s: float) -> None:
-        """No request to ``source`` starts, from any worker, for ``delay_s`` seconds."""
+    def report(self, key: HostKey, status: str, *, signal: bool = False) -> None:
+        """Note an answer of ``key``'s host (``signal``: a backoff signal, such as an
+        answer much slower than usual); it moves the host's rate and breaker."""
+        ...
+
+    async def pause(self, key: HostKey, delay_s: float) -> None:
+        """No request to ``key``'s host starts, from any worker, for ``delay_s``
+        seconds."""
+        ...
+
+    async def note_crawl_delay(self, key: HostKey, delay_s: float, keep_s: float) -> None:
+        """The host's robots.txt Crawl-delay is ``delay_s``, for ``keep_s`` seconds."""
         ...
 
 
@@ -149,9 +128,15 @@ class PacingSettings:
     horizon_s: float = 0.05
     # A source without a rate (no monitor, halted, unknown) is asked about again this often.
     no_rate_retry_s: float = 0.5
-    # The longest a worker waits before asking again about a source with waiting
-    # requests: a slow source's rate may have gone up meanwhile.
+    # The longest a worker waits before asking again about a host with waiting
+    # requests: a slow host's rate may have gone up meanwhile.
     max_wait_s: float = 1.0
+    # A host halted by its breaker is asked about when its halt ends, and at least this
+    # often (an operator may resume it); one an operator halted, this often.
+    halt_poll_s: float = 30.0
+    operator_poll_s: float = 5.0
+    # Reports of hosts nobody asks about are sent on their own after at most this long.
+    report_every_s: float = 1.0
 
 
 class RedisPacer:
@@ -160,38 +145,156 @@ class RedisPacer:
     ``run()`` must be running (as a task) for ``acquire`` to make progress.
     """
 
-    def __init__(self, redis: aioredis.Redis, settings: PacingSettings = PacingSettings()) -> None:
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        settings: PacingSettings = PacingSettings(),
+        hosts: HostSettings = DEFAULT_HOSTS,
+    ) -> None:
         self._redis = redis
         self._settings = settings
+        self._hosts = hosts
         self._acquire_script = redis.register_script(_ACQUIRE_SCRIPT)
-        self._pause_script = redis.register_script(_PAUSE_SCRIPT)
-        # Requests waiting for a slot, per source, oldest first.
-        self._waiters: dict[str, deque[asyncio.Future[None]]] = {}
-        # Slots granted and not yet reached, per source: their requests are not asked for.
-        self._promised: Counter[str] = Counter()
-        # Source -> loop time before which asking Redis again is pointless.
-        self._next_ask: dict[str, float] = {}
+        self._note_script = redis.register_script(_NOTE_SCRIPT)
+        self._config = json.dumps(
+            {
+                "rp": PACE_RATE_PREFIX,
+                "np": PACE_NEXT_PREFIX,
+                "hp": PACE_HOST_PREFIX,
+                "cp": HOST_RATE_PREFIX,
+                "h": settings.horizon_s,
+                "s": hosts.to_json_obj(),
+            }
+        )
+        # Requests waiting for a slot, per host, oldest first.
+        self._waiters: dict[HostKey, deque[asyncio.Future[str | None]]] = {}
+        # Slots granted and not yet reached, per host: their requests are not asked for.
+        self._promised: Counter[HostKey] = Counter()
+        # Host -> loop time before which asking Redis again is pointless.
+        self._next_ask: dict[HostKey, float] = {}
+        # Hosts to ask about at the next call (an ordered set), and the others' due times
+        # (a heap of (loop time, sequence, host); ``_due_at`` the time a host is in it for).
+        self._ready: dict[HostKey, None] = {}
+        self._timers: list[tuple[float, int, HostKey]] = []
+        self._due_at: dict[HostKey, float] = {}
+        self._sequence = itertools.count()
+        # Answers seen since each host was last asked about, and since when some wait.
+        self._reports: dict[HostKey, HostReport] = {}
+        self._reports_since: float | None = None
         self._wake = asyncio.Event()
         self.asks = 0
 
-    def acquire(self, source: str) -> asyncio.Future[None]:
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.setdefault(source, deque()).append(future)
-        self._wake.set()
+    def acquire(self, key: HostKey) -> asyncio.Future[str | None]:
+        future: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+        self._waiters.setdefault(key, deque()).append(future)
+        self._schedule(key)
         return future
 
-    async def pause(self, source: str, delay_s: float) -> None:
-        """Push ``source``'s next slot at least ``delay_s`` away, for every worker.
+    def report(self, key: HostKey, status: str, *, signal: bool = False) -> None:
+        self._reports[key] = self._reports.get(key, NO_REPORT).add(status, signal=signal)
+        if self._reports_since is None:
+            self._reports_since = asyncio.get_running_loop().time()
+            self._wake.set()
 
-        Raises ``RedisError`` when Redis is away; this worker holds the source back
-        anyway.
+    async def pause(self, key: HostKey, delay_s: float) -> None:
+        """Push ``key``'s next slot at least ``delay_s`` away, for every worker.
+
+        Raises ``RedisError`` when Redis is away; this worker holds the host back anyway.
         """
-        loop_now = asyncio.get_running_loop().time()
-        self._next_ask[source] = max(
-            self._next_ask.get(source, 0.0), loop_now + delay_s - self._settings.horizon_s
+        self._hold(key, delay_s)
+        await self._note_script(
+            keys=[pace_host_key(key.source, key.host)],
+            args=[repr(float(delay_s)), "", "0", repr(self._hosts.idle_s)],
         )
-        await self._pause_script(keys=[pace_next_key(source)], args=[repr(float(delay_s))])
 
+    async def note_crawl_delay(self, key: HostKey, delay_s: float, keep_s: float) -> None:
+        """Raises ``RedisError`` when Redis is away."""
+        self._hold(key, 0.0)
+        await self._note_script(
+            keys=[pace_host_key(key.source, key.host)],
+            args=["0", repr(float(delay_s)), repr(float(keep_s)), repr(self._hosts.idle_s)],
+        )
+        # Its waiting requests ask again, with the delay in force.
+        self._ready.pop(key, None)
+        self._next_ask.pop(key, None)
+        self._schedule(key)
+
+    def _hold(self, key: HostKey, delay_s: float) -> None:
+        loop_now = asyncio.get_running_loop().time()
+        until = loop_now + delay_s - self._settings.horizon_s
+        if until > self._next_ask.get(key, 0.0):
+            self._next_ask[key] = until
+            self._ready.pop(key, None)
+            self._schedule(key)
+
+    # --- which hosts to ask about ----------------------------------------------------------
+    def _schedule(self, key: HostKey) -> None:
+        """Have ``key`` asked about when it is next due (at once if it is now)."""
+        if key in self._ready:
+            return
+        loop = asyncio.get_running_loop()
+        at = self._next_ask.get(key, 0.0)
+        if at <= loop.time() + self._settings.horizon_s / 5:
+            self._ready[key] = None
+            self._wake.set()
+            return
+        if self._due_at.get(key, float("inf")) <= at:
+            return
+        self._due_at[key] = at
+        heapq.heappush(self._timers, (at, next(self._sequence), key))
+        if self._timers[0][2] is key:
+            self._wake.set()
+
+    def _promote(self, horizon: float) -> None:
+        """Move the hosts due by loop time ``horizon`` from the heap to the ready set."""
+        timers = self._timers
+        while timers and timers[0][0] <= horizon:
+            at, _, key = heapq.heappop(timers)
+            if self._due_at.get(key) == at:
+                del self._due_at[key]
+                self._ready[key] = None
+
+    def _wanted(self, key: HostKey) -> int:
+        waiters = self._waiters.get(key)
+        if not waiters:
+            return 0
+        while waiters and waiters[0].done():  # cancelled while waiting
+            waiters.popleft()
+        return sum(1 for f in waiters if not f.done()) - self._promised[key]
+
+    def _collect(self, now: float) -> dict[str, dict[str, tuple[HostKey, int, HostReport]]]:
+        """The asks of the next call, by source and host: the ready hosts that want
+        slots, with their reports, and every other report once they are due."""
+        asks: dict[str, dict[str, tuple[HostKey, int, HostReport]]] = {}
+        ready, self._ready = self._ready, {}
+        for key in ready:
+            wanted = self._wanted(key)
+            if wanted <= 0:
+                self._forget_if_idle(key)
+                continue
+            report = self._reports.pop(key, NO_REPORT)
+            asks.setdefault(key.source, {})[key.host] = (key, wanted, report)
+        since = self._reports_since
+        if self._reports and since is not None and now - since >= self._settings.report_every_s:
+            for key, report in self._reports.items():
+                hosts = asks.setdefault(key.source, {})
+                if key.host not in hosts:
+                    hosts[key.host] = (key, 0, report)
+            self._reports = {}
+        if not self._reports:
+            self._reports_since = None
+        return asks
+
+    def _forget_if_idle(self, key: HostKey) -> None:
+        waiters = self._waiters.get(key)
+        if waiters:
+            return
+        if self._promised[key] <= 0 and key not in self._due_at:
+            self._waiters.pop(key, None)
+            self._promised.pop(key, None)
+            self._next_ask.pop(key, None)
+
+    # --- the loop ------------------------------------------------------------------------
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         retry = Backoff(base_s=REDIS_RETRY_BASE_S, cap_s=REDIS_RETRY_CAP_S)
@@ -203,112 +306,142 @@ class RedisPacer:
             op="take_slots",
         )
         while True:
-            # Sources due within a fraction of the horizon are asked together.
-            due, soonest = self._due(loop.time() + self._settings.horizon_s / 5)
-            if not due:
-                await self._sleep_until(soonest)
+            now = loop.time()
+            # Hosts due within a fraction of the horizon are asked together.
+            self._promote(now + self._settings.horizon_s / 5)
+            asks = self._collect(now)
+            if not asks:
+                await self._sleep()
                 continue
             sent = loop.time()
             try:
-                answers = await self._ask(due)
+                answers = await self._ask(asks)
             except RedisError as e:
-                # Fail closed: without Redis nobody gets a slot.
+                # Fail closed: without Redis nobody gets a slot. The hosts asked about are
+                # asked about again, with their reports.
                 outage.report(error=repr(e))
+                self._retry_later(asks)
                 await asyncio.sleep(retry.next_s())
                 continue
             retry.reset()
             outage.end()
             # Redis' clock read "now" somewhere in the round trip: its middle is the best
             # guess, within half the round trip.
-            self._apply(due, answers, (sent + loop.time()) / 2)
+            self._apply(asks, answers, (sent + loop.time()) / 2)
 
-    def _due(self, horizon: float) -> tuple[dict[str, int], float | None]:
-        """The sources to ask about now, with how many slots each, and the loop time at
-        which the next of the others is due (None: none is waiting)."""
-        due: dict[str, int] = {}
-        soonest: float | None = None
-        for source, waiters in list(self._waiters.items()):
-            while waiters and waiters[0].done():  # cancelled while waiting
-                waiters.popleft()
-            promised = self._promised[source]
-            wanted = sum(1 for f in waiters if not f.done()) - promised
-            if wanted <= 0:
-                if not waiters and promised <= 0:
-                    del self._waiters[source]
-                    del self._promised[source]
-                continue
-            next_ask = self._next_ask.get(source, 0.0)
-            if next_ask <= horizon:
-                due[source] = wanted
-            elif soonest is None or next_ask < soonest:
-                soonest = next_ask
-        return due, soonest
-
-    async def _sleep_until(self, soonest: float | None) -> None:
+    async def _sleep(self) -> None:
         self._wake.clear()
-        timeout = None
-        if soonest is not None:
-            timeout = max(0.0, soonest - asyncio.get_running_loop().time())
+        loop = asyncio.get_running_loop()
+        wake_at = self._timers[0][0] - self._settings.horizon_s / 5 if self._timers else None
+        if self._reports_since is not None:
+            flush_at = self._reports_since + self._settings.report_every_s
+            wake_at = flush_at if wake_at is None or flush_at < wake_at else wake_at
+        timeout = None if wake_at is None else max(0.0, wake_at - loop.time())
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._wake.wait(), timeout)
 
-    async def _ask(self, due: dict[str, int]) -> list[Any]:
+    def _retry_later(self, asks: dict[str, dict[str, tuple[HostKey, int, HostReport]]]) -> None:
+        for hosts in asks.values():
+            for key, _, report in hosts.values():
+                if report:
+                    merged = self._reports.get(key, NO_REPORT)
+                    self._reports[key] = _merged(report, merged)
+                self._ready[key] = None
+        if self._reports and self._reports_since is None:
+            self._reports_since = asyncio.get_running_loop().time()
+
+    async def _ask(self, asks: dict[str, dict[str, tuple[HostKey, int, HostReport]]]) -> list[Any]:
         self.asks += 1
-        raw = await self._acquire_script(
-            args=[
-                PACE_RATE_PREFIX,
-                PACE_NEXT_PREFIX,
-                repr(self._settings.horizon_s),
-                json.dumps([[source, wanted] for source, wanted in due.items()]),
-                CRAWL_DELAY_PREFIX,
+        document = [
+            [
+                source,
+                [[host, wanted, report.to_list()] for host, (_, wanted, report) in hosts.items()],
             ]
-        )
+            for source, hosts in asks.items()
+        ]
+        raw = await self._acquire_script(args=[self._config, json.dumps(document)])
         answers = json.loads(raw)
         # cjson writes an empty array as {}: one answer per ask either way.
         return answers if isinstance(answers, list) else []
 
-    def _apply(self, due: dict[str, int], answers: list[Any], redis_now: float) -> None:
+    def _apply(
+        self,
+        asks: dict[str, dict[str, tuple[HostKey, int, HostReport]]],
+        answers: list[Any],
+        redis_now: float,
+    ) -> None:
         """Start or schedule each granted slot; ``redis_now`` is the loop time at which
         Redis ran the script."""
-        loop = asyncio.get_running_loop()
         settings = self._settings
-        now = loop.time()
-        for source, answer in zip(due, answers, strict=False):
-            if not answer:
-                self._next_ask[source] = redis_now + settings.no_rate_retry_s
+        for hosts, answer in zip(asks.values(), answers, strict=False):
+            if not answer:  # the source has no rate
+                for key, _, _ in hosts.values():
+                    self._asked(key, redis_now + settings.no_rate_retry_s)
                 continue
-            next_s, slots, interval_s = answer
-            for offset in slots if isinstance(slots, list) else ():
-                slot = redis_now + offset
-                if slot <= now:
-                    # Past before this worker could know of it (the script's own run, its
-                    # reply): started at once, or a source whose interval is shorter than
-                    # a round trip would never start a request.
-                    self._start_oldest(source)
-                else:
-                    self._promised[source] += 1
-                    loop.call_at(slot, self._grant, source, slot, interval_s)
-            self._next_ask[source] = redis_now + min(max(float(next_s), 0.0), settings.max_wait_s)
+            for (key, _, _), host_answer in zip(hosts.values(), answer, strict=False):
+                self._apply_host(key, host_answer, redis_now)
 
-    def _grant(self, source: str, slot: float, interval_s: float) -> None:
+    def _apply_host(self, key: HostKey, answer: Any, redis_now: float) -> None:
+        settings = self._settings
+        next_s, slots, interval_s, flag = answer
+        if flag == FLAG_GONE:
+            self._end_all(key, Status.HOST_UNAVAILABLE)
+            self._asked(key, redis_now + settings.max_wait_s)
+            return
+        if flag == FLAG_HALTED:
+            wait_s = min(max(float(next_s), 0.0), settings.halt_poll_s)
+            self._asked(key, redis_now + wait_s)
+            return
+        if flag == FLAG_OPERATOR:
+            self._asked(key, redis_now + settings.operator_poll_s)
+            return
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        for offset in slots if isinstance(slots, list) else ():
+            slot = redis_now + offset
+            if slot <= now:
+                # Past before this worker could know of it (the script's own run, its
+                # reply): started at once, or a host whose interval is shorter than a
+                # round trip would never start a request.
+                self._start_oldest(key)
+            else:
+                self._promised[key] += 1
+                loop.call_at(slot, self._grant, key, slot, interval_s)
+        self._asked(key, redis_now + min(max(float(next_s), 0.0), settings.max_wait_s))
+
+    def _asked(self, key: HostKey, next_ask: float) -> None:
+        """``key`` was asked about: not again before loop time ``next_ask``; scheduled
+        then if it still wants slots."""
+        self._next_ask[key] = next_ask
+        if self._wanted(key) > 0:
+            self._schedule(key)
+        else:
+            self._forget_if_idle(key)
+
+    def _grant(self, key: HostKey, slot: float, interval_s: float) -> None:
         """The promised slot at loop time ``slot`` has come: start a request in it,
         unless it came too late."""
-        if self._promised[source] > 0:
-            self._promised[source] -= 1
+        if self._promised[key] > 0:
+            self._promised[key] -= 1
         late_s = asyncio.get_running_loop().time() - slot
         if late_s > MIN_LATENESS_S and late_s > interval_s / 2:
-            self._wake.set()  # its request asks again
+            self._schedule(key)  # its request asks again
             return
-        self._start_oldest(source)
+        self._start_oldest(key)
 
-    def _start_oldest(self, source: str) -> None:
-        """Start the oldest live request of ``source`` (a slot outlives a cancelled one)."""
-        waiters = self._waiters.get(source, deque())
+    def _start_oldest(self, key: HostKey) -> None:
+        """Start the oldest live request of ``key`` (a slot outlives a cancelled one)."""
+        waiters = self._waiters.get(key)
         while waiters:
             future = waiters.popleft()
             if not future.done():
                 future.set_result(None)
                 return
+
+    def _end_all(self, key: HostKey, status: str) -> None:
+        for future in self._waiters.pop(key, ()):
+            if not future.done():
+                future.set_result(status)
 
     def close(self) -> None:
         """Cancel every waiting request."""
@@ -317,3 +450,14 @@ class RedisPacer:
                 future.cancel()
         self._waiters.clear()
         self._promised.clear()
+
+
+def _merged(first: HostReport, then: HostReport) -> HostReport:
+    """Two reports of one host, ``first`` before ``then``."""
+    return HostReport(
+        first.clean + then.clean,
+        first.signals + then.signals,
+        first.refused + then.refused,
+        first.failed + then.failed,
+        then.last or first.last,
+    )

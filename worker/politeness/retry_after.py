@@ -24,6 +24,7 @@ from redis.exceptions import RedisError
 
 from image_crawler.contract import RETRY_AFTER_STATUSES
 from image_crawler.logs import get_logger
+from worker.politeness.hosts import HostKey
 from worker.politeness.pacing import Pacer
 
 log = get_logger(__name__)
@@ -97,36 +98,50 @@ def _http_date(text: str) -> float | None:
 
 async def obey_retry_after(
     pacer: Pacer,
-    source: str,
+    key: HostKey,
     status: str,
     value: str | None,
     *,
     now_unix_s: float,
     max_s: float,
-    also: Iterable[str] = (),
+    also: Iterable[HostKey] = (),
 ) -> float | None:
-    """Act on the ``Retry-After`` of a response of ``source`` with ``status``: only a 429's
-    or a 503's speaks for the whole source. Pauses ``source`` (and the sources in ``also``,
-    waiting on the same host) for every worker, for at most ``max_s``; returns the pause
-    in seconds, None when there is none (no header, malformed, or a date already past).
+    """Act on the ``Retry-After`` of a response of ``key``'s host with ``status``: only a
+    429's or a 503's speaks for the host. Pauses the host (and the keys in ``also``: the
+    same host as other sources reach it) for every worker, for at most ``max_s``; returns
+    the pause in seconds, None when there is none (no header, malformed, or a date already
+    past).
 
     A malformed or capped value is logged. A Redis that is away is logged and otherwise
-    ignored: this worker holds the source back anyway, and the others learn of the
+    ignored: this worker holds the host back anyway, and the others learn of the
     server's wish from their own requests' answers.
     """
     if status not in RETRY_AFTER_STATUSES or value is None:
         return None
+    source, host = key.source, key.host
     wait = parse_retry_after(value, now_unix_s, max_s)
     if wait.malformed:
-        log.warning("retry_after_malformed", source=source, status=status, value=value[:100])
+        log.warning(
+            "retry_after_malformed", source=source, host=host, status=status, value=value[:100]
+        )
     if wait.capped:
-        log.warning("retry_after_capped", source=source, status=status, value=value[:100])
+        log.warning(
+            "retry_after_capped", source=source, host=host, status=status, value=value[:100]
+        )
     if not wait.delay_s:
         return None
-    log.info("retry_after", source=source, status=status, wait_s=wait.delay_s, cap_s=max_s)
-    for paused in dict.fromkeys((source, *also)):
+    log.info(
+        "retry_after", source=source, host=host, status=status, wait_s=wait.delay_s, cap_s=max_s
+    )
+    for paused in dict.fromkeys((key, *also)):
         try:
             await pacer.pause(paused, wait.delay_s)
         except RedisError as e:
-            log.warning("redis_unavailable", op="pause_source", source=paused, error=repr(e))
+            log.warning(
+                "redis_unavailable",
+                op="pause_host",
+                source=paused.source,
+                host=paused.host,
+                error=repr(e),
+            )
     return wait.delay_s

@@ -8,8 +8,9 @@ takes ``robots_lock:{origin}`` and fetches the file; the others (and the other r
 of its own process, which share one in-process load) read the result once it is
 written.
 
-A robots.txt fetch is a request to the server: it takes a pacing slot of the source
-whose URL asked for it. It follows up to ``ROBOTS_MAX_REDIRECTS`` redirects (the rules
+A robots.txt fetch is a request to the server: it takes a pacing slot of the host, as
+any source whose URL asked for it reaches it, and its answer is reported to the host's
+pace and breaker like any other. It follows up to ``ROBOTS_MAX_REDIRECTS`` redirects (the rules
 are still those of the original host), the same address checks and timeouts as image
 fetches, and reads at most ``ROBOTS_MAX_BYTES`` (the RFC asks for at least 500 KiB): a
 longer file is cut at its last whole line. What its answer means (RFC 9309 2.3.1):
@@ -24,17 +25,19 @@ longer file is cut at its last whole line. What its answer means (RFC 9309 2.3.1
   unreachable for ``unavailable_max_s`` they end as ``RobotsUnavailable``.
 
 A disallowed URL ends as ``RobotsDisallowed``, never requested. A ``Crawl-delay`` (not in
-the RFC, widely used) caps the source's rate: the largest delay of a source's hosts goes
-to ``crawl_delay:{source}``, which the pacing script obeys at once (one request per delay
-at most, the robots.txt request counted) and the leading monitor turns into the source's
-rate within a loop. Sources in the set ``robots_exempt`` (an operator has the sites'
+the RFC, widely used) is the shortest interval between requests to that host only: it
+goes into the host's pacing state (``RedisPacer.note_crawl_delay``), which the pacing
+script obeys at once (the robots.txt request counted), kept as long as the file is.
+A host given up by its breaker before its file could be read ends its URLs as
+``HostUnavailable``. Sources in the set ``robots_exempt`` (an operator has the sites'
 permission) and every source under ``policy="ignore"`` skip all of this.
 
 The same file's ``Content-Signal`` line (worker.politeness.signals) is read for us: under
 ``search=no`` a URL ends as ``NoIndex``, never requested, and ``ai-train=no`` and
 ``ai-input=no`` are opt-outs published with each image. Once a host's robots.txt is
-known, its ``/.well-known/tdmrep.json`` (TDMRep) is fetched too, on a pacing slot of its
-own, under the same limits, and cached beside the file in the same entry: a rule covering
+known, its ``/.well-known/tdmrep.json`` (TDMRep) is fetched too where the file allows us
+that path (a file we may not read reserves nothing), on a pacing slot of its own, under
+the same limits, and cached beside the file in the same entry: a rule covering
 a URL's path puts ``tdm-reservation`` in its opt-outs. A tdmrep.json that cannot be
 fetched or read reserves nothing: it is an opt-out signal, not a permission.
 """
@@ -46,7 +49,6 @@ import contextlib
 import dataclasses
 import enum
 import json
-import math
 import random
 import secrets
 import time
@@ -59,23 +61,20 @@ from redis.exceptions import RedisError
 from yarl import URL
 
 from image_crawler.contract import (
-    CRAWL_DELAYED_SET,
     ROBOTS_EXEMPT_SET,
     ROBOTS_MAX_BYTES,
     ROBOTS_MAX_REDIRECTS,
     TDMREP_PATH,
     Status,
-    crawl_delay_key,
-    pace_next_key,
     robots_key,
     robots_lock_key,
 )
 from image_crawler.logs import get_logger
-from image_crawler.lua import lua_script
 from image_crawler.retry import Backoff, backoff_delay
 from worker.download.fetch import FetchResult
 from worker.images.pool import Body
-from worker.politeness.pacing import Pacer, paused_next
+from worker.politeness.hosts import HostKey, host_of
+from worker.politeness.pacing import Pacer
 from worker.politeness.retry_after import obey_retry_after
 from worker.politeness.robots_rules import RobotsRules
 from worker.politeness.signals import NO_SIGNALS, Signals, TdmRep
@@ -88,39 +87,10 @@ log = get_logger(__name__)
 # outcome of a message).
 ROBOTS_PENDING: Final = "RobotsPending"
 
-_NOTE_DELAY_SCRIPT: Final = lua_script("worker.politeness", "robots_note_delay.lua")
 
 # While Redis is away, a host's load asks again at most this far apart (from every
 # ``poll_s`` at first): its URLs wait meanwhile, and Redis is mostly back within seconds.
 _REDIS_RETRY_CAP_S: Final = 5.0
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class DelayNote:
-    """A source's Crawl-delay (s) after a host's was noted, whether it was written (its
-    expiry renewed), and the source's next pacing slot (Unix s; None: never set)."""
-
-    crawl_delay_s: float
-    written: bool
-    next_at: float | None
-
-
-def noted_crawl_delay(
-    now: float, current_s: float | None, delay_s: float, next_at: float | None
-) -> DelayNote:
-    """Note a host's Crawl-delay ``delay_s`` for its source at ``now`` (Unix s).
-
-    The source keeps the largest delay of its hosts: ``delay_s`` is written unless the one
-    in force, ``current_s``, is longer (absent or not a number counts as none; an equal
-    one is written again, renewing its expiry). A delay longer than the one in force also
-    moves the source's next slot ``next_at`` as a pause of ``delay_s`` would
-    (``paused_next``): the robots.txt request that brought it was a request to the host.
-    """
-    if current_s is None or math.isnan(current_s) or delay_s > current_s:
-        return DelayNote(delay_s, True, paused_next(now, next_at, delay_s))
-    if delay_s == current_s:
-        return DelayNote(delay_s, True, next_at)
-    return DelayNote(current_s, False, next_at)
 
 
 class Robots(enum.Enum):
@@ -232,6 +202,8 @@ class _Known:
     tdmrep: TdmRep = dataclasses.field(default_factory=TdmRep)
     # Sources whose Crawl-delay from this entry is already written.
     delays_noted: set[str] = dataclasses.field(default_factory=set)
+    # The host was given up (HostUnavailable) before its file could be read.
+    gone: bool = False
 
     def signals(self, url: str) -> Signals:
         """What the host's files say of the use of ``url``, an allowed URL of the host."""
@@ -255,14 +227,15 @@ class RobotsGuard:
         *,
         clock: Callable[[], float] = time.time,
         rng: random.Random | None = None,
+        pacing_key: str = "host",
     ) -> None:
         self._redis = redis
+        self._pacing_key = pacing_key
         self._fetcher = fetcher
         self._pacer = pacer
         self._settings = settings or RobotsSettings()
         self._clock = clock
         self._rng = rng or random.Random()
-        self._note_delay = redis.register_script(_NOTE_DELAY_SCRIPT)
         self._known: OrderedDict[str, _Known] = OrderedDict()
         self._loading: dict[str, asyncio.Task[_Known]] = {}
         # Origin -> the sources whose URLs wait for its load.
@@ -294,6 +267,8 @@ class RobotsGuard:
             if answer is Robots.DISALLOWED:
                 return Status.ROBOTS_DISALLOWED, NO_SIGNALS
             assert known is not None
+            if known.gone:
+                return Status.HOST_UNAVAILABLE, NO_SIGNALS
             entry, now = known.entry, self._clock()
             since = now if entry.unavailable_since is None else entry.unavailable_since
             give_up_at = since + self._settings.unavailable_max_s
@@ -382,6 +357,10 @@ class RobotsGuard:
         while True:
             try:
                 entry = await self._shared_entry(origin, robots_url)
+            except _HostGone:
+                now = self._clock()
+                gone = RobotsEntry(Status.HOST_UNAVAILABLE, None, now, now + poll_s, now)
+                return _Known(gone, None, gone=True)
             except RedisError as e:
                 log.warning("redis_unavailable", op="robots", origin=origin, error=repr(e))
                 await asyncio.sleep(retry.next_s())
@@ -413,7 +392,7 @@ class RobotsGuard:
         if await self._redis.exists(lock):
             return None
         # A robots.txt request is a request to the server: it waits for a slot.
-        source = await self._slot(origin)
+        host_key = await self._slot(origin)
         previous = entry
         entry = await self._read(key)
         if entry is not None and self._clock() < entry.expires_at:
@@ -422,8 +401,8 @@ class RobotsGuard:
         if not await self._redis.set(lock, secrets.token_hex(8), nx=True, px=lock_ms):
             return None
         try:
-            entry = await self._fetch(source, origin, robots_url, previous or entry)
-            if entry.available:
+            entry = await self._fetch(host_key, origin, robots_url, previous or entry)
+            if entry.available and self._may_read_tdmrep(entry, origin):
                 entry = await self._with_tdmrep(entry, origin, lock, lock_ms)
             await self._redis.set(key, entry.to_json(), px=self._keep_ms(entry))
         finally:
@@ -431,22 +410,31 @@ class RobotsGuard:
                 await self._redis.delete(lock)
         return entry
 
-    async def _slot(self, origin: str) -> str:
-        """A pacing slot of any source with a URL waiting for ``origin`` (one without a
-        rate, halted or unknown, must not hold the others back); returns that source."""
+    def _key(self, source: str, origin: str) -> HostKey:
+        return HostKey(source, host_of(origin, self._pacing_key))
+
+    async def _slot(self, origin: str) -> HostKey:
+        """A pacing slot of the host as any source with a URL waiting for ``origin``
+        reaches it (one without a rate, halted or unknown, must not hold the others
+        back); returns that source's key. Raises ``_HostGone`` when the host was given
+        up."""
         while True:
             sources = sorted(self._asking.get(origin, ()))
             if not sources:  # closing
                 await asyncio.sleep(self._settings.slot_recheck_s)
                 continue
-            asks: dict[asyncio.Future[None], str] = {
-                asyncio.ensure_future(self._pacer.acquire(s)): s for s in sources
-            }
+            asks: dict[asyncio.Future[str | None], HostKey] = {}
+            for source in sources:
+                key = self._key(source, origin)
+                asks[asyncio.ensure_future(self._pacer.acquire(key))] = key
             done, pending = await _first_of(asks, self._settings.slot_recheck_s)
             for future in pending:
-                future.cancel()  # gives the slot to the source's next request
+                future.cancel()  # gives the slot to the host's next request
             if done:
-                return asks[next(iter(done))]
+                future = next(iter(done))
+                if future.result() is not None:
+                    raise _HostGone(origin)
+                return asks[future]
 
     async def _read(self, key: str) -> RobotsEntry | None:
         raw = await self._redis.get(key)
@@ -461,12 +449,13 @@ class RobotsGuard:
         return max(1000, int((until - self._clock()) * 1000) + 60_000)
 
     async def _fetch(
-        self, source: str, origin: str, robots_url: str, previous: RobotsEntry | None
+        self, key: HostKey, origin: str, robots_url: str, previous: RobotsEntry | None
     ) -> RobotsEntry:
         self.fetches += 1
         settings = self._settings
         started = time.monotonic()
         result = await self._get(robots_url)
+        self._pacer.report(key, result.status)
         now, status = self._clock(), result.status
         took_s = round(time.monotonic() - started, 3)
         if status.isdigit() and 200 <= int(status) < 300:
@@ -484,7 +473,7 @@ class RobotsGuard:
         ):
             log.info("robots_fetched", origin=origin, status=status, allows="everything")
             return RobotsEntry(status, None, now, now + settings.cache_s)
-        return await self._unavailable(source, origin, result, previous, now)
+        return await self._unavailable(key, origin, result, previous, now)
 
     async def _get(self, url: str) -> FetchResult:
         """A host's file (robots.txt, tdmrep.json), within the files' limits of size,
@@ -502,9 +491,13 @@ class RobotsGuard:
         """The entry with the host's /.well-known/tdmrep.json, fetched on a pacing slot of
         its own (the lock renewed first: the slot may be a while coming)."""
         await self._redis.pexpire(lock, lock_ms)
-        await self._slot(origin)
+        try:
+            key = await self._slot(origin)
+        except _HostGone:
+            return entry  # no slot will come: nothing reserved known
         self.tdmrep_fetches += 1
         result = await self._get(str(URL(origin).with_path(TDMREP_PATH)))
+        self._pacer.report(key, result.status)
         if not (result.status.isdigit() and 200 <= int(result.status) < 300):
             log.debug("tdmrep_fetched", origin=origin, status=result.status, rules=0)
             return entry
@@ -513,9 +506,17 @@ class RobotsGuard:
         log.info("tdmrep_fetched", origin=origin, status=result.status, rules=rules)
         return dataclasses.replace(entry, tdmrep=text if rules else None)
 
+    def _may_read_tdmrep(self, entry: RobotsEntry, origin: str) -> bool:
+        """Whether the host's robots.txt allows us its tdmrep.json (RFC 9309 governs
+        every request we make, our own look-ups included)."""
+        if entry.text is None:
+            return True
+        rules = RobotsRules.parse(entry.text, self._settings.token)
+        return rules.allows(str(URL(origin).with_path(TDMREP_PATH)))
+
     async def _unavailable(
         self,
-        source: str,
+        key: HostKey,
         origin: str,
         result: FetchResult,
         previous: RobotsEntry | None,
@@ -530,13 +531,13 @@ class RobotsGuard:
         )
         asked_s = await obey_retry_after(
             self._pacer,
-            source,
+            key,
             result.status,
             result.retry_after,
             now_unix_s=now,
             max_s=settings.max_retry_after_s,
             # Every source waiting for the host: the server asked it of all of them.
-            also=sorted(self._asking.get(origin, ())),
+            also=[self._key(s, origin) for s in sorted(self._asking.get(origin, ()))],
         )
         if asked_s:
             wait_s = max(wait_s, asked_s)
@@ -544,7 +545,7 @@ class RobotsGuard:
         log.warning(
             "robots_unavailable",
             origin=origin,
-            source=source,
+            source=key.source,
             status=result.status,
             detail=result.detail[:200],
             failures=failures,
@@ -567,13 +568,10 @@ class RobotsGuard:
                 cap_s=delay_s,
             )
         # A minute beyond the file's expiry: the file is fetched again by then, and the
-        # delay noted again, so the cap never lapses in between.
-        keep_ms = max(1000, int((known.entry.expires_at - self._clock() + 60) * 1000))
+        # delay noted again, so the delay never lapses in between.
+        keep_s = max(1.0, known.entry.expires_at - self._clock() + 60)
         try:
-            await self._note_delay(
-                keys=[crawl_delay_key(source), CRAWL_DELAYED_SET, pace_next_key(source)],
-                args=[repr(delay_s), keep_ms, source],
-            )
+            await self._pacer.note_crawl_delay(self._key(source, origin), delay_s, keep_s)
         except RedisError as e:
             log.warning("redis_unavailable", op="note_crawl_delay", source=source, error=repr(e))
             return  # noted at a later URL
@@ -587,9 +585,13 @@ class RobotsGuard:
         self._loading.clear()
 
 
+class _HostGone(Exception):
+    """The host was given up by its breaker: no slot will come for its files."""
+
+
 async def _first_of(
-    futures: Mapping[asyncio.Future[None], str], timeout_s: float
-) -> tuple[set[asyncio.Future[None]], set[asyncio.Future[None]]]:
+    futures: Mapping[asyncio.Future[str | None], HostKey], timeout_s: float
+) -> tuple[set[asyncio.Future[str | None]], set[asyncio.Future[str | None]]]:
     """Waits for the first of ``futures`` (cancelled with the caller: ``asyncio.wait``
     leaves them running)."""
     try:
