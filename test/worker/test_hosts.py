@@ -1,0 +1,157 @@
+"""The per-host rule (worker/politeness/hosts.py), pure: keys, slow start, AIMD, the
+breaker, ceilings and the round robin. Its Lua twin is held to it in test_lua_twins.py."""
+
+import math
+
+import pytest
+
+from worker.politeness.hosts import (
+    CLEAN,
+    FAILED,
+    FLAG_GONE,
+    FLAG_HALTED,
+    FLAG_OPERATOR,
+    NO_REPORT,
+    REFUSED,
+    HostAsk,
+    HostKey,
+    HostReport,
+    HostSettings,
+    HostState,
+    answer_kind,
+    blocked,
+    ceiling_rps,
+    host_step,
+    key_of,
+    round_robin_grant,
+)
+
+S = HostSettings()
+NOW = 1_800_000_000.0
+
+
+@pytest.mark.parametrize(
+    ("url", "pacing_key", "host"),
+    [
+        ("http://Images.Example.ORG/a.jpg", "host", "images.example.org"),
+        ("https://images.example.org:8443/a.jpg", "host", "images.example.org"),
+        ("http://images.example.org./a.jpg", "host", "images.example.org"),
+        ("http://images.example.co.uk/a.jpg", "domain", "example.co.uk"),
+        ("http://a.b.blogspot.com/x.jpg", "domain", "b.blogspot.com"),  # a private suffix
+        ("http://127.0.0.2:8080/x.jpg", "domain", "127.0.0.2"),
+        ("http://[::1]/x.jpg", "host", "::1"),
+        ("not a url", "host", ""),
+    ],
+)
+def test_the_key_is_the_lower_cased_host_or_its_registered_domain(url, pacing_key, host):
+    assert key_of("s", url, pacing_key) == HostKey("s", host)
+
+
+@pytest.mark.parametrize(
+    ("status", "kind"),
+    [
+        ("200", CLEAN),
+        ("404", CLEAN),
+        ("UnidentifiedImageError", CLEAN),
+        ("403", CLEAN),
+        ("429", REFUSED),
+        ("503", REFUSED),
+        ("Timeout", REFUSED),
+        ("500", FAILED),
+        ("502", FAILED),
+        ("ConnectionError", FAILED),
+        ("ServerDisconnected", FAILED),
+    ],
+)
+def test_what_an_answer_says_of_its_host(status, kind):
+    assert answer_kind(status) == kind
+
+
+@pytest.mark.parametrize(
+    ("source", "host_rate", "override", "settings", "ceiling"),
+    [
+        (40.0, None, None, S, 40.0),
+        (40.0, 5.0, None, S, 5.0),
+        (40.0, 80.0, None, S, 40.0),  # never above the source's rate
+        (40.0, 5.0, 2.0, S, 2.0),  # the host's own override beats host_rate
+        (40.0, None, None, HostSettings(max_host_rps=10.0), 10.0),
+        (40.0, 5.0, None, HostSettings(max_host_rps=10.0), 5.0),
+        (40.0, -1.0, None, S, 40.0),  # not a rate: ignored
+    ],
+)
+def test_a_host_s_ceiling(source, host_rate, override, settings, ceiling):
+    assert ceiling_rps(source, host_rate, override, settings) == ceiling
+
+
+def test_a_new_host_starts_at_one_request_a_second_and_grows_on_clean_answers():
+    state = host_step(HostState(), NO_REPORT, 50.0, NOW, S)
+    assert (state.rate, state.slow) == (1.0, True)
+    state = host_step(state, HostReport(clean=1, last=CLEAN), 50.0, NOW + 1, S)
+    assert state.rate == 3.0
+    state = host_step(state, HostReport(clean=3, last=CLEAN), 50.0, NOW + 1.4, S)
+    assert state.rate == 9.0
+    state = host_step(state, HostReport(clean=30, last=CLEAN), 50.0, NOW + 1.8, S)
+    assert (state.rate, state.slow) == (50.0, False)  # at its ceiling: slow start over
+
+
+def test_a_host_below_its_ceiling_starts_there():
+    assert host_step(HostState(), NO_REPORT, 0.2, NOW, S).rate == 0.2
+
+
+def test_a_signal_cuts_once_per_cooldown_and_ends_the_slow_start():
+    state = HostState(rate=20.0, slow=True)
+    signal = HostReport(signals=1, refused=1, last=REFUSED)
+    state = host_step(state, signal, 50.0, NOW, S)
+    assert (state.rate, state.slow, state.cut_at) == (14.0, False, NOW)
+    assert host_step(state, signal, 50.0, NOW + 0.5, S).rate == 14.0  # held
+    assert host_step(state, signal, 50.0, NOW + 1.0, S).rate == pytest.approx(9.8)
+
+
+def test_without_signals_it_climbs_back_by_one_percent_of_its_ceiling_a_second():
+    state = HostState(rate=10.0, climb_at=NOW)
+    state = host_step(state, HostReport(clean=5, last=CLEAN), 50.0, NOW + 4, S)
+    assert state.rate == pytest.approx(12.0)
+
+
+def test_never_below_the_floor():
+    state = HostState(rate=0.12, climb_at=NOW)
+    signal = HostReport(signals=1, refused=1, last=REFUSED)
+    assert host_step(state, signal, 50.0, NOW, S).rate == S.floor_rps
+
+
+def test_five_failures_halt_it_then_each_halt_is_longer_and_an_hour_gives_it_up():
+    state = HostState(rate=10.0)
+    state = host_step(state, HostReport(failed=4, last=FAILED), 10.0, NOW, S)
+    assert blocked(state, NOW) == ""
+    state = host_step(state, HostReport(failed=1, last=FAILED), 10.0, NOW + 1, S)
+    assert (blocked(state, NOW + 1), state.until) == (FLAG_HALTED, NOW + 31)
+    # After the halt one probe; its failure halts it again, twice as long.
+    state = host_step(state, HostReport(failed=1, last=FAILED), 10.0, NOW + 32, S)
+    assert state.until == NOW + 32 + 60
+    state = host_step(state, HostReport(failed=1, last=FAILED), 10.0, NOW + 3601, S)
+    assert blocked(state, NOW + 3601) == FLAG_GONE
+
+
+def test_refusals_are_failures_only_at_the_floor_and_a_clean_answer_ends_the_streak():
+    refused = HostReport(signals=5, refused=5, last=REFUSED)
+    assert host_step(HostState(rate=10.0, cut_at=NOW), refused, 50.0, NOW, S).fails == 0
+    at_floor = host_step(HostState(rate=0.1, cut_at=NOW), refused, 50.0, NOW, S)
+    assert blocked(at_floor, NOW) == FLAG_HALTED
+    clean = host_step(at_floor, HostReport(clean=1, last=CLEAN), 50.0, NOW + 40, S)
+    assert (clean.fails, clean.since, clean.halts) == (0, None, 0)
+
+
+def test_an_operator_s_halt_beats_everything():
+    assert blocked(HostState(halt="asked", gone=NOW), NOW) == FLAG_OPERATOR
+
+
+def test_hosts_share_their_source_s_slots_in_turn_and_each_keeps_its_own_interval():
+    asks = [HostAsk(None, 1.0, 5), HostAsk(NOW + 0.01, 0.001, 5), HostAsk(None, 0.0, 0)]
+    granted = round_robin_grant(NOW, None, 0.01, asks, 0.05)
+    assert granted.slots[0] == (NOW,)  # one a second for this host
+    assert granted.slots[1] == pytest.approx(
+        (NOW + 0.01, NOW + 0.02, NOW + 0.03, NOW + 0.04, NOW + 0.05)
+    )
+    assert granted.slots[2] == ()
+    assert granted.source_next == pytest.approx(NOW + 0.06)
+    assert math.isclose(granted.host_next[0], NOW + 1.0)
