@@ -402,7 +402,7 @@ class RobotsGuard:
             return None
         try:
             entry = await self._fetch(host_key, origin, robots_url, previous or entry)
-            if entry.available and self._may_read_tdmrep(entry, origin):
+            if entry.available and await self._may_read_tdmrep(entry, origin):
                 entry = await self._with_tdmrep(entry, origin, lock, lock_ms)
             await self._redis.set(key, entry.to_json(), px=self._keep_ms(entry))
         finally:
@@ -506,12 +506,17 @@ class RobotsGuard:
         log.info("tdmrep_fetched", origin=origin, status=result.status, rules=rules)
         return dataclasses.replace(entry, tdmrep=text if rules else None)
 
-    def _may_read_tdmrep(self, entry: RobotsEntry, origin: str) -> bool:
+    async def _may_read_tdmrep(self, entry: RobotsEntry, origin: str) -> bool:
         """Whether the host's robots.txt allows us its tdmrep.json (RFC 9309 governs
-        every request we make, our own look-ups included)."""
+        every request we make, our own look-ups included). A long file is parsed
+        outside the event loop, as in ``_load``."""
         if entry.text is None:
             return True
-        rules = RobotsRules.parse(entry.text, self._settings.token)
+        text, token = entry.text, self._settings.token
+        if len(text) > _PARSE_INLINE_CHARS:
+            rules = await asyncio.to_thread(RobotsRules.parse, text, token)
+        else:
+            rules = RobotsRules.parse(text, token)
         return rules.allows(str(URL(origin).with_path(TDMREP_PATH)))
 
     async def _unavailable(
