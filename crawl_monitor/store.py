@@ -42,8 +42,10 @@ from image_crawler.contract import (
     BACKOFF_SIGNALS_PREFIX,
     CRAWL_DELAY_PREFIX,
     CRAWL_DELAYED_SET,
+    ERROR_HOSTS_60S_PREFIX,
     EXPECTED_STATUSES,
     HALTED_SET,
+    HOSTS_60S_PREFIX,
     LAST_50_PREFIX,
     LAST_N_STATUSES,
     MONITOR_LEADER_KEY,
@@ -58,6 +60,8 @@ from image_crawler.contract import (
     PacingInfo,
     backoff_signals_key,
     crawl_delay_key,
+    error_hosts60s_key,
+    hosts60s_key,
     last50_key,
     override_alias_key,
     override_key,
@@ -115,6 +119,10 @@ class SourceState:
     override_alias: str | None = None
     # Keys that could not be read (e.g. of the wrong type), with Redis' error.
     errors: tuple[str, ...] = ()
+    # With a histogram: how many hosts the window's outcomes came from, and how many of
+    # them failed (``hosts60s:``, ``error_hosts60s:``; 0 when no worker said).
+    hosts: int = 0
+    failing_hosts: int = 0
 
 
 EMPTY_SOURCE: Final = SourceState()
@@ -201,6 +209,12 @@ def _members(value: Any) -> frozenset[str]:
     return frozenset(value) if isinstance(value, list) else frozenset()
 
 
+def _host_counts(value: Any) -> dict[str, int]:
+    if not isinstance(value, list) or len(value) != 2:
+        return {}
+    return {"hosts": int(value[0]), "failing_hosts": int(value[1])}
+
+
 def decode_observed(raw: str | bytes, sources_asked: Sequence[str]) -> ObservedState:
     """The read script's JSON answer, for ``sources_asked``, as an ``ObservedState``."""
     document = json.loads(raw)
@@ -214,6 +228,7 @@ def decode_observed(raw: str | bytes, sources_asked: Sequence[str]) -> ObservedS
                 override=entry.get("o"),
                 override_alias=entry.get("a"),
                 errors=tuple(entry.get("x") or ()),
+                **_host_counts(entry.get("n")),
             )
     counters = document.get("c")
     backoff = document.get("b")
@@ -291,6 +306,8 @@ def _read_args(
         f"{RESIZE_ERRORS}:",
         "" if failure_counters is None else json.dumps([failure_counters.get(s) for s in chunk]),
         BACKOFF_SIGNALS_PREFIX,
+        HOSTS_60S_PREFIX,
+        ERROR_HOSTS_60S_PREFIX,
     ]
 
 
@@ -575,11 +592,24 @@ class PlainRegulatorStore:
                 counts = Counter(_text(status) for status in listed)
                 if counts and (full or breakers.every_request_failed(counts)):
                     last = dict(counts)
+        hosts = failing = 0
+        if window or last:
+            hosts = await self._count(errors, hosts60s_key(source), window_start_s)
+            failing = await self._count(errors, error_hosts60s_key(source), window_start_s)
         override = await self._string(override_key(source))
         alias = await self._string(override_alias_key(source))
         if not (window or last or errors) and override is None and alias is None:
             return None
-        return SourceState(window, last, override, alias, tuple(errors))
+        return SourceState(window, last, override, alias, tuple(errors), hosts, failing)
+
+    async def _count(self, errors: list[str], key: str, since: float) -> int:
+        """Members of a sorted set scored ``since`` or later; 0, and the error noted, when
+        the key is of the wrong type."""
+        try:
+            return int(await self._redis.zcount(key, since, "+inf"))
+        except ResponseError as e:
+            errors.append(f"{key}: {e}")
+            return 0
 
     async def _string(self, key: str) -> str | None:
         """A string key's value; None when it is missing or not a string."""

@@ -131,6 +131,16 @@ PACE_HOST_PREFIX: Final = "pace_host:"
 # The operator's ceiling (requests/s, a float) for any one host of a source; unset: the
 # worker's MAX_HOST_RATE, or the source's rate.
 HOST_RATE_PREFIX: Final = "host_rate:"
+# Which hosts a source's outcomes came from in the last minute, for its breakers (a host
+# never halts its source, see crawl_monitor/policy/breakers.py): sorted sets of host ->
+# Unix time of its latest outcome ("hosts60s:{source}"), and of its latest error that is
+# not a backoff status ("error_hosts60s:{source}"). Written by the workers' stats flush,
+# in the same call as the windows: trimmed to the last 60 s and to the newest
+# SPREAD_HOSTS_KEPT members, and expiring SPREAD_KEYS_TTL_S after the last outcome.
+HOSTS_60S_PREFIX: Final = "hosts60s:"
+ERROR_HOSTS_60S_PREFIX: Final = "error_hosts60s:"
+SPREAD_HOSTS_KEPT: Final = 1000
+SPREAD_KEYS_TTL_S: Final = 120
 # Beyond the original (issue 18): each source's backlog, the consumer lag of the workers'
 # group (image_handlers) on urls.{source}, summed over partitions: URLs split but not yet
 # taken. A hash source -> count, rewritten by the monitor each
@@ -208,6 +218,14 @@ def host_rate_key(source: str) -> str:
 
 def last50_key(source: str) -> str:
     return f"{LAST_50_PREFIX}{source}"
+
+
+def hosts60s_key(source: str) -> str:
+    return f"{HOSTS_60S_PREFIX}{source}"
+
+
+def error_hosts60s_key(source: str) -> str:
+    return f"{ERROR_HOSTS_60S_PREFIX}{source}"
 
 
 def num_resized_key(source: str) -> str:

@@ -262,7 +262,7 @@ class Pipeline:
         """End a URL robots.txt keeps us from requesting (or indexing): counted, and
         dead-lettered."""
         log.debug("robots_refused", source=source, identifier=task.uuid, status=status)
-        await self._record(source, status)
+        await self._record(source, status, self._host_of(source, task.url))
         await self.dead_letter(source, task, status, task.attempts, directives)
         return Ending(status, DEAD_LETTERED, task.attempts)
 
@@ -283,7 +283,7 @@ class Pipeline:
         key = key_of(source, task.url, self._pacing_key)
         ended = await self._take_slot(key, task)
         if ended is not None:  # the host was given up: no request
-            await self._record(source, ended)
+            await self._record(source, ended, key.host)
             return Tried(ended)
         metrics = self._source_metrics(source)
         metrics.requests.inc()
@@ -320,7 +320,7 @@ class Pipeline:
                     status=status,
                     detail=fetched.detail,
                 )
-        await self._record(source, status)
+        await self._record(source, status, key.host)
         directives = fetched.signals.noindex if status == Status.NO_INDEX else ()
         return Tried(status, fetched.status, directives, unchanged)
 
@@ -330,10 +330,17 @@ class Pipeline:
             metrics = self._metrics[source] = SourceMetrics(source)
         return metrics
 
-    async def _record(self, source: str, status: str) -> None:
-        """An attempt's end: its outcome counted, and stored in the statistics."""
+    def _host_of(self, source: str, url: str) -> str | None:
+        try:
+            return key_of(source, url, self._pacing_key).host or None
+        except ValueError:
+            return None
+
+    async def _record(self, source: str, status: str, host: str | None) -> None:
+        """An attempt's end: its outcome counted, and stored in the statistics with the
+        host that answered (for the breakers' count of hosts)."""
         self._source_metrics(source).outcome(status).inc()
-        await self._reliably("record_stats", lambda: self._stats.record(source, status))
+        await self._reliably("record_stats", lambda: self._stats.record(source, status, host=host))
 
     async def _heed(self, key: HostKey, fetched: FetchResult) -> None:
         """Act on what a response says of its server's load: obey a Retry-After, and

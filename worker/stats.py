@@ -39,14 +39,20 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from image_crawler.contract import (
+    BACKOFF_STATUSES,
+    EXPECTED_STATUSES,
     LAST_N_STATUSES,
     NUM_MALFORMED,
     NUM_RESIZED,
     RECHECKS_HASH,
     RESIZE_ERRORS,
+    SPREAD_HOSTS_KEPT,
+    SPREAD_KEYS_TTL_S,
     STATUS_WINDOWS,
     Status,
     backoff_signals_key,
+    error_hosts60s_key,
+    hosts60s_key,
     last50_key,
     num_resized_key,
     rechecks_field,
@@ -63,6 +69,9 @@ log = get_logger(__name__)
 
 _FLUSH_SCRIPT: Final = lua_script("worker", "stats_flush.lua")
 
+# The sets of hosts keep the last minute, as the breakers' window does.
+SPREAD_WINDOW_S: Final = 60.0
+
 # While Redis is away outcomes wait (their messages are not committed): asked again soon,
 # as it is mostly a brief blip (a failover, a restart), and no more often than this once
 # it lasts.
@@ -75,7 +84,8 @@ class QueuedOutcome(NamedTuple):
     ``status``, whether it was a ``backoff`` signal, the Unix time it was recorded ``at``,
     and the future resolved once it is stored. With ``check`` set, it is a re-check's
     verdict instead (``status`` is then that verdict): counted in RECHECKS_HASH, outside
-    the windows and the counters."""
+    the windows and the counters. ``host``: the host (politeness key) that answered, for
+    the breakers' count of hosts (None: not known)."""
 
     source: str | None
     status: str
@@ -83,6 +93,7 @@ class QueuedOutcome(NamedTuple):
     at: float
     stored: asyncio.Future[None]
     check: bool = False
+    host: str | None = None
 
 
 # Successes: a 304 is the answer a re-check hopes for.
@@ -100,6 +111,22 @@ def counted_keys(source: str | None, status: str, backoff: bool) -> tuple[str, .
     return (*keys, backoff_signals_key(source)) if backoff else keys
 
 
+def host_error(status: str) -> bool:
+    """An outcome that tells against its host, for the breakers' count of failing hosts:
+    an error (not an expected status) other than a backoff status (a server asking for
+    a lower rate, which its host's pace gives it)."""
+    return status not in EXPECTED_STATUSES and status not in BACKOFF_STATUSES
+
+
+def spread_keys(source: str, status: str, host: str | None) -> tuple[str, ...]:
+    """The sorted sets of hosts one outcome with a known ``host`` goes into."""
+    if host is None:
+        return ()
+    if host_error(status):
+        return (hosts60s_key(source), error_hosts60s_key(source))
+    return (hosts60s_key(source),)
+
+
 def flush_commands(
     batch: Sequence[QueuedOutcome], last_n: int = LAST_N_STATUSES
 ) -> list[tuple[str, ...]]:
@@ -108,7 +135,10 @@ def flush_commands(
 
     An outcome adds its member ``"{status}:{time}"``, scored by its time, to each of its
     source's windows and its status to the source's last-N list (trimmed to the newest
-    ``last_n``), and adds 1 to each of its counters (``counted_keys``); a re-check's
+    ``last_n``), its host (when known) to its source's sets of hosts (``spread_keys``:
+    scored by its time, trimmed like a window of ``SPREAD_WINDOW_S`` and to the newest
+    ``SPREAD_HOSTS_KEPT``, expiring ``SPREAD_KEYS_TTL_S`` later), and adds 1 to each of
+    its counters (``counted_keys``); a re-check's
     verdict (``check``) only adds 1 to its field of RECHECKS_HASH. A window drops
     what fell out of it once a flush, just before the flush's first outcome of that
     window is added, by that outcome's time: a batch queued while Redis was away may span
@@ -116,7 +146,7 @@ def flush_commands(
     """
     commands: list[tuple[str, ...]] = []
     trimmed: set[str] = set()
-    for source, status, backoff, at, _, check in batch:
+    for source, status, backoff, at, _, check, host in batch:
         if check:
             assert source is not None
             commands.append(("HINCRBY", RECHECKS_HASH, rechecks_field(source, status), "1"))
@@ -130,15 +160,27 @@ def flush_commands(
                 commands.append(("ZADD", key, repr(at), window_member(status, at)))
             last = last50_key(source)
             commands += [("RPUSH", last, status), ("LTRIM", last, str(-last_n), "-1")]
+            for key in spread_keys(source, status, host):
+                if key not in trimmed:
+                    trimmed.add(key)
+                    commands.append(("ZREMRANGEBYSCORE", key, "-inf", repr(at - SPREAD_WINDOW_S)))
+                commands += [
+                    ("ZADD", key, repr(at), str(host)),
+                    ("ZREMRANGEBYRANK", key, "0", str(-SPREAD_HOSTS_KEPT - 1)),
+                    ("EXPIRE", key, str(SPREAD_KEYS_TTL_S)),
+                ]
         commands += [("INCR", key) for key in counted_keys(source, status, backoff)]
     return commands
 
 
 class StatsRecorder(Protocol):
-    async def record(self, source: str, status: str, *, backoff: bool = False) -> None:
+    async def record(
+        self, source: str, status: str, *, backoff: bool = False, host: str | None = None
+    ) -> None:
         """Store one outcome of ``source``; "200" and "304" are successes, anything else
         not.
-        ``backoff``: the response asked us to slow down (counted for the monitor)."""
+        ``backoff``: the response asked us to slow down (counted for the monitor).
+        ``host``: the host that answered (its politeness key), for the breakers."""
         ...
 
     async def record_malformed(self) -> None: ...
@@ -170,8 +212,10 @@ class RedisStats:
             "redis_unavailable", "redis_recovered", dependency="redis", op="record_stats"
         )
 
-    async def record(self, source: str, status: str, *, backoff: bool = False) -> None:
-        await self._enqueue(source, status, backoff)
+    async def record(
+        self, source: str, status: str, *, backoff: bool = False, host: str | None = None
+    ) -> None:
+        await self._enqueue(source, status, backoff, host=host)
 
     async def record_malformed(self) -> None:
         await self._enqueue(None, "", False)
@@ -180,13 +224,19 @@ class RedisStats:
         await self._enqueue(source, check, False, check=True)
 
     async def _enqueue(
-        self, source: str | None, status: str, backoff: bool, *, check: bool = False
+        self,
+        source: str | None,
+        status: str,
+        backoff: bool,
+        *,
+        check: bool = False,
+        host: str | None = None,
     ) -> None:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         # Stamped now, not when written: a batch written twice (a timed-out write that
         # Redis still ran, then the retry) adds the same window members, not new ones.
         stamp = self._timestamp()
-        self._pending.append(QueuedOutcome(source, status, backoff, stamp, future, check))
+        self._pending.append(QueuedOutcome(source, status, backoff, stamp, future, check, host))
         self._wake.set()
         # Not shielded: a caller cancelled meanwhile cancels its own future, which ``run``
         # then leaves alone; its outcome is written all the same.
@@ -239,10 +289,11 @@ class RedisStats:
         # window key -> [key, trim score, [score, member, ...]]: each window trimmed by its
         # first outcome's time, before the ZADD (see flush_commands).
         windows: dict[str, list[Any]] = {}
+        hosts: dict[str, list[Any]] = {}  # the same, for the sets of hosts
         statuses: defaultdict[str, list[str]] = defaultdict(list)
         counts: Counter[str] = Counter()
         checks: Counter[str] = Counter()
-        for source, status, backoff, now, _, check in batch:
+        for source, status, backoff, now, _, check, host in batch:
             if check:
                 assert source is not None
                 checks[rechecks_field(source, status)] += 1
@@ -258,13 +309,21 @@ class RedisStats:
                 if window is None:
                     window = windows[key] = [key, repr(now - window_s), []]
                 window[2] += (score, member)
+            for key in spread_keys(source, status, host):
+                window = hosts.get(key)
+                if window is None:
+                    window = hosts[key] = [key, repr(now - SPREAD_WINDOW_S), []]
+                window[2] += (score, host)
             statuses[source].append(status)
         document = json.dumps(
             {
                 "w": list(windows.values()),
+                "z": list(hosts.values()),
                 "l": [[last50_key(source), values] for source, values in statuses.items()],
                 "c": counts,
                 "h": [[RECHECKS_HASH, checks]] if checks else [],
             }
         )
-        await self._flush_script(args=(document, LAST_N_STATUSES))
+        await self._flush_script(
+            args=(document, LAST_N_STATUSES, SPREAD_HOSTS_KEPT, SPREAD_KEYS_TTL_S)
+        )

@@ -11,15 +11,17 @@
 -- last-N histogram is wanted ("*": all; the others get one only when their last N
 -- statuses all failed), the JSON list of expected statuses, the prefix of the failure
 -- counters, the JSON list of each source's failure counter as last seen ("" when it
--- was missing, null when not known; the whole argument "": none known), and the prefix of
--- the backoff signal counters.
+-- was missing, null when not known; the whole argument "": none known), the prefix of
+-- the backoff signal counters, and the prefixes of the sets of hosts (hosts60s:,
+-- error_hosts60s:).
 -- A source whose counter is as last seen, and not asked in full, is not read: workers
 -- bump the counter in the same atomic flush that adds a failure to the window and the
 -- last-N list, so neither holds a failure the caller has not seen.
 -- Answers JSON {"h": halted, "t": temp_halted, "c": [each source's failure counter, ""
 -- when missing], "b": {source: backoff signal counter, of the sources that have one},
 -- "s": {source: {"w": window histogram (only when it holds an error),
--- "l": last-N histogram, "o": override, "a": alias, "x": [errors]}}}, sources with
+-- "l": last-N histogram, "n": [hosts, failing hosts] in the window (with "w" or "l"),
+-- "o": override, "a": alias, "x": [errors]}}}, sources with
 -- nothing to report left out. A key of the wrong type is reported in "x", not fatal.
 local sources = cjson.decode(ARGV[1])
 local since = ARGV[2]
@@ -35,6 +37,7 @@ for _, status in ipairs(cjson.decode(ARGV[9])) do expected[status] = true end
 local counter_prefix = ARGV[10]
 local seen_counters = ARGV[11] ~= '' and cjson.decode(ARGV[11]) or nil
 local backoff_prefix = ARGV[12]
+local hosts_prefix, error_hosts_prefix = ARGV[13], ARGV[14]
 local pcall_redis, find, sub = redis.pcall, string.find, string.sub
 
 -- Keys of the current source that could not be read (e.g. of the wrong type).
@@ -136,6 +139,13 @@ for i, source in ipairs(sources) do
           entry.l = counts
         end
       end
+    end
+    -- What a breaker would act on: how many hosts answered and failed in the window.
+    if entry then
+      entry.n = {
+        call('ZCOUNT', hosts_prefix .. source, since, '+inf') or 0,
+        call('ZCOUNT', error_hosts_prefix .. source, since, '+inf') or 0,
+      }
     end
   end
   local override, alias = values[k - 3], values[k - 2]

@@ -347,6 +347,8 @@ def _judge(
         temp_halted=temp_halted,
         halted=source in observed.halted,
         backoff_excused=above_floor(before, rate_rps, loop.adaptive),
+        hosts=state.hosts,
+        failing_hosts=state.failing_hosts,
     )
 
 

@@ -12,6 +12,7 @@ from crawl_monitor.policy.breakers import (
     every_request_failed,
     halt_message,
     is_error,
+    spread,
     window_unhealthy,
     without_backoff,
 )
@@ -151,3 +152,30 @@ def test_without_backoff():
     }
     healthy = {"200": 5}
     assert without_backoff(healthy) is healthy  # nothing to leave out: not copied
+
+
+@pytest.mark.parametrize(
+    ("hosts", "failing", "expected"),
+    [
+        (0, 0, True),  # no host named (an older worker): as one host
+        (1, 1, True),  # one host: the source's breakers as they always were
+        (2, 1, False),  # one of two hosts failing: its own breaker's business
+        (2, 2, True),
+        (20, 2, True),  # at least 2, and one in ten
+        (30, 2, False),
+        (30, 3, True),
+        (1000, 99, False),
+        (1000, 100, True),
+    ],
+)
+def test_a_source_of_several_hosts_trips_on_failures_spread_over_them(hosts, failing, expected):
+    assert spread(hosts, failing) is expected
+    decision = decide(
+        BAD, FAILED, temp_halted=False, halted=False, hosts=hosts, failing_hosts=failing
+    )
+    assert (decision.trips_temporary, decision.trips_permanent) == (expected, expected)
+
+
+def test_a_temporary_halt_is_lifted_once_the_failures_are_one_host_s_alone():
+    decision = decide(BAD, GOOD, temp_halted=True, halted=False, hosts=10, failing_hosts=1)
+    assert decision.lifts_temporary and not decision.temp_halted

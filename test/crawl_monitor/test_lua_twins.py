@@ -101,6 +101,13 @@ async def seed_table(redis: Redis) -> list[str]:
     await redis.set(c.backoff_signals_key("signals-empty"), "")
     await redis.sadd(c.backoff_signals_key("signals-wrong-type"), "4")
     await window(redis, "expired", ["500"] * 10)
+    # The hosts of a source with errors: counted in the window only.
+    await window(redis, "many-hosts", ["500"] * 3 + ["200"] * 5)
+    await redis.zadd(c.hosts60s_key("many-hosts"), {"a": NOW, "b": NOW, "old": NOW - 90})
+    await redis.zadd(c.error_hosts60s_key("many-hosts"), {"a": NOW, "old": NOW - 90})
+    await redis.zadd(c.hosts60s_key("all-200"), {"a": NOW})
+    await window(redis, "hosts-wrong-type", ["500"] * 3)
+    await redis.set(c.hosts60s_key("hosts-wrong-type"), "x")
     await redis.sadd(c.HALTED_SET, "fifty-failures", "no-longer-known")
     await redis.sadd(c.TEMP_HALTED_SET, "one-error", "elsewhere")
     await redis.set(c.crawl_delay_key("override"), "2")
@@ -161,6 +168,9 @@ async def test_the_read_of_a_table_of_source_states(redis):
     assert first.of("all-200").window == {} and first.of("all-200").last_statuses == {"200": 20}
     assert first.of("one-error").window == {"200": 9, "500": 1}
     assert first.of("old-error").window == {}
+    assert (first.of("many-hosts").hosts, first.of("many-hosts").failing_hosts) == (2, 1)
+    assert first.of("all-200").hosts == 1  # read with its histogram, asked in full
+    assert len(first.of("hosts-wrong-type").errors) == 1
     assert [len(first.of(s).errors) for s in ("window-wrong-type", "both-wrong-type")] == [1, 2]
     assert first.of("override-empty").override == ""
     assert first.backoff_signals == {"signalled": 4}
@@ -177,6 +187,7 @@ async def test_the_read_of_a_table_of_source_states(redis):
         "backoff-statuses",
     }
     assert partial.of("fifty-failures-healthy-window").last_statuses == {}
+    assert "all-200" not in partial.sources  # nothing a breaker acts on: no count read
     assert partial.of("forty-nine-failures").last_statuses == {}
     assert partial.of("fifty-then-a-200").last_statuses == {}
     assert partial.of("a-200-then-forty-nine").last_statuses == {}

@@ -105,14 +105,19 @@ class FakeSink:
 class FakeStats:
     def __init__(self) -> None:
         self.outcomes: list[tuple[str, str]] = []
+        # The host each outcome was recorded with, in the same order.
+        self.hosts: list[str | None] = []
         # The outcomes recorded as backoff signals.
         self.signals: list[tuple[str, str]] = []
         self.malformed = 0
         # Re-checks' verdicts, (source, "unchanged" | "changed" | "gone" | "failed").
         self.checks: list[tuple[str, str]] = []
 
-    async def record(self, source: str, status: str, *, backoff: bool = False) -> None:
+    async def record(
+        self, source: str, status: str, *, backoff: bool = False, host: str | None = None
+    ) -> None:
         self.outcomes.append((source, status))
+        self.hosts.append(host)
         if backoff:
             self.signals.append((source, status))
 

@@ -21,6 +21,7 @@ import math
 import re
 from collections.abc import AsyncIterator
 from typing import Any
+from unittest.mock import ANY
 
 import pytest
 from redis.asyncio import Redis
@@ -463,14 +464,21 @@ async def test_a_flush_leaves_redis_as_flush_commands_one_at_a_time_do(redis, re
     loop = asyncio.get_running_loop()
 
     def outcome(
-        source: str | None, status: str, backoff: bool = False, check: bool = False
+        source: str | None,
+        status: str,
+        backoff: bool = False,
+        check: bool = False,
+        host: str | None = None,
     ) -> QueuedOutcome:
         stamp = stats._timestamp()
-        return QueuedOutcome(source, status, backoff, stamp, loop.create_future(), check)
+        future = loop.create_future()
+        return QueuedOutcome(source, status, backoff, stamp, future, check, host)
 
     first = []
     for i in range(70):
-        first.append(outcome("a", ["200", "404", "500", "304"][i % 4]))
+        # Some outcomes without a host (an older worker's): in no set of hosts.
+        host = f"h{i % 7}.example" if i % 9 else None
+        first.append(outcome("a", ["200", "404", "500", "304"][i % 4], host=host))
         if i % 4 == 3:  # the 304's re-check, counted outside the windows
             first.append(outcome("a", c.CHECK_UNCHANGED, check=True))
         if i % 10 == 3:
@@ -478,7 +486,8 @@ async def test_a_flush_leaves_redis_as_flush_commands_one_at_a_time_do(redis, re
         if i % 30 == 5:
             first += [outcome("c", "500"), outcome(None, "")]
     now[0] += 61  # the first batch leaves the 60 s windows
-    second = [outcome("a", "200"), outcome("c", "503", backoff=True), outcome("a", "500")]
+    second = [outcome("a", "200", host="h1.example"), outcome("c", "503", backoff=True)]
+    second += [outcome("a", "500", host="h2.example"), outcome("c", "503", host="x")]
     second += [outcome("a", "200", backoff=True), outcome("a", "429", backoff=True)]
     now[0] += 3601  # within the batch: each window trimmed by its first outcome's time
     second += [outcome("a", "404"), outcome("b", "200"), outcome(None, "")]
@@ -503,6 +512,32 @@ async def test_a_flush_leaves_redis_as_flush_commands_one_at_a_time_do(redis, re
         },
     )
     assert state[c.num_resized_key("a")] == ("string", "37")  # 200s and 304s
+    # The first batch's hosts left the minute; a 503 tells nothing against its host.
+    assert state[c.hosts60s_key("a")][1] == [("h1.example", ANY), ("h2.example", ANY)]
+    assert state[c.error_hosts60s_key("a")][1] == [("h2.example", ANY)]
+    assert state[c.hosts60s_key("c")][1] == [("x", ANY)]
+    assert c.error_hosts60s_key("c") not in state
+    assert 0 < await redis.ttl(c.hosts60s_key("a")) <= c.SPREAD_KEYS_TTL_S
+    assert 0 < await reference.ttl(c.hosts60s_key("a")) <= c.SPREAD_KEYS_TTL_S
+
+
+async def test_a_source_s_set_of_hosts_keeps_its_newest_members_only(redis, reference):
+    stats = RedisStats(redis)
+    loop = asyncio.get_running_loop()
+    batch = [
+        QueuedOutcome(
+            "a", "500", False, stats._timestamp(), loop.create_future(), host=f"h{i}.example"
+        )
+        for i in range(c.SPREAD_HOSTS_KEPT + 300)
+    ]
+    await stats._flush(batch)
+    async with reference.pipeline(transaction=False) as pipe:
+        for command in flush_commands(batch):
+            pipe.execute_command(*command)
+        await pipe.execute()
+    assert await dump(redis) == await dump(reference)
+    kept = await redis.zrange(c.error_hosts60s_key("a"), 0, -1)
+    assert len(kept) == c.SPREAD_HOSTS_KEPT and kept[0] == "h300.example"
 
 
 async def test_a_flush_of_a_batch_over_lua_s_unpack_limit_is_the_same_too(redis, reference):

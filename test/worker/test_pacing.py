@@ -256,6 +256,8 @@ async def test_a_new_host_starts_slowly_and_climbs_on_clean_answers(redis, pacer
 async def test_a_failing_host_is_halted_then_given_up(redis, pacers):
     pacer = pacers()
     await redis.set(c.pace_rate_key(SOURCE), "50")
+    # A source of several hosts: its failing host is halted on its own.
+    await asyncio.wait_for(pacer.acquire(HostKey(SOURCE, "other.example.org")), 5)
     for _ in range(5):
         await asyncio.wait_for(pacer.acquire(KEY), 5)
         pacer.report(KEY, "500")
@@ -267,3 +269,15 @@ async def test_a_failing_host_is_halted_then_given_up(redis, pacers):
     # An hour of failures later (written by hand) its URLs end.
     await redis.hset(host, mapping={"gone": "1", "until": ""})
     assert await asyncio.wait_for(waiting, 40) == c.Status.HOST_UNAVAILABLE
+
+
+async def test_the_only_host_of_a_source_is_left_to_the_source_s_breakers(redis, pacers):
+    pacer = pacers()
+    await redis.set(c.pace_rate_key(SOURCE), "50")
+    for _ in range(8):
+        await asyncio.wait_for(pacer.acquire(KEY), 5)
+        pacer.report(KEY, "500")
+    # Its failures were never counted: no streak, no halt, and it is still served.
+    await asyncio.wait_for(pacer.acquire(KEY), 5)
+    fields = await redis.hgetall(c.pace_host_key(SOURCE, KEY.host))
+    assert fields and not fields.get("fails") and not fields.get("until")

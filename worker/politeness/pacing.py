@@ -53,6 +53,7 @@ import dataclasses
 import heapq
 import itertools
 import json
+import math
 from collections import Counter, deque
 from collections.abc import Awaitable
 from typing import Any, Final, Protocol
@@ -72,6 +73,7 @@ from image_crawler.logs import get_logger
 from image_crawler.lua import lua_script
 from image_crawler.retry import Backoff
 from worker.politeness.hosts import (
+    FAILED,
     FLAG_GONE,
     FLAG_HALTED,
     FLAG_OPERATOR,
@@ -79,6 +81,7 @@ from worker.politeness.hosts import (
     HostKey,
     HostReport,
     HostSettings,
+    answer_kind,
 )
 from worker.sinks.base import Outage
 
@@ -137,6 +140,9 @@ class PacingSettings:
     operator_poll_s: float = 5.0
     # Reports of hosts nobody asks about are sent on their own after at most this long.
     report_every_s: float = 1.0
+    # A source this worker saw no second host of for this long is a one-host source: its
+    # host's failures are left to the source's breakers (see ``RedisPacer.report``).
+    one_host_s: float = 600.0
 
 
 class RedisPacer:
@@ -181,20 +187,45 @@ class RedisPacer:
         # Answers seen since each host was last asked about, and since when some wait.
         self._reports: dict[HostKey, HostReport] = {}
         self._reports_since: float | None = None
+        # Per source: the host last asked for, and the loop time until which the source
+        # counts as having several hosts (another host was asked for before then).
+        self._hosts_of: dict[str, tuple[str, float]] = {}
         self._wake = asyncio.Event()
         self.asks = 0
 
     def acquire(self, key: HostKey) -> asyncio.Future[str | None]:
-        future: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        seen = self._hosts_of.get(key.source)
+        if seen is None or seen[0] != key.host:
+            several_until = -math.inf if seen is None else loop.time() + self._settings.one_host_s
+            self._hosts_of[key.source] = (key.host, several_until)
+        future: asyncio.Future[str | None] = loop.create_future()
         self._waiters.setdefault(key, deque()).append(future)
         self._schedule(key)
         return future
 
     def report(self, key: HostKey, status: str, *, signal: bool = False) -> None:
+        """Add an answer to what the host's next ask reports.
+
+        The failures of a source's only host are not reported: a host never halts its
+        source, and a source of one host keeps the source's breakers (its error window
+        and last 50 statuses, crawl_monitor.policy.breakers), which a host halted first
+        would keep from ever seeing enough failures to trip. Only this worker's view
+        counts ("only": no other host asked for in ``one_host_s``); a host of a source
+        with several hosts is halted by its own breaker.
+        """
+        if answer_kind(status) == FAILED and self._one_host(key):
+            return
         self._reports[key] = self._reports.get(key, NO_REPORT).add(status, signal=signal)
         if self._reports_since is None:
             self._reports_since = asyncio.get_running_loop().time()
             self._wake.set()
+
+    def _one_host(self, key: HostKey) -> bool:
+        seen = self._hosts_of.get(key.source)
+        if seen is None:
+            return True
+        return seen[0] == key.host and asyncio.get_running_loop().time() >= seen[1]
 
     async def pause(self, key: HostKey, delay_s: float) -> None:
         """Push ``key``'s next slot at least ``delay_s`` away, for every worker.
