@@ -245,6 +245,9 @@ class RobotsGuard:
         self._exempt_lock = asyncio.Lock()
         self.fetches = 0  # robots.txt requests this worker made
         self.tdmrep_fetches = 0  # and tdmrep.json requests
+        # (source, origin) of Crawl-delays noted as their file was fetched (before its
+        # tdmrep.json request), not to be noted again at the first URL's answer.
+        self._noted_at_fetch: set[tuple[str, str]] = set()
 
     async def verdict(self, source: str, url: str) -> str | None:
         """None when ``url`` may be requested; else the status it ends with
@@ -302,7 +305,11 @@ class RobotsGuard:
         if known.rules is None:
             return Robots.UNAVAILABLE, known
         if known.rules.crawl_delay_s and source not in known.delays_noted:
-            await self._note_crawl_delay(source, origin, known)
+            if (source, origin) in self._noted_at_fetch:
+                self._noted_at_fetch.discard((source, origin))
+                known.delays_noted.add(source)
+            else:
+                await self._note_crawl_delay(source, origin, known)
         return (Robots.ALLOWED if known.rules.allows(url) else Robots.DISALLOWED), known
 
     # --- the exempt set ------------------------------------------------------------------
@@ -402,7 +409,7 @@ class RobotsGuard:
             return None
         try:
             entry = await self._fetch(host_key, origin, robots_url, previous or entry)
-            if entry.available and await self._may_read_tdmrep(entry, origin):
+            if entry.available and await self._may_read_tdmrep(entry, origin, host_key):
                 entry = await self._with_tdmrep(entry, origin, lock, lock_ms)
             await self._redis.set(key, entry.to_json(), px=self._keep_ms(entry))
         finally:
@@ -506,9 +513,10 @@ class RobotsGuard:
         log.info("tdmrep_fetched", origin=origin, status=result.status, rules=rules)
         return dataclasses.replace(entry, tdmrep=text if rules else None)
 
-    async def _may_read_tdmrep(self, entry: RobotsEntry, origin: str) -> bool:
+    async def _may_read_tdmrep(self, entry: RobotsEntry, origin: str, key: HostKey) -> bool:
         """Whether the host's robots.txt allows us its tdmrep.json (RFC 9309 governs
-        every request we make, our own look-ups included). A long file is parsed
+        every request we make, our own look-ups included). Its Crawl-delay is noted
+        first, for ``key``: the tdmrep.json request keeps it too. A long file is parsed
         outside the event loop, as in ``_load``."""
         if entry.text is None:
             return True
@@ -517,6 +525,8 @@ class RobotsGuard:
             rules = await asyncio.to_thread(RobotsRules.parse, text, token)
         else:
             rules = RobotsRules.parse(text, token)
+        if rules.crawl_delay_s and await self._note_delay(key, origin, rules, entry.expires_at):
+            self._noted_at_fetch.add((key.source, origin))
         return rules.allows(str(URL(origin).with_path(TDMREP_PATH)))
 
     async def _unavailable(
@@ -561,27 +571,38 @@ class RobotsGuard:
 
     # --- Crawl-delay ---------------------------------------------------------------------
     async def _note_crawl_delay(self, source: str, origin: str, known: _Known) -> None:
-        assert known.rules is not None and known.rules.crawl_delay_s is not None
-        asked_s = known.rules.crawl_delay_s
+        assert known.rules is not None
+        key = self._key(source, origin)
+        if await self._note_delay(key, origin, known.rules, known.entry.expires_at):
+            known.delays_noted.add(source)
+
+    async def _note_delay(
+        self, key: HostKey, origin: str, rules: RobotsRules, expires_at: float
+    ) -> bool:
+        """Note the file's Crawl-delay (capped) for ``key``; False when Redis is away."""
+        assert rules.crawl_delay_s is not None
+        asked_s = rules.crawl_delay_s
         delay_s = min(asked_s, self._settings.max_crawl_delay_s)
         if delay_s < asked_s:
             log.warning(
                 "crawl_delay_capped",
-                source=source,
+                source=key.source,
                 origin=origin,
                 crawl_delay_s=asked_s,
                 cap_s=delay_s,
             )
         # A minute beyond the file's expiry: the file is fetched again by then, and the
         # delay noted again, so the delay never lapses in between.
-        keep_s = max(1.0, known.entry.expires_at - self._clock() + 60)
+        keep_s = max(1.0, expires_at - self._clock() + 60)
         try:
-            await self._pacer.note_crawl_delay(self._key(source, origin), delay_s, keep_s)
+            await self._pacer.note_crawl_delay(key, delay_s, keep_s)
         except RedisError as e:
-            log.warning("redis_unavailable", op="note_crawl_delay", source=source, error=repr(e))
-            return  # noted at a later URL
-        known.delays_noted.add(source)
-        log.info("crawl_delay", source=source, origin=origin, crawl_delay_s=delay_s)
+            log.warning(
+                "redis_unavailable", op="note_crawl_delay", source=key.source, error=repr(e)
+            )
+            return False  # noted at a later URL
+        log.info("crawl_delay", source=key.source, origin=origin, crawl_delay_s=delay_s)
+        return True
 
     def close(self) -> None:
         self._asking.clear()
