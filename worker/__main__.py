@@ -113,7 +113,7 @@ async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
             return
         store, destination = await _thumbnail_store(settings, stack)
         parts = _build_pipeline(settings, stack, redis, producer, store)
-        scheduler = _build_scheduler(settings, consumer, redis, parts.pipeline)
+        scheduler = _build_scheduler(settings, consumer, redis, parts)
         _export_gauges(settings, scheduler, parts.processor)
         _log_started(settings, destination)
         health.running()
@@ -213,9 +213,11 @@ def _build_pipeline(
 
 
 def _build_scheduler(
-    settings: WorkerSettings, consumer: AIOKafkaConsumer, redis: Redis, pipeline: Pipeline
+    settings: WorkerSettings, consumer: AIOKafkaConsumer, redis: Redis, parts: _Parts
 ) -> Scheduler:
-    """The scheduler feeding ``pipeline``; a message whose handling raised is dead-lettered."""
+    """The scheduler feeding the pipeline; a message whose handling raised is
+    dead-lettered, and URLs wait for their hosts by what the pacer last heard of them."""
+    pipeline = parts.pipeline
 
     async def dead_letter(source: str, raw: bytes | None, topic: str, error: BaseException) -> None:
         try:
@@ -235,7 +237,11 @@ def _build_scheduler(
             sources_poll_s=settings.sources_poll_s,
             commit_interval_s=settings.commit_interval_s,
             shutdown_grace_s=settings.shutdown_grace_s,
+            hosts=settings.waiting,
         ),
+        host_of=pipeline.host_key,
+        interval_of=parts.pacer.interval_of,
+        park=pipeline.park,
     )
 
 

@@ -59,3 +59,13 @@ DEPENDENCY_OUTAGES = Counter(
     "Outages of a dependency seen by this worker (each counted when it starts).",
     ["dependency"],
 )
+URLS_WAITING = Gauge(
+    "crawler_urls_waiting",
+    "URLs read and waiting in this worker for their host (no task slot held).",
+)
+URLS_PARKED = Counter(
+    "crawler_urls_parked",
+    "URLs appended again to the end of urls.{source} because their host could not take "
+    "them for long (its queue full, or waited PARK_AFTER_S), per source.",
+    ["source"],
+)

@@ -197,6 +197,22 @@ class Pipeline:
         self._metrics: dict[str, SourceMetrics] = {}
         self._outages: dict[str, Outage] = {}
 
+    def host_key(self, source: str, raw: bytes | None) -> HostKey | None:
+        """The politeness key of a message's URL, for the scheduler's queues; None for a
+        message that does not parse (``handle`` reports it)."""
+        try:
+            task = SourceTask.from_json(raw or b"")
+            return key_of(source, task.url, self._pacing_key)
+        except (MalformedMessage, ValueError):
+            return None
+
+    async def park(self, source: str, raw: bytes | None, topic: str) -> None:
+        """Append a message again to the end of its topic (the scheduler parks a URL whose
+        host cannot take it for long); returns once the broker has it."""
+        task = SourceTask.from_json(raw or b"")
+        log.debug("url_parked", source=source, identifier=task.uuid)
+        await self._publish(topic, raw or b"", task.uuid)
+
     async def handle(self, source: str, raw: bytes | None, topic: str) -> Ending:
         """Process one message of ``urls.{source}``; returns once it is finished."""
         try:
@@ -443,7 +459,9 @@ class Pipeline:
     async def _take_slot(self, key: HostKey, task: SourceTask) -> str | None:
         """Wait for the host's slot; None, or the status the URL ends with instead."""
         source = key.source
-        future = asyncio.ensure_future(self._pacer.acquire(key))
+        # Deferrable: a host that will not be served for long raises HostWaits, and the
+        # URL waits in the scheduler's queue of its host, not in a task slot.
+        future = asyncio.ensure_future(self._pacer.acquire(key, defer=True))
         waited_s = 0.0
         try:
             # ``wait``, not ``wait_for``: it leaves the slot's future alone at the timeout

@@ -30,8 +30,12 @@ from image_crawler.lifecycle import cancel_and_wait
 from image_crawler.logs import get_logger
 from image_crawler.retry import sleep_unless_stopped
 from worker.fair_share import fair_share, resume_threshold
+from worker.host_queues import HOLD, PARK, QUEUED, HostQueues, HostQueueSettings, Waiting
 from worker.lost_urls import LostUrls
+from worker.metrics import URLS_PARKED, URLS_WAITING
 from worker.offsets import OffsetTracker
+from worker.politeness.hosts import HostKey
+from worker.politeness.pacing import HostWaits
 from worker.settings import WorkerSettings
 
 log = get_logger(__name__)
@@ -40,6 +44,10 @@ log = get_logger(__name__)
 Handler = Callable[[str, bytes | None, str], Awaitable[object]]
 # Called when a handler raised: dead-letter the message so it is not lost silently.
 FailureHandler = Callable[[str, bytes | None, str, BaseException], Awaitable[None]]
+# A message's host (its politeness key); None: not known (it runs at once).
+HostOf = Callable[[str, bytes | None], HostKey | None]
+# Appends a message (source, value, topic) again to the end of its topic.
+Parker = Callable[[str, bytes | None, str], Awaitable[None]]
 
 
 # Polls of inbound_sources between full reads when its size does not change.
@@ -60,6 +68,13 @@ class SchedulerSettings:
     shutdown_grace_s: float = _DEFAULT.shutdown_grace_s
     # Partitions due to be resumed are resumed together at most this often.
     resume_every_s: float = 0.5
+    hosts: HostQueueSettings = dataclasses.field(default_factory=HostQueueSettings)
+    # A partition whose last this many URLs read were all parked at once (their hosts'
+    # queues full) is paused, for spin_pause_s doubled at each pause in a row up to
+    # spin_pause_max_s: reading on would append the same URLs again and again.
+    spin_parks: int = 100
+    spin_pause_s: float = 1.0
+    spin_pause_max_s: float = 30.0
 
 
 class Scheduler:
@@ -73,6 +88,10 @@ class Scheduler:
         on_failure: FailureHandler,
         settings: SchedulerSettings = SchedulerSettings(),
         lost_urls: LostUrls | None = None,
+        *,
+        host_of: HostOf | None = None,
+        interval_of: Callable[[HostKey], float | None] | None = None,
+        park: Parker | None = None,
     ) -> None:
         self._consumer = consumer
         self._redis = redis
@@ -109,6 +128,32 @@ class Scheduler:
         self._paused_for_share = -1
         self._listener = _Listener(self)
         self.finished = 0
+        self._init_waiting(host_of, interval_of, park)
+
+    def _init_waiting(
+        self,
+        host_of: HostOf | None,
+        interval_of: Callable[[HostKey], float | None] | None,
+        park: Parker | None,
+    ) -> None:
+        # URLs waiting for their host (worker.host_queues), when the messages' hosts are
+        # known; without ``host_of`` every URL runs at once.
+        self._host_of = host_of
+        self._park_fn = park
+        self._queues: HostQueues[TopicPartition] = HostQueues(
+            interval_of or (lambda key: None), self._settings.hosts
+        )
+        self._parking: set[asyncio.Task[None]] = set()
+        # Partitions given back for want of room to queue (source -> partitions), and
+        # those paused for parking all they read: until when, and their next pause.
+        self._held: dict[TopicPartition, str] = {}
+        self._spin_until: dict[TopicPartition, float] = {}
+        self._spin_next_s: dict[TopicPartition, float] = {}
+        self._parks_in_row: Counter[TopicPartition] = Counter()
+        self.parked = 0
+        # Set as the scheduler drains: nothing new starts (a cancelled URL's host would
+        # otherwise start its next one).
+        self._draining = False
 
     @property
     def sources(self) -> frozenset[str]:
@@ -116,6 +161,11 @@ class Scheduler:
 
     def unfinished(self, source: str) -> int:
         return self._unfinished[source]
+
+    @property
+    def waiting(self) -> int:
+        """URLs read and waiting for their host (``crawler_urls_waiting``)."""
+        return self._queues.waiting
 
     @property
     def in_flight(self) -> int:
@@ -159,15 +209,22 @@ class Scheduler:
             self._note_read(source, tp, records[0].offset)
             next_read = records[-1].offset + 1
             for record in records:
-                if self._unfinished[source] >= share:
-                    # Over this source's share: give the rest back to the queue.
-                    self._consumer.seek(tp, record.offset)
-                    self._consumer.pause(tp)
-                    self._paused.add(tp)
+                full = self._unfinished[source] >= share
+                # Over this source's share, or no room to queue: give the rest back.
+                if full or not self._start(source, tp, record.offset, record.value):
+                    self._give_back(tp, record.offset)
+                    if not full:
+                        self._held[tp] = source
                     next_read = record.offset
                     break
-                self._start(source, tp, record.offset, record.value)
             self._next_read[tp] = next_read
+            self._check_spin(tp)
+        self._tend_queues(share)
+
+    def _give_back(self, tp: TopicPartition, offset: int) -> None:
+        self._consumer.seek(tp, offset)
+        self._consumer.pause(tp)
+        self._paused.add(tp)
 
     def _note_read(self, source: str, tp: TopicPartition, first: int) -> None:
         """Remember the first record read since the assignment; have a jump past the
@@ -234,7 +291,8 @@ class Scheduler:
         self._to_resume.update(to_resume)
         now = asyncio.get_running_loop().time()
         if self._to_resume and now >= self._next_resume_at:
-            due = self._to_resume & self._paused
+            # Not a partition given back for want of room to queue, or spinning.
+            due = (self._to_resume & self._paused) - self._held.keys() - self._spin_until.keys()
             self._to_resume = set()
             self._next_resume_at = now + self._settings.resume_every_s
             if due:
@@ -257,32 +315,73 @@ class Scheduler:
         self._to_resume = set()
         return True
 
-    def _start(self, source: str, tp: TopicPartition, offset: int, value: bytes | None) -> None:
+    def _start(self, source: str, tp: TopicPartition, offset: int, value: bytes | None) -> bool:
+        """Start, queue or park a URL just read; False when there is no room to queue it
+        (it is to be given back, unread)."""
         tracker = self._trackers.setdefault(tp, OffsetTracker())
         if offset in tracker:
-            return
+            return True
+        key = None if self._host_of is None else self._host_of(source, value)
+        if key is None:
+            tracker.start(offset)
+            self._launch(source, tp, offset, value, None)
+            return True
+        now = asyncio.get_running_loop().time()
+        entry = Waiting(key, tp, offset, value, now)
+        verdict = self._queues.offer(entry, self.share(), now)
+        if verdict == HOLD:
+            return False
         tracker.start(offset)
+        if verdict == PARK:
+            self._parks_in_row[tp] += 1
+            self._park(entry)
+            return True
+        self._parks_in_row.pop(tp, None)
+        self._spin_next_s.pop(tp, None)
+        if verdict != QUEUED:
+            self._queues.started(key)
+            self._launch(source, tp, offset, value, key)
+        return True
+
+    def _launch(
+        self,
+        source: str,
+        tp: TopicPartition,
+        offset: int,
+        value: bytes | None,
+        key: HostKey | None,
+    ) -> None:
         in_flight = self._in_flight.setdefault(tp, set())
         if offset in in_flight:
             # Still running from before a rebalance gave this partition back to us.
+            if key is not None:
+                self._queues.ended(key, self.share(), asyncio.get_running_loop().time())
             return
         in_flight.add(offset)
         log.debug("task_started", source=source, partition=tp.partition, offset=offset)
         self._unfinished[source] += 1
         self._changed.add(source)
-        task = asyncio.create_task(self._run_one(source, tp, offset, value))
+        task = asyncio.create_task(self._run_one(source, tp, offset, value, key))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     async def _run_one(
-        self, source: str, tp: TopicPartition, offset: int, value: bytes | None
+        self,
+        source: str,
+        tp: TopicPartition,
+        offset: int,
+        value: bytes | None,
+        key: HostKey | None = None,
     ) -> None:
         finished = False
+        waits: HostWaits | None = None
         try:
             await self._handler(source, value, tp.topic)
             finished = True
         except asyncio.CancelledError:
             raise
+        except HostWaits as e:
+            waits = e  # back to its host's queue: not finished, not failed
         except Exception as e:
             log.exception(
                 "message_failed",
@@ -307,6 +406,92 @@ class Scheduler:
                 tracker = self._trackers.get(tp)
                 if tracker is not None:
                     tracker.finish(offset)
+            if key is not None:
+                self._host_done(source, tp, offset, value, key, waits)
+
+    def _host_done(
+        self,
+        source: str,
+        tp: TopicPartition,
+        offset: int,
+        value: bytes | None,
+        key: HostKey,
+        waits: HostWaits | None,
+    ) -> None:
+        """A URL of ``key`` ended, or must wait (``waits``): the host's next ones start."""
+        if self._draining:
+            return
+        now = asyncio.get_running_loop().time()
+        if waits is None:
+            ready = self._queues.ended(key, self.share(), now)
+        elif tp in self._trackers:
+            self._queues.defer(Waiting(key, tp, offset, value, now), waits.wait_s, now)
+            ready = []
+        else:  # revoked meanwhile: its next owner reads it again
+            ready = self._queues.ended(key, self.share(), now)
+        for entry in ready:
+            self._launch(source, entry.partition, entry.offset, entry.value, key)
+
+    # --- waiting for hosts ---------------------------------------------------------------
+    def _tend_queues(self, share: int) -> None:
+        """Start the URLs of hosts whose block ended, park those waiting too long, and
+        let held and spinning partitions be read again when their time has come."""
+        now = asyncio.get_running_loop().time()
+        queues = self._queues
+        for entry in queues.due(share, now):
+            source = entry.key.source
+            self._launch(source, entry.partition, entry.offset, entry.value, entry.key)
+        for entry in queues.stale(now):
+            self._park(entry)
+        URLS_WAITING.set(queues.waiting)
+        for tp, source in list(self._held.items()):
+            if queues.waiting_of(source) <= share // 2 and not queues.crowded():
+                del self._held[tp]
+                self._to_resume.add(tp)
+        for tp, until in list(self._spin_until.items()):
+            if now >= until:
+                del self._spin_until[tp]
+                self._to_resume.add(tp)
+
+    def _check_spin(self, tp: TopicPartition) -> None:
+        """Pause a partition whose last ``spin_parks`` URLs read were all parked."""
+        settings = self._settings
+        if self._parks_in_row[tp] < settings.spin_parks:
+            return
+        del self._parks_in_row[tp]
+        pause_s = self._spin_next_s.get(tp, settings.spin_pause_s)
+        self._spin_next_s[tp] = min(pause_s * 2, settings.spin_pause_max_s)
+        self._spin_until[tp] = asyncio.get_running_loop().time() + pause_s
+        if tp not in self._paused:
+            self._consumer.pause(tp)
+            self._paused.add(tp)
+        log.info("parking_paused", topic=tp.topic, partition=tp.partition, pause_s=pause_s)
+
+    def _park(self, entry: Waiting[TopicPartition]) -> None:
+        task = asyncio.create_task(self._park_one(entry))
+        self._parking.add(task)
+        task.add_done_callback(self._parking.discard)
+
+    async def _park_one(self, entry: Waiting[TopicPartition]) -> None:
+        """Append the URL again to its topic, then count it finished; if that cannot be
+        done, it runs instead (and waits in its task for its host)."""
+        tp, source = entry.partition, entry.key.source
+        try:
+            if self._park_fn is None:
+                raise RuntimeError("no way to park")
+            await self._park_fn(source, entry.value, tp.topic)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("park_failed", source=source, topic=tp.topic, offset=entry.offset)
+            self._queues.started(entry.key)
+            self._launch(source, tp, entry.offset, entry.value, entry.key)
+            return
+        self.parked += 1
+        URLS_PARKED.labels(source).inc()
+        tracker = self._trackers.get(tp)
+        if tracker is not None:
+            tracker.finish(entry.offset)
 
     async def _watch_sources(self, stop: asyncio.Event) -> None:
         """Follow ``inbound_sources``. The set is read in full only when its size changed,
@@ -403,6 +588,11 @@ class Scheduler:
                 self._committed.pop(tp, None)
                 self._first_read.pop(tp, None)
                 self._next_read.pop(tp, None)
+                self._held.pop(tp, None)
+                self._spin_until.pop(tp, None)
+                self._spin_next_s.pop(tp, None)
+                self._parks_in_row.pop(tp, None)
+            self._queues.forget(revoked)
         if revoked:  # aiokafka also calls this, with nothing, before the first assignment
             log.info("partitions_revoked", partitions=len(revoked), **_names(revoked))
 
@@ -421,8 +611,10 @@ class Scheduler:
         )
 
     async def _drain(self) -> None:
-        """Let in-flight work finish for the grace period, hand back the rest, commit."""
-        pending = set(self._tasks)
+        """Let in-flight work (and parking) finish for the grace period, hand back the
+        rest, commit. URLs waiting for their host are left uncommitted: read again."""
+        self._draining = True
+        pending = set(self._tasks) | self._parking
         if pending:
             log.info("draining", tasks=len(pending), grace_s=self._settings.shutdown_grace_s)
             _, pending = await asyncio.wait(pending, timeout=self._settings.shutdown_grace_s)

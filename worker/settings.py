@@ -26,6 +26,7 @@ from image_crawler.config import (
     env_str,
 )
 from worker.download.netguard import AddressPolicy, IPNetwork, parse_networks
+from worker.host_queues import HostQueueSettings
 from worker.politeness.hosts import PACING_KEYS, HostSettings
 from worker.politeness.robots_rules import DEFAULT_PRODUCT_TOKEN, PRODUCT_TOKEN, product_token
 
@@ -135,6 +136,8 @@ class WorkerSettings:
     robots: RobotsSettings = dataclasses.field(default_factory=RobotsSettings)
     # Politeness per host: PACING_KEY, MAX_HOST_RATE, HOST_GIVE_UP_S.
     hosts: HostSettings = dataclasses.field(default_factory=HostSettings)
+    # URLs waiting for their host (worker.host_queues): MAX_WAITING_URLS, PARK_AFTER_S.
+    waiting: HostQueueSettings = dataclasses.field(default_factory=HostQueueSettings)
     # Where /metrics and /healthz are served (METRICS_PORT unset: not at all).
     metrics: MetricsSettings = dataclasses.field(default_factory=MetricsSettings)
     # Task slots of this process, shared fairly among sources.
@@ -191,6 +194,7 @@ class WorkerSettings:
         settings = cls(
             robots=_robots(env, fetch, max_retry_after_s),
             hosts=_hosts(env),
+            waiting=_waiting(env),
             kafka=KafkaSettings.from_env(env),
             redis=RedisSettings.from_env(env),
             s3=S3Settings.from_env(env),
@@ -272,6 +276,15 @@ def _hosts(env: Mapping[str, str]) -> HostSettings:
         pacing_key=pacing_key,
         max_host_rps=None if max_host_rps == math.inf else max_host_rps,
         give_up_s=_positive_seconds(env, "HOST_GIVE_UP_S", default.give_up_s),
+    )
+
+
+def _waiting(env: Mapping[str, str]) -> HostQueueSettings:
+    default = HostQueueSettings()
+    return dataclasses.replace(
+        default,
+        max_waiting=env_int(env, "MAX_WAITING_URLS", default.max_waiting, minimum=1),
+        park_after_s=_positive_seconds(env, "PARK_AFTER_S", default.park_after_s),
     )
 
 

@@ -13,17 +13,20 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from image_crawler.contract import Status
 from worker.download.fetch import FetchResult
 from worker.politeness.hosts import HostKey
+from worker.politeness.pacing import HostWaits
 from worker.sinks.base import DependencyError
 
 
 class FakePacer:
     """Grants slots of the sources in ``granted``; others wait forever. Records the
     sources of its slots and pauses, and every report; the hosts in ``gone`` answer
-    ``HostUnavailable``."""
+    ``HostUnavailable``, those in ``halted`` raise ``HostWaits`` for a deferrable one."""
 
     def __init__(self, granted: set[str] | None = None) -> None:
         self.granted = granted
         self.gone: set[str] = set()
+        # Hosts whose deferrable requests raise HostWaits, with the wait.
+        self.halted: dict[str, float] = {}
         self.taken: list[str] = []
         self.keys: list[HostKey] = []
         self.waiting: list[asyncio.Future[str | None]] = []
@@ -42,9 +45,14 @@ class FakePacer:
     def report(self, key: HostKey, status: str, *, signal: bool = False) -> None:
         self.reports.append((key, status, signal))
 
-    def acquire(self, key: HostKey) -> asyncio.Future[str | None]:
+    def interval_of(self, key: HostKey) -> float | None:
+        return None
+
+    def acquire(self, key: HostKey, *, defer: bool = False) -> asyncio.Future[str | None]:
         future: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
-        if key.host in self.gone:
+        if defer and key.host in self.halted:
+            future.set_exception(HostWaits(key, self.halted[key.host]))
+        elif key.host in self.gone:
             future.set_result(Status.HOST_UNAVAILABLE)
         elif self.granted is None or key.source in self.granted:
             self.taken.append(key.source)

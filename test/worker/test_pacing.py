@@ -19,7 +19,7 @@ from test.harness.fakes import FlakyRedis
 from test.harness.services import wait_for
 from test.harness.windows import max_in_window
 from worker.politeness.hosts import HostKey, HostSettings
-from worker.politeness.pacing import PacingSettings, RedisPacer
+from worker.politeness.pacing import HostWaits, PacingSettings, RedisPacer
 
 SOURCE = "example"
 KEY = HostKey(SOURCE, "images.example.org")
@@ -281,3 +281,25 @@ async def test_the_only_host_of_a_source_is_left_to_the_source_s_breakers(redis,
     await asyncio.wait_for(pacer.acquire(KEY), 5)
     fields = await redis.hgetall(c.pace_host_key(SOURCE, KEY.host))
     assert fields and not fields.get("fails") and not fields.get("until")
+
+
+async def test_a_deferrable_request_of_a_blocked_host_raises_host_waits(redis, pacers):
+    pacer = pacers()
+    await redis.set(c.pace_rate_key(SOURCE), "50")
+    halted, paused = HostKey(SOURCE, "halted.org"), HostKey(SOURCE, "paused.org")
+    await redis.hset(c.pace_host_key(SOURCE, halted.host), "halt", "by an operator")
+    with pytest.raises(HostWaits) as waits:
+        await asyncio.wait_for(pacer.acquire(halted, defer=True), 5)
+    assert waits.value.key == halted and waits.value.wait_s > 0
+    # One that cannot be deferred (a robots.txt fetch) waits on.
+    waiting = pacer.acquire(halted)
+    # A Retry-After further away than defer_after_s: the same.
+    await asyncio.wait_for(pacer.acquire(paused), 5)
+    await pacer.pause(paused, 60.0)
+    with pytest.raises(HostWaits) as waits:
+        await asyncio.wait_for(pacer.acquire(paused, defer=True), 5)
+    assert 50 < waits.value.wait_s <= 60
+    assert not waiting.done()
+    # Its interval, as answered, is known to the scheduler.
+    assert pacer.interval_of(paused) is not None and pacer.interval_of(HostKey("x", "y")) is None
+    waiting.cancel()

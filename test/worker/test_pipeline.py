@@ -24,6 +24,7 @@ from worker.pipeline import (
     RetryPolicy,
 )
 from worker.politeness.hosts import HostKey
+from worker.politeness.pacing import HostWaits
 from worker.politeness.signals import NO_SIGNALS, Signals
 
 TOPIC = "urls.example"
@@ -499,6 +500,26 @@ async def test_a_url_of_a_host_given_up_ends_without_a_request():
     assert ending == Ending(c.Status.HOST_UNAVAILABLE, DEAD_LETTERED, attempts=1)
     assert p["fetcher"].requests == []
     assert p["sink"].messages[c.CRAWL_ERRORS_TOPIC][0]["status"] == "HostUnavailable"
+
+
+async def test_a_url_of_a_blocked_host_goes_back_to_the_scheduler_without_a_request():
+    pipeline, p = make({"http://origin.test/a.jpg": FetchResult("200")})
+    p["pacer"].halted["origin.test"] = 30.0
+    with pytest.raises(HostWaits) as waits:
+        await pipeline.handle("example", task(), TOPIC)
+    assert waits.value.key == HostKey("example", "origin.test") and waits.value.wait_s == 30
+    assert p["fetcher"].requests == [] and p["stats"].outcomes == []
+    assert p["sink"].messages == {}
+
+
+async def test_the_scheduler_knows_a_message_s_host_and_parks_it_on_its_topic():
+    pipeline, p = make({})
+    raw = task(url="http://Images.Origin.test:8080/a.jpg")
+    assert pipeline.host_key("example", raw) == HostKey("example", "images.origin.test")
+    assert pipeline.host_key("example", b"{not json") is None
+    await pipeline.park("example", raw, TOPIC)
+    assert p["sink"].messages[TOPIC] == [json.loads(raw)]
+    assert p["sink"].keys[TOPIC] == [json.loads(raw)["uuid"].encode()]
 
 
 async def test_each_answer_is_reported_to_its_host_and_a_retry_after_pauses_the_host():

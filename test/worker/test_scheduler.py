@@ -19,6 +19,9 @@ from prometheus_client import REGISTRY
 from structlog.testing import capture_logs
 
 from image_crawler.contract import INBOUND_SOURCES_SET, source_of_topic, urls_lost_key
+from worker.host_queues import HostQueueSettings
+from worker.politeness.hosts import HostKey
+from worker.politeness.pacing import HostWaits
 from worker.scheduler import Scheduler, SchedulerSettings
 
 
@@ -620,3 +623,155 @@ async def test_nothing_is_lost_without_a_commit_or_above_the_log_start(fake_redi
         stop.set()
         await task
     assert [e for e in logs if e["event"] == "urls_lost"] == []
+
+
+# --- URLs waiting for their host (worker.host_queues) -----------------------------------
+
+
+class HostHandler:
+    """URLs of ``hosts``: each value names its host. A host in ``held`` keeps its URLs
+    running until ``release``; one in ``halted`` raises HostWaits (its URL goes back to
+    its host's queue). Records the peak of running URLs per host."""
+
+    def __init__(self, host_of):
+        self.host_of = host_of
+        self.running: Counter[str] = Counter()
+        self.peak: Counter[str] = Counter()
+        self.done: list[bytes] = []
+        self.held: set[str] = set()
+        self.halted: dict[str, float] = {}
+        self.release = asyncio.Event()
+
+    async def __call__(self, source, value, topic):
+        host = self.host_of(source, value).host
+        if host in self.halted:
+            raise HostWaits(self.host_of(source, value), self.halted[host])
+        self.running[host] += 1
+        self.peak[host] = max(self.peak[host], self.running[host])
+        try:
+            if host in self.held:
+                await self.release.wait()
+            else:
+                await asyncio.sleep(0.001)
+            self.done.append(value)
+        finally:
+            self.running[host] -= 1
+
+    async def on_failure(self, source, value, topic, error):
+        raise AssertionError(f"{value!r} failed: {error!r}")
+
+
+def hosted(consumer, hosts_of_offsets, intervals, *, share=8, **hosts_settings):
+    """A scheduler over ``consumer`` whose URLs' hosts are ``hosts_of_offsets(i)``;
+    parking appends the value to its partition's log, as a producer would."""
+    by_value = {}
+
+    def host_of(source, value):
+        if value not in by_value:
+            by_value[value] = HostKey(source, hosts_of_offsets(int(value.split(b":")[-1])))
+        return by_value[value]
+
+    parked = []
+
+    async def park(source, value, topic):
+        parked.append(value)
+        [partition] = [p for p in consumer.log if p.topic == topic]
+        consumer.log[partition].append(value)
+
+    handler = HostHandler(host_of)
+    settings = SchedulerSettings(
+        max_tasks=share * 4,
+        sources_poll_s=0.01,
+        commit_interval_s=0.01,
+        poll_timeout_s=0.005,
+        shutdown_grace_s=0.5,
+        resume_every_s=0.0,
+        hosts=HostQueueSettings(**hosts_settings),
+        spin_parks=10,
+        spin_pause_s=0.2,
+        spin_pause_max_s=0.2,
+    )
+    return handler, parked, settings, dict(host_of=host_of, interval_of=intervals.get, park=park)
+
+
+async def run_hosted(fake_redis, consumer, handler, settings, hooks):
+    await fake_redis.sadd(INBOUND_SOURCES_SET, *{source_of_topic(p.topic) for p in consumer.log})
+    scheduler = Scheduler(consumer, fake_redis, handler, handler.on_failure, settings, **hooks)
+    stop = asyncio.Event()
+    return scheduler, stop, asyncio.create_task(scheduler.run(stop))
+
+
+async def test_a_slow_host_with_nine_tenths_of_a_source_holds_back_none_of_the_others(
+    fake_redis,
+):
+    # 200 URLs; every tenth on a host of its own, the rest on one host at 0.1/s whose
+    # requests never end (held): share 8.
+    consumer = FakeConsumer({tp("hq_slow"): 200})
+    handler, parked, settings, hooks = hosted(
+        consumer, lambda i: f"h{i}.org" if i % 10 == 0 else "slow.org", {"slow": 10.0}
+    )
+    hooks["interval_of"] = lambda key: 10.0 if key.host == "slow.org" else None
+    handler.held = {"slow.org"}
+    scheduler, stop, task = await run_hosted(fake_redis, consumer, handler, settings, hooks)
+    others = {f"urls.hq_slow:{i}".encode() for i in range(0, 200, 10)}
+    await wait(lambda: others <= set(handler.done))
+    # The slow host ran one URL at a time and kept 30 s of its requests (3) waiting,
+    # without a slot; the rest were appended again to the topic, not lost.
+    assert handler.peak["slow.org"] == 1
+    assert scheduler.in_flight <= 1 and scheduler.waiting <= 3
+    assert len(parked) >= 180 - 1 - 3
+    stop.set()
+    await task
+
+
+async def test_urls_of_a_halted_host_wait_without_a_slot_then_are_parked_to_commit(fake_redis):
+    # The first 50 URLs on a halted host, the last on a busy one that holds.
+    consumer = FakeConsumer({tp("hq_halt"): 51})
+    handler, parked, settings, hooks = hosted(
+        consumer,
+        lambda i: "busy.org" if i == 50 else "halted.org",
+        {},
+        park_after_s=0.1,
+    )
+    handler.halted = {"halted.org": 60.0}
+    handler.held = {"busy.org"}
+    scheduler, stop, task = await run_hosted(fake_redis, consumer, handler, settings, hooks)
+    # Every halted URL gave its slot back and, waiting too long while another host of
+    # its source had work, was appended again: the partition commits past all of them.
+    await wait(lambda: consumer.commits.get(tp("hq_halt")) == 50)
+    originals = [f"urls.hq_halt:{i}".encode() for i in range(50)]
+    assert set(originals) <= set(parked)
+    assert scheduler.in_flight == 1  # the busy host's URL
+    stop.set()
+    await task
+
+
+async def test_a_host_whose_wait_is_over_runs_its_urls_again_oldest_first(fake_redis):
+    consumer = FakeConsumer({tp("hq_wait"): 5})
+    handler, parked, settings, hooks = hosted(consumer, lambda i: "h.org", {})
+    handler.halted = {"h.org": 0.3}
+    scheduler, stop, task = await run_hosted(fake_redis, consumer, handler, settings, hooks)
+    await wait(lambda: scheduler.waiting == 5)
+    assert scheduler.in_flight == 0
+    del handler.halted["h.org"]
+    await wait(lambda: consumer.commits.get(tp("hq_wait")) == 5)
+    assert handler.done == [f"urls.hq_wait:{i}".encode() for i in range(5)]
+    assert parked == []  # its source's only host: kept, not parked
+    stop.set()
+    await task
+
+
+async def test_a_partition_that_parks_all_it_reads_is_paused(fake_redis):
+    # One host at 0.1/s, its only URL running held: everything else read is parked, and
+    # reading pauses after spin_parks (10) in a row rather than append them all again.
+    consumer = FakeConsumer({tp("hq_spin"): 400})
+    handler, parked, settings, hooks = hosted(consumer, lambda i: "slow.org", {})
+    hooks["interval_of"] = lambda key: 10.0
+    handler.held = {"slow.org"}
+    with capture_logs() as logs:
+        _scheduler, stop, task = await run_hosted(fake_redis, consumer, handler, settings, hooks)
+        await wait(lambda: any(e["event"] == "parking_paused" for e in logs))
+        stop.set()
+        await task
+    # At most a read's worth (the share's free slots) past the pause's threshold.
+    assert len(parked) < 10 + 32

@@ -94,6 +94,9 @@ _NOTE_SCRIPT: Final = lua_script("worker.politeness", "host_note.lua")
 
 DEFAULT_HOSTS: Final = HostSettings()
 
+# Hosts whose interval is remembered (about 100 bytes each).
+INTERVALS_KEPT: Final = 100_000
+
 # Slots this late or less are always started (see the module's docstring).
 MIN_LATENESS_S: Final = 0.002
 
@@ -103,11 +106,27 @@ REDIS_RETRY_BASE_S: Final = 0.1
 REDIS_RETRY_CAP_S: Final = 5.0
 
 
+class HostWaits(Exception):
+    """A request's host will not be served for ``wait_s`` (halted by its breaker or an
+    operator, or its next slot is further than ``PacingSettings.defer_after_s``): its URL
+    gives its task slot back and waits in its host's queue (worker.host_queues)."""
+
+    def __init__(self, key: HostKey, wait_s: float) -> None:
+        super().__init__(f"{key.source}:{key.host} waits {wait_s:.1f} s")
+        self.key = key
+        self.wait_s = wait_s
+
+
 class Pacer(Protocol):
-    def acquire(self, key: HostKey) -> Awaitable[str | None]:
+    def acquire(self, key: HostKey, *, defer: bool = False) -> Awaitable[str | None]:
         """Resolves when a request to ``key``'s host may start (None), or with the status
-        its URL ends with instead (``HostUnavailable``: the host was given up).
+        its URL ends with instead (``HostUnavailable``: the host was given up). With
+        ``defer``, raises ``HostWaits`` instead of waiting long for a blocked host.
         Cancelling it gives the slot to the host's next waiting request, if any."""
+        ...
+
+    def interval_of(self, key: HostKey) -> float | None:
+        """The host's interval between requests as last answered (None: not known)."""
         ...
 
     def report(self, key: HostKey, status: str, *, signal: bool = False) -> None:
@@ -140,6 +159,9 @@ class PacingSettings:
     operator_poll_s: float = 5.0
     # Reports of hosts nobody asks about are sent on their own after at most this long.
     report_every_s: float = 1.0
+    # A request asked with ``defer`` whose host's next slot is further than this raises
+    # HostWaits rather than wait.
+    defer_after_s: float = 10.0
     # A source this worker saw no second host of for this long is a one-host source: its
     # host's failures are left to the source's breakers (see ``RedisPacer.report``).
     one_host_s: float = 600.0
@@ -187,22 +209,38 @@ class RedisPacer:
         # Answers seen since each host was last asked about, and since when some wait.
         self._reports: dict[HostKey, HostReport] = {}
         self._reports_since: float | None = None
+        # Requests that raise HostWaits rather than wait long, and each host's interval as
+        # last answered.
+        self._deferrable: set[asyncio.Future[str | None]] = set()
+        self._intervals: dict[HostKey, float] = {}
         # Per source: the host last asked for, and the loop time until which the source
         # counts as having several hosts (another host was asked for before then).
         self._hosts_of: dict[str, tuple[str, float]] = {}
         self._wake = asyncio.Event()
         self.asks = 0
 
-    def acquire(self, key: HostKey) -> asyncio.Future[str | None]:
+    def acquire(self, key: HostKey, *, defer: bool = False) -> asyncio.Future[str | None]:
         loop = asyncio.get_running_loop()
         seen = self._hosts_of.get(key.source)
         if seen is None or seen[0] != key.host:
             several_until = -math.inf if seen is None else loop.time() + self._settings.one_host_s
             self._hosts_of[key.source] = (key.host, several_until)
         future: asyncio.Future[str | None] = loop.create_future()
+        if defer:
+            # A host known to be blocked for long (halted, a long Retry-After) is not
+            # asked about before then: its request need not wait to learn it.
+            wait_s = self._next_ask.get(key, 0.0) - loop.time()
+            if wait_s > self._settings.defer_after_s:
+                future.set_exception(HostWaits(key, wait_s))
+                return future
+            self._deferrable.add(future)
+            future.add_done_callback(self._deferrable.discard)
         self._waiters.setdefault(key, deque()).append(future)
         self._schedule(key)
         return future
+
+    def interval_of(self, key: HostKey) -> float | None:
+        return self._intervals.get(key)
 
     def report(self, key: HostKey, status: str, *, signal: bool = False) -> None:
         """Add an answer to what the host's next ask reports.
@@ -421,11 +459,14 @@ class RedisPacer:
             return
         if flag == FLAG_HALTED:
             wait_s = min(max(float(next_s), 0.0), settings.halt_poll_s)
+            self._defer(key, wait_s, keep=0)
             self._asked(key, redis_now + wait_s)
             return
         if flag == FLAG_OPERATOR:
+            self._defer(key, settings.operator_poll_s, keep=0)
             self._asked(key, redis_now + settings.operator_poll_s)
             return
+        self._note_interval(key, float(interval_s))
         loop = asyncio.get_running_loop()
         now = loop.time()
         for offset in slots if isinstance(slots, list) else ():
@@ -438,7 +479,37 @@ class RedisPacer:
             else:
                 self._promised[key] += 1
                 loop.call_at(slot, self._grant, key, slot, interval_s)
+        if float(next_s) > settings.defer_after_s:
+            self._defer(key, float(next_s), keep=self._promised[key])
         self._asked(key, redis_now + min(max(float(next_s), 0.0), settings.max_wait_s))
+
+    def _note_interval(self, key: HostKey, interval_s: float) -> None:
+        """Remember ``key``'s interval, the most recently answered ``INTERVALS_KEPT``
+        hosts' (a host between two requests is idle here, and its scheduler still needs
+        it)."""
+        intervals = self._intervals
+        intervals.pop(key, None)
+        intervals[key] = interval_s
+        if len(intervals) > INTERVALS_KEPT:
+            for old in list(itertools.islice(intervals, len(intervals) - INTERVALS_KEPT // 2)):
+                del intervals[old]
+
+    def _defer(self, key: HostKey, wait_s: float, *, keep: int) -> None:
+        """Raise ``HostWaits`` in the deferrable requests of ``key`` but the ``keep``
+        oldest live ones (the slots promised to them)."""
+        waiters = self._waiters.get(key)
+        if not waiters or not self._deferrable:
+            return
+        kept: deque[asyncio.Future[str | None]] = deque()
+        for future in waiters:
+            if future.done():
+                continue
+            if keep > 0 or future not in self._deferrable:
+                keep -= 1
+                kept.append(future)
+            else:
+                future.set_exception(HostWaits(key, wait_s))
+        self._waiters[key] = kept
 
     def _asked(self, key: HostKey, next_ask: float) -> None:
         """``key`` was asked about: not again before loop time ``next_ask``; scheduled
