@@ -23,7 +23,18 @@ matches (weak comparison: ``W/"..."``, a list, ``*``) answers 304. When a reques
 both headers, nginx answers 304 only when *both* hold (RFC 9110 would let If-None-Match
 decide alone): a matching ETag with an If-Modified-Since other than the Last-Modified
 gets 200. A date that does not parse is ignored. ``server_config`` adds directives to the
-server block (``location = /gone.jpg { return 410; }``).
+server block (``location = /gone.jpg { return 410; }``), ``http_config`` to the http block
+(``limit_req_zone ...``).
+
+Several hosts: ``also`` adds server blocks (``VirtualServer``) on other loopback addresses
+(Linux answers on all of 127.0.0.0/8), on the same port, serving the same folder, each with
+its own directives; ``url(path, host=...)`` names one. A host per address, not per server
+name: nothing in /etc/hosts is needed. A per-host limiter, for instance::
+
+    http_config = "limit_req_zone $host zone=slow:1m rate=5r/s; limit_req_status 503;"
+    with Nginx(folder, host="127.0.0.2", server_config="limit_req zone=slow burst=5 nodelay;",
+               also=[VirtualServer("127.0.0.3")]) as nginx:   # 127.0.0.3 is not limited
+        ...
 
 One process (``master_process off``) in the foreground (``daemon off``): nothing to reap
 but the child, and no worker process dropping to ``nobody``, which could not read a
@@ -32,7 +43,8 @@ access log and temporary folders are all in ``work_dir``; its output goes to
 ``work_dir/nginx.log``. ``start()`` returns once it answers a request (a location kept
 out of the access log), on a new port when the one picked was taken meanwhile;
 ``stop()`` is SIGQUIT (nginx's graceful shutdown), then SIGKILL after a deadline.
-The access log is one JSON object per request (``requests()``): what a test asserts on.
+The access log is one JSON object per request (``requests()``): what a test asserts on,
+with the host asked for, when nginx logged it and what its limiter did.
 """
 
 from __future__ import annotations
@@ -48,6 +60,7 @@ import socket
 import tempfile
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Self
 
@@ -61,11 +74,14 @@ LOOPBACK = "127.0.0.1"
 READY_PATH = "/.nginx-harness-ready"
 START_ATTEMPTS = 3  # a port taken between picking it and nginx binding it: try another
 
-# One JSON object a line; nginx writes an unset variable as "".
+# One JSON object a line; nginx writes an unset variable as "". ``$msec``: the Unix time
+# (ms resolution) of the log write, once the answer is sent; ``$limit_req_status``: what
+# a limit_req did (PASSED, REJECTED, ...; "" where none applies).
 _LOG_FORMAT = (
     '{"method":"$request_method","path":"$request_uri","status":$status,'
     '"body_bytes":$body_bytes_sent,"bytes_sent":$bytes_sent,"etag":"$sent_http_etag",'
-    '"if_none_match":"$http_if_none_match","if_modified_since":"$http_if_modified_since"}'
+    '"if_none_match":"$http_if_none_match","if_modified_since":"$http_if_modified_since",'
+    '"host":"$host","time_s":$msec,"limit_req":"$limit_req_status"}'
 )
 # The types of the formats the crawler thumbnails, and a few others; the rest are
 # application/octet-stream.
@@ -115,8 +131,11 @@ def _find() -> str | None:
 @dataclasses.dataclass(frozen=True, slots=True)
 class AccessLogEntry:
     """One request as nginx logged it: ``path`` with its query, ``body_bytes`` the body
-    sent (0 for a 304), ``bytes_sent`` with the headers; the other fields are None when
-    the request carried no such header (or the answer no ETag)."""
+    sent (0 for a 304), ``bytes_sent`` with the headers; the header fields are None when
+    the request carried no such header (or the answer no ETag). ``host``: the host asked
+    for, lower-cased, without its port (nginx's ``$host``); ``time_s``: when the answer
+    was sent (Unix s, ms resolution); ``limit_req``: what a ``limit_req`` decided
+    (``PASSED``, ``REJECTED``, ...), None where none applies."""
 
     method: str
     path: str
@@ -126,10 +145,14 @@ class AccessLogEntry:
     etag: str | None
     if_none_match: str | None
     if_modified_since: str | None
+    host: str | None = None
+    time_s: float | None = None
+    limit_req: str | None = None
 
     @classmethod
     def from_line(cls, line: str) -> AccessLogEntry:
         obj = json.loads(line)
+        time_s = obj.get("time_s")
         return cls(
             method=obj["method"],
             path=obj["path"],
@@ -139,7 +162,29 @@ class AccessLogEntry:
             etag=obj["etag"] or None,
             if_none_match=obj["if_none_match"] or None,
             if_modified_since=obj["if_modified_since"] or None,
+            host=obj.get("host") or None,
+            time_s=None if time_s is None else float(time_s),
+            limit_req=obj.get("limit_req") or None,
         )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class VirtualServer:
+    """One more server block of an ``Nginx``: on ``host`` (another IPv4 loopback
+    address), on the same port and serving the same folder, with ``config`` added to its
+    block."""
+
+    host: str
+    config: str = ""
+
+    def __post_init__(self) -> None:
+        _check_loopback(self.host)
+
+
+def _check_loopback(host: str) -> None:
+    address = ipaddress.ip_address(host)
+    if address.version != 4 or not address.is_loopback:
+        raise ValueError(f"nginx is served on an IPv4 loopback address (127.x), not {host!r}")
 
 
 def _quoted(path: Path) -> str:
@@ -158,8 +203,11 @@ def render_config(
     work_dir: Path,
     if_modified_since: str = "exact",
     server_config: str = "",
+    http_config: str = "",
+    also: Sequence[VirtualServer] = (),
 ) -> str:
-    """nginx.conf serving ``root`` on ``host:port``, every file it writes in ``work_dir``."""
+    """nginx.conf serving ``root`` on ``host:port`` (and on each of ``also``'s hosts, same
+    port), every file it writes in ``work_dir``."""
     if if_modified_since not in ("exact", "before", "off"):
         raise ValueError(f"if_modified_since is exact, before or off, not {if_modified_since!r}")
     work = work_dir.resolve()
@@ -168,6 +216,8 @@ def render_config(
         f"    {kind}_temp_path {_quoted(work / 'temp' / kind)};"
         for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
     )
+    blocks = [(host, server_config), *((s.host, s.config) for s in also)]
+    servers = "\n".join(_server_block(root, h, port, config) for h, config in blocks)
     return f"""\
 daemon off;
 master_process off;
@@ -191,7 +241,14 @@ http {{
     etag on;
     if_modified_since {if_modified_since};
     open_file_cache off;
+{http_config}
+{servers}
+}}
+"""
 
+
+def _server_block(root: Path, host: str, port: int, config: str) -> str:
+    return f"""\
     server {{
         listen {host}:{port};
         server_name _;
@@ -201,9 +258,8 @@ http {{
             access_log off;
             return 204;
         }}
-{server_config}
+{config}
     }}
-}}
 """
 
 
@@ -228,7 +284,8 @@ class _PortTaken(ServiceError):
 
 class Nginx(Child):
     """nginx serving ``root`` on ``host`` (an IPv4 loopback address) and ``port`` (a free
-    one when not given); see the module's docstring."""
+    one when not given), and on each of ``also``'s hosts on the same port; see the
+    module's docstring."""
 
     name = "nginx"
     start_timeout_s = 10.0
@@ -243,34 +300,58 @@ class Nginx(Child):
         work_dir: Path | None = None,
         if_modified_since: str = "exact",
         server_config: str = "",
+        http_config: str = "",
+        also: Sequence[VirtualServer] = (),
         binary: str | None = None,
     ) -> None:
-        address = ipaddress.ip_address(host)
-        if address.version != 4 or not address.is_loopback:
-            raise ValueError(f"nginx is served on an IPv4 loopback address (127.x), not {host!r}")
+        _check_loopback(host)
+        hosts = [host, *(s.host for s in also)]
+        if len(set(hosts)) != len(hosts):
+            raise ValueError(f"each server of an nginx needs a host of its own: {hosts}")
         self.root = Path(root)
         self.host = host
+        self.also = tuple(also)
         self._fixed_port = port is not None
-        self.port = port if port is not None else _free_port(host)
+        self.port = port if port is not None else self._pick_port()
         self.work_dir = (
             Path(work_dir) if work_dir is not None else Path(tempfile.mkdtemp(prefix="nginx-"))
         )
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.if_modified_since = if_modified_since
         self.server_config = server_config
+        self.http_config = http_config
         self.binary = binary
         super().__init__(self.work_dir / "nginx.log")
 
     # --- where -----------------------------------------------------------------------------
     @property
+    def hosts(self) -> tuple[str, ...]:
+        """Every address it serves on: ``host``, then ``also``'s."""
+        return (self.host, *(s.host for s in self.also))
+
+    @property
     def base_url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    def url(self, path: str) -> str:
-        """``base_url`` + ``path`` (which starts with ``/``)."""
+    def url(self, path: str, host: str | None = None) -> str:
+        """``path`` (which starts with ``/``) on ``host`` (one of ``hosts``; ``host`` when
+        not given)."""
         if not path.startswith("/"):
             raise ValueError(f"path must start with '/': {path!r}")
-        return f"{self.base_url}{path}"
+        if host is None:
+            return f"{self.base_url}{path}"
+        if host not in self.hosts:
+            raise ValueError(f"nginx does not serve on {host!r}, only on {self.hosts}")
+        return f"http://{host}:{self.port}{path}"
+
+    def _pick_port(self) -> int:
+        # One port for every host: free on the first, and on the others too if possible
+        # (if not, start() finds it taken and picks another).
+        for _ in range(START_ATTEMPTS):
+            port = _free_port(self.host)
+            if all(_port_free(h, port) for h in self.hosts[1:]):
+                return port
+        return port
 
     @property
     def config_path(self) -> Path:
@@ -301,13 +382,14 @@ class Nginx(Child):
             except _PortTaken:
                 if attempt == attempts - 1:
                     raise
-                self.port = _free_port(self.host)
+                self.port = self._pick_port()
         raise AssertionError("unreachable")
 
     def _start_once(self, binary: str) -> None:
-        if not _port_free(self.host, self.port):
-            # nginx itself would try to bind for 2.5 s before giving up.
-            raise _PortTaken(f"{self.host}:{self.port} is taken; cannot start nginx")
+        for host in self.hosts:
+            if not _port_free(host, self.port):
+                # nginx itself would try to bind for 2.5 s before giving up.
+                raise _PortTaken(f"{host}:{self.port} is taken; cannot start nginx")
         (self.work_dir / "temp").mkdir(exist_ok=True)
         self.config_path.write_text(
             render_config(
@@ -317,6 +399,8 @@ class Nginx(Child):
                 work_dir=self.work_dir,
                 if_modified_since=self.if_modified_since,
                 server_config=self.server_config,
+                http_config=self.http_config,
+                also=self.also,
             )
         )
         command = [
@@ -352,8 +436,11 @@ class Nginx(Child):
             raise
 
     def _answers(self) -> bool:
+        return all(self._answers_on(host) for host in self.hosts)
+
+    def _answers_on(self, host: str) -> bool:
         try:
-            with urllib.request.urlopen(self.url(READY_PATH), timeout=0.5) as response:
+            with urllib.request.urlopen(self.url(READY_PATH, host), timeout=0.5) as response:
                 return int(response.status) == 204
         except (urllib.error.URLError, OSError):
             return False
@@ -376,11 +463,12 @@ class Nginx(Child):
 
     def __repr__(self) -> str:
         state = "running" if self.running else "stopped"
-        return f"<Nginx {self.base_url} root={self.root} {state} work_dir={self.work_dir}>"
+        also = "".join(f" +{h}" for h in self.hosts[1:])
+        return f"<Nginx {self.base_url}{also} root={self.root} {state} work_dir={self.work_dir}>"
 
     # --- what it served --------------------------------------------------------------------
     def requests(self, path: str | None = None) -> list[AccessLogEntry]:
-        """Every request logged so far (of ``path`` only when given), oldest first.
+        """Every request logged so far (of ``path`` only when given), in the order logged.
 
         nginx logs a request once it has sent the answer, so a client may read the
         answer a moment before its line is written: ``wait_for_requests`` waits for it.

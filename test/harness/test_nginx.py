@@ -15,7 +15,13 @@ import aiohttp
 import pytest
 
 from test.harness import nginx as harness
-from test.harness.nginx import AccessLogEntry, Nginx, NoNginx, find_or_install_nginx
+from test.harness.nginx import (
+    AccessLogEntry,
+    Nginx,
+    NoNginx,
+    VirtualServer,
+    find_or_install_nginx,
+)
 from test.harness.services import ServiceError
 
 pytestmark = pytest.mark.integration
@@ -70,6 +76,7 @@ async def test_a_file_is_served_with_its_etag_and_last_modified(nginx: Nginx, fo
     body = b"\xff\xd8 not quite a jpeg \xff\xd9"
     _write(folder / "cat.jpg", body, FIRST_MTIME)
 
+    asked_at = time.time()
     answer = await _get(nginx.url("/cat.jpg"))
 
     assert answer.status == 200 and answer.body == body
@@ -87,8 +94,13 @@ async def test_a_file_is_served_with_its_etag_and_last_modified(nginx: Nginx, fo
         etag=answer.headers["ETag"],
         if_none_match=None,
         if_modified_since=None,
+        host="127.0.0.1",
+        time_s=entry.time_s,
+        limit_req=None,  # no limiter here
     )
     assert entry.bytes_sent > len(body)
+    # When the answer was sent, to the millisecond (the log's clock is the wall clock).
+    assert entry.time_s is not None and asked_at - 0.002 <= entry.time_s <= time.time() + 0.002
 
 
 async def test_a_conditional_get_with_the_etag_gets_304_without_a_body(
@@ -209,6 +221,67 @@ async def test_another_loopback_address(folder: Path, tmp_path: Path, nginx_bina
         assert server.wait_for_requests(1)[0].path == "/cat.jpg?size=1"
     with pytest.raises(ValueError, match="loopback"):
         Nginx(folder, host="10.0.0.1")
+
+
+async def test_several_hosts_on_one_port_each_with_its_own_directives(
+    folder: Path, tmp_path: Path, nginx_binary: str
+) -> None:
+    _write(folder / "cat.jpg", b"cat", FIRST_MTIME)
+    also = [
+        VirtualServer("127.0.0.3", "location = /gone.jpg { return 410; }"),
+        VirtualServer("127.0.0.4"),
+    ]
+    with Nginx(
+        folder, host="127.0.0.2", also=also, work_dir=tmp_path / "w", binary=nginx_binary
+    ) as server:
+        assert server.hosts == ("127.0.0.2", "127.0.0.3", "127.0.0.4")
+        assert server.url("/cat.jpg", "127.0.0.4") == f"http://127.0.0.4:{server.port}/cat.jpg"
+        for host in server.hosts:
+            assert (await _get(server.url("/cat.jpg", host))).body == b"cat"
+        assert (await _get(server.url("/gone.jpg", "127.0.0.3"))).status == 410
+        assert (await _get(server.url("/gone.jpg", "127.0.0.4"))).status == 404
+        entries = server.wait_for_requests(5)
+        assert [(e.host, e.path, e.status) for e in entries] == [
+            ("127.0.0.2", "/cat.jpg", 200),
+            ("127.0.0.3", "/cat.jpg", 200),
+            ("127.0.0.4", "/cat.jpg", 200),
+            ("127.0.0.3", "/gone.jpg", 410),
+            ("127.0.0.4", "/gone.jpg", 404),
+        ]
+        with pytest.raises(ValueError, match="does not serve"):
+            server.url("/cat.jpg", "127.0.0.5")
+    with pytest.raises(ValueError, match="a host of its own"):
+        Nginx(folder, host="127.0.0.2", also=[VirtualServer("127.0.0.2")])
+    with pytest.raises(ValueError, match="loopback"):
+        VirtualServer("192.168.0.1")
+
+
+async def test_a_limiter_keyed_by_host_refuses_one_host_only(
+    folder: Path, tmp_path: Path, nginx_binary: str
+) -> None:
+    _write(folder / "cat.jpg", b"cat", FIRST_MTIME)
+    # 1 request/s, no burst: a request within a second of the last one passed is refused.
+    limit = "limit_req_zone $host zone=one:1m rate=1r/s; limit_req_status 429;"
+    with Nginx(
+        folder,
+        host="127.0.0.2",
+        http_config=limit,
+        server_config="limit_req zone=one;",
+        also=[VirtualServer("127.0.0.3")],
+        work_dir=tmp_path / "w",
+        binary=nginx_binary,
+    ) as server:
+        limited = [(await _get(server.url("/cat.jpg"))).status for _ in range(3)]
+        free = [(await _get(server.url("/cat.jpg", "127.0.0.3"))).status for _ in range(3)]
+        assert limited == [200, 429, 429]
+        assert free == [200, 200, 200]
+        entries = server.wait_for_requests(6)
+        assert [(e.host, e.status, e.limit_req) for e in entries] == [
+            ("127.0.0.2", 200, "PASSED"),
+            ("127.0.0.2", 429, "REJECTED"),
+            ("127.0.0.2", 429, "REJECTED"),
+            *[("127.0.0.3", 200, None)] * 3,
+        ]
 
 
 def test_the_readiness_probe_is_not_logged(nginx: Nginx) -> None:
