@@ -1,9 +1,10 @@
 """``python -m crawl_monitor``: the crawl monitor.
 
-Runs five loops concurrently: the source list refresher, the regulator (each source's
+Runs six loops concurrently: the source list refresher, the regulator (each source's
 rate and circuit breakers, every second, while this monitor holds the leader lease), the
 monitoring log, the backlog measurement (every ``LOG_FREQUENCY_S``, once Kafka's clients
-have started), and the splitter (in every monitor: the consumer group shares the
+have started), the host counts (every ``LOG_FREQUENCY_S``, ``crawl_monitor.hosts``), and
+the splitter (in every monitor: the consumer group shares the
 partitions). Every client is built here, once, entered through one ``AsyncExitStack``
 and passed to the loops.
 
@@ -38,6 +39,7 @@ from prometheus_client import CollectorRegistry, PlatformCollector, ProcessColle
 
 from crawl_monitor import dashboard
 from crawl_monitor.backlog import BacklogMonitor, KafkaOffsets
+from crawl_monitor.hosts import HostCountsMonitor
 from crawl_monitor.metrics import (
     HealthLimits,
     MonitorCollector,
@@ -86,6 +88,7 @@ async def run(settings: MonitorSettings, stop: asyncio.Event) -> int:
                 "regulator": loops.regulator.run(stop),
                 "monitoring": loops.monitoring.run(stop),
                 "backlog": loops.backlog.run(stop, kafka_started),
+                "hosts": loops.hosts.run(stop),
                 "splitter": _split(clients, loops.splitter, stop, kafka_started),
             },
             stop,
@@ -143,13 +146,14 @@ class _Loops:
     regulator: Regulator
     monitoring: MonitoringLog
     backlog: BacklogMonitor
+    hosts: HostCountsMonitor
     splitter: Splitter
 
 
 def _build_loops(
     settings: MonitorSettings, clients: _Clients, observe_loop: Callable[[float], None]
 ) -> _Loops:
-    """The five loops, on ``clients``; ``observe_loop`` gets each regulator loop's
+    """The six loops, on ``clients``; ``observe_loop`` gets each regulator loop's
     duration (s)."""
     catalog = SourceCatalog(
         file=settings.sources_file,
@@ -170,6 +174,7 @@ def _build_loops(
         observe_loop=observe_loop,
     )
     backlog = BacklogMonitor(KafkaOffsets(clients.admin), clients.redis, settings.log_frequency_s)
+    hosts = HostCountsMonitor(clients.redis, lambda: catalog.rates.keys(), settings.log_frequency_s)
     monitoring = MonitoringLog(
         clients.redis,
         lambda: regulator.snapshot,
@@ -189,7 +194,7 @@ def _build_loops(
         ),
         batch_size=settings.splitter_batch_size,
     )
-    return _Loops(catalog, lease, regulator, monitoring, backlog, splitter)
+    return _Loops(catalog, lease, regulator, monitoring, backlog, hosts, splitter)
 
 
 def _registry() -> CollectorRegistry:
@@ -208,6 +213,7 @@ def _view(loops: _Loops) -> MonitorView:
         backlog=loops.backlog.latest,
         counters=loops.monitoring.counters,
         leading=loops.regulator.leading,
+        hosts=loops.hosts.latest,
     )
 
 

@@ -23,7 +23,13 @@ with a ``urls.{source}`` topic for the backlog):
 - ``crawler_source_rechecks_total`` (labels ``source`` and ``status``, one of
   ``image_crawler.contract.RECHECK_STATUSES``): re-checks of earlier crawls ended
   (the hash ``rechecks``, field ``{source}:{status}``), a series only for the statuses a
-  source has had.
+  source has had;
+- ``crawler_source_hosts`` (labels ``source`` and ``state``: ``active``, ``paced``,
+  ``backed_off``, ``halted``): how many of a source's hosts were asked about in the last
+  minute, and of them how many were paced below the source's rate, backed off and halted
+  (``image_crawler.host_index``; read every ``LOG_FREQUENCY_S``), for the sources with a
+  host index. No metric has a host label: the series stay four a source, whatever its
+  number of hosts.
 
 Totals: ``crawler_successes_total``, ``crawler_errors_total`` (``num_resized``,
 ``resize_errors``), ``crawler_split_total`` (``num_split``), ``crawler_backlog_urls``,
@@ -42,7 +48,7 @@ counters before the first Redis reading.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Final
 
 from prometheus_client import CollectorRegistry, Histogram
@@ -53,6 +59,7 @@ from crawl_monitor.backlog import Backlog
 from crawl_monitor.monitoring import Counters
 from crawl_monitor.policy.decision import RegulatorSnapshot
 from image_crawler.contract import crawl_eta_s, eta_s
+from image_crawler.host_index import HostCounts
 
 # The regulator loop takes tens of milliseconds with thousands of sources; its period is
 # one second, and a loop waiting on an unreachable Redis takes REDIS_TIMEOUT_S.
@@ -69,6 +76,8 @@ class MonitorView:
     backlog: Backlog | None
     counters: Counters | None
     leading: bool
+    # Each source's host counts (sources without a host index left out).
+    hosts: Mapping[str, HostCounts] | None = None
 
 
 def monitor_metrics(view: MonitorView) -> list[Metric]:
@@ -80,6 +89,8 @@ def monitor_metrics(view: MonitorView) -> list[Metric]:
         metrics += _backlog(view.backlog, view.snapshot, view.known)
     if view.counters is not None:
         metrics += _counters(view.counters, view.known)
+    if view.hosts is not None:
+        metrics.append(_hosts(view.hosts))
     return metrics
 
 
@@ -217,6 +228,19 @@ def _rechecks(counters: Counters) -> Metric:
         for status, count in by_status.items():
             rechecks.add_metric([source, status], count)
     return rechecks
+
+
+def _hosts(hosts: Mapping[str, HostCounts]) -> Metric:
+    gauge = GaugeMetricFamily(
+        "crawler_source_hosts",
+        "Hosts of a source asked about in the last minute (state active), and of them those "
+        "paced below the source's rate, backed off (their rate cut) and halted (host index).",
+        labels=["source", "state"],
+    )
+    for source, counts in sorted(hosts.items()):
+        for state, count in counts.counted().items():
+            gauge.add_metric([source, state], count)
+    return gauge
 
 
 class MonitorCollector(Collector):

@@ -263,6 +263,90 @@ def status_of_window_member(member: str) -> str:
     return member.split(":", 1)[0]
 
 
+# --- The host index: what operators see of hosts (issue 36) -----------------------------
+# Each source's hosts by how the workers' pacing script last paced them: a sorted set
+# "host_index:{source}" of host -> HOST_INDEX_BAND x its state's place in HOST_STATES + the
+# Unix time (s, Redis' clock, to the ms) it was last asked about (host_index_score), so
+# that a host is one member in one band, and the hosts of one state asked about in the
+# last HOST_ACTIVE_S are one ZCOUNT. Written only by the pacing script
+# (worker/politeness/lua/pacing_acquire.lua) as it decides slots: a host's member at once
+# when its state changes, else at most every HostSettings.index_refresh_s (10 s) while it
+# is asked about, in one ZADD per source and ask; the host's hash (pace_host:) keeps what
+# was written in its fields "why" (HOST_WHY) and "seen". Read, never SCANned, by the
+# monitor every LOG_FREQUENCY_S (/metrics, the dashboard) and by `image-crawler status`
+# (image_crawler/host_index.py). Members idle longer than HOST_IDLE_S are removed when
+# their band is next written; the key expires HOST_IDLE_S after its last write.
+HOST_INDEX_PREFIX: Final = "host_index:"
+# A band per state: Unix times stay below it until the year 2286.
+HOST_INDEX_BAND: Final = 1e10
+# A host asked about this recently (s) is active.
+HOST_ACTIVE_S: Final = 60.0
+# How long an idle host's hash is kept (s): the pacing rule's default idle expiry
+# (worker/politeness/hosts.py, HostSettings.idle_s), and the host index's trim.
+HOST_IDLE_S: Final = 600.0
+HOST_AT_PACE: Final = "at_pace"  # nothing of its own slows it: it goes at its source's pace
+HOST_PACED: Final = "paced"  # paced below its source's rate by a rule of its own
+HOST_BACKED_OFF: Final = "backed_off"  # its server pushed back: its rate was cut
+HOST_HALTED: Final = "halted"  # it gets no request now
+# In band order: a state's place is its band.
+HOST_STATES: Final = (HOST_AT_PACE, HOST_PACED, HOST_BACKED_OFF, HOST_HALTED)
+# Why a host is in its state: the hash's "why" field, as the pacing script decided it.
+WHY_PACE: Final = "pace"  # its interval is its source's or shorter
+WHY_SLOW_START: Final = "slow"  # a new host, climbing from its start rate
+WHY_CRAWL_DELAY: Final = "delay"  # its robots.txt Crawl-delay is the longer interval
+WHY_CAP: Final = "cap"  # its ceiling (override, host_rate:{source}, MAX_HOST_RATE)
+WHY_CLIMB: Final = "climb"  # climbing to its ceiling, which rose (no cut)
+WHY_CUT: Final = "cut"  # cut by 429s, 503s, timeouts or slow answers; climbing back
+WHY_BREAKER: Final = "halt"  # halted by its breaker until its "until"
+WHY_OPERATOR: Final = "op"  # halted by an operator (its "halt" field)
+WHY_GONE: Final = "gone"  # given up: its URLs end as HostUnavailable
+HOST_WHY: Final[Mapping[str, str]] = {
+    WHY_PACE: HOST_AT_PACE,
+    WHY_SLOW_START: HOST_PACED,
+    WHY_CRAWL_DELAY: HOST_PACED,
+    WHY_CAP: HOST_PACED,
+    WHY_CLIMB: HOST_PACED,
+    WHY_CUT: HOST_BACKED_OFF,
+    WHY_BREAKER: HOST_HALTED,
+    WHY_OPERATOR: HOST_HALTED,
+    WHY_GONE: HOST_HALTED,
+}
+
+
+# The fields of a pace_host hash that operators write (`image-crawler halt|resume|override
+# --host`, or redis-cli): "halt" (any text: why; no request until it is removed) and
+# "override" (the host's rate, requests/s); a hash holding either is kept for good, its
+# "exp" (the expiry last set) "". Resuming a host removes "halt" and its breaker's fields.
+HOST_HALT_FIELD: Final = "halt"
+HOST_OVERRIDE_FIELD: Final = "override"
+HOST_EXPIRES_FIELD: Final = "exp"
+HOST_BREAKER_FIELDS: Final = ("fails", "since", "until", "halts", "gone")
+
+
+def host_index_key(source: str) -> str:
+    return f"{HOST_INDEX_PREFIX}{source}"
+
+
+def host_index_score(state: str, unix_s: float) -> float:
+    """A host's score in its source's host index: ``state``'s band + ``unix_s``."""
+    return HOST_STATES.index(state) * HOST_INDEX_BAND + unix_s
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class HostIndexEntry:
+    """What a host index score says: the host's state, and when it was last asked
+    about (Unix s); ``state`` is None for a score in no band."""
+
+    state: str | None
+    asked_at_s: float
+
+    @classmethod
+    def of(cls, score: float) -> HostIndexEntry:
+        band = math.floor(score / HOST_INDEX_BAND)
+        state = HOST_STATES[band] if 0 <= band < len(HOST_STATES) else None
+        return cls(state, score - band * HOST_INDEX_BAND)
+
+
 # --- Statuses ------------------------------------------------------------------------
 class Status(enum.StrEnum):
     """The outcome of one URL: an HTTP code as a string, or an error name.

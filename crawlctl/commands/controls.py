@@ -1,5 +1,7 @@
 """Operator actions on a running crawl: ``image-crawler halt``, ``resume``, ``override``
-and ``robots-exempt``.
+and ``robots-exempt``; with ``--host``, ``halt``, ``resume`` and ``override`` act on one host
+of a source (its hash ``pace_host:{source}:{host}``, read by the workers' pacing script at
+their next ask about the host: within ``operator_poll_s``, 5 s, while URLs wait for it).
 
 Each is a few Redis commands in one transaction (MULTI/EXEC), the same ones an operator
 would type into redis-cli (docs/operating.md); each returns what it did, as redis-cli
@@ -8,7 +10,10 @@ The monitor reads the keys every second, so an action takes effect within a seco
 ``halt`` also sets the source's pace rate to 0 itself, so that workers stop within their
 pacing horizon (about 0.05 s) instead of at the monitor's next loop. Every command acts on
 the sources it is given even when nothing in Redis knows them, and then names them on
-stderr: an unknown name is most likely a typo.
+stderr: an unknown name is most likely a typo; so is a host no worker has asked about
+(no hash), which is halted or overridden anyway (it takes effect with its first URL).
+Resuming a host, or clearing its override, reads its hash first (a round trip before the
+transaction): a hash left with no operator's field is given an idle host's expiry again.
 """
 
 from __future__ import annotations
@@ -16,11 +21,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import json
 import math
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import UTC, datetime
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
+from yarl import URL
 
 from crawlctl.connections import redis_client, redis_option, redis_settings
 from crawlctl.console import (
@@ -35,6 +43,11 @@ from crawlctl.console import (
 from image_crawler.config import RedisSettings
 from image_crawler.contract import (
     HALTED_SET,
+    HOST_BREAKER_FIELDS,
+    HOST_EXPIRES_FIELD,
+    HOST_HALT_FIELD,
+    HOST_IDLE_S,
+    HOST_OVERRIDE_FIELD,
     INBOUND_SOURCES_SET,
     RATES_HASH,
     ROBOTS_EXEMPT_SET,
@@ -44,6 +57,7 @@ from image_crawler.contract import (
     last50_key,
     override_alias_key,
     override_key,
+    pace_host_key,
     pace_rate_key,
     tokens_key,
 )
@@ -72,6 +86,28 @@ def source_name(raw: str) -> str:
             f"not a source name: {raw!r} (letters, digits, '.', '_' and '-' only)"
         )
     return name
+
+
+def host_name(raw: str) -> str:
+    """A host as the workers' pacing keys spell it (worker/politeness/hosts.py's
+    ``host_of``): lower-cased, without a trailing dot, an IPv6 address without brackets;
+    a URL gives its host, a port is left out. ``InvalidArgument`` if there is none."""
+    text = raw.strip()
+    if "://" in text:
+        try:
+            text = URL(text).host or ""
+        except (ValueError, TypeError):
+            text = ""
+    elif text.startswith("[") and "]" in text:
+        text = text[1 : text.index("]")]
+    elif text.count(":") == 1 and text.rpartition(":")[2].isdigit():
+        text = text.rpartition(":")[0]
+    host = text.lower().rstrip(".")
+    if not host or any(ch.isspace() or ch in "/?#@[]" for ch in host):
+        raise InvalidArgument(
+            f"not a host: {raw!r} (a host name such as images.example.org, or a URL)"
+        )
+    return host
 
 
 def parse_rate(raw: str) -> float:
@@ -176,6 +212,130 @@ async def clear_override(redis: aioredis.Redis, source: str) -> list[Done]:
     ]
 
 
+# --- one host --------------------------------------------------------------------------
+
+
+def _quoted(text: str) -> str:
+    # As redis-cli takes an argument with spaces.
+    return json.dumps(text, ensure_ascii=False)
+
+
+async def halt_host(redis: aioredis.Redis, source: str, host: str, reason: str) -> list[Done]:
+    """Halt one host of ``source`` until ``resume``: HSET its ``halt`` (``reason``) and
+    keep its hash for good (PERSIST, ``exp`` ""), in one transaction."""
+    key = pace_host_key(source, host)
+    async with redis.pipeline(transaction=True) as pipe:
+        pipe.hget(key, HOST_HALT_FIELD)
+        pipe.hset(key, mapping={HOST_HALT_FIELD: reason, HOST_EXPIRES_FIELD: ""})
+        pipe.persist(key)
+        before, _, _ = await pipe.execute()
+    return [
+        Done(
+            f'HSET {key} {HOST_HALT_FIELD} {_quoted(reason)} {HOST_EXPIRES_FIELD} ""',
+            f"it was already halted: {before}"
+            if before
+            else "no request to the host until it is resumed",
+        ),
+        Done(f"PERSIST {key}", "kept for good while an operator's field is in it"),
+    ]
+
+
+async def override_host(redis: aioredis.Redis, source: str, host: str, rate: float) -> list[Done]:
+    """Set one host's rate (requests/s, under its source's) and keep its hash for good."""
+    key = pace_host_key(source, host)
+    async with redis.pipeline(transaction=True) as pipe:
+        pipe.hset(key, mapping={HOST_OVERRIDE_FIELD: _rate_text(rate), HOST_EXPIRES_FIELD: ""})
+        pipe.persist(key)
+        await pipe.execute()
+    return [
+        Done(
+            f'HSET {key} {HOST_OVERRIDE_FIELD} {_rate_text(rate)} {HOST_EXPIRES_FIELD} ""',
+            "requests/s, never above the source's rate",
+        ),
+        Done(f"PERSIST {key}", "kept for good while an operator's field is in it"),
+    ]
+
+
+async def resume_host(
+    redis: aioredis.Redis, source: str, host: str, rate: float | None = None
+) -> list[Done]:
+    """Resume one host: HDEL its ``halt`` and its breaker's fields (failures, halts, given
+    up), after setting its ``override`` to ``rate`` if given. A hash left without an
+    operator's field expires again (``_let_expire``)."""
+    removed = (HOST_HALT_FIELD, *HOST_BREAKER_FIELDS)
+    done = await override_host(redis, source, host, rate) if rate is not None else []
+    return done + await _remove(redis, pace_host_key(source, host), removed, _resumed_note)
+
+
+async def clear_host_override(redis: aioredis.Redis, source: str, host: str) -> list[Done]:
+    """Drop one host's ``override``: its ceiling is its source's again (or host_rate)."""
+    key = pace_host_key(source, host)
+    return await _remove(redis, key, (HOST_OVERRIDE_FIELD,), _cleared_note)
+
+
+def _resumed_note(before: Mapping[str, str]) -> str:
+    halt, gone, until = before.get(HOST_HALT_FIELD), before.get("gone"), before.get("until")
+    if halt:
+        return f"it was halted by an operator: {halt}"
+    if gone:
+        return "it had been given up (its URLs ended as HostUnavailable)"
+    if until or before.get("fails"):
+        return "its breaker's failures and halts are cleared"
+    return "it was not halted"
+
+
+def _cleared_note(before: Mapping[str, str]) -> str:
+    rate = before.get(HOST_OVERRIDE_FIELD)
+    return f"it was {rate} requests/s" if rate else "there was none"
+
+
+async def _remove(
+    redis: aioredis.Redis,
+    key: str,
+    fields: Sequence[str],
+    note: Callable[[Mapping[str, str]], str],
+) -> list[Done]:
+    """HDEL ``fields`` of the hash ``key``, and have it expire as an idle host's when no
+    operator's field is left in it."""
+    async with redis.pipeline(transaction=False) as pipe:
+        pipe.hgetall(key)
+        pipe.time()
+        before, (seconds, micros) = await pipe.execute()
+    done = [Done(f"HDEL {key} {' '.join(fields)}", note(before))]
+    left = {name: value for name, value in before.items() if name not in fields}
+    async with redis.pipeline(transaction=True) as pipe:
+        pipe.hdel(key, *fields)
+        if left and not left.get(HOST_HALT_FIELD) and not left.get(HOST_OVERRIDE_FIELD):
+            ttl_ms = _idle_ttl_ms(left, seconds + micros / 1e6)
+            pipe.hset(key, HOST_EXPIRES_FIELD, "")
+            pipe.pexpire(key, ttl_ms)
+            done += [
+                Done(f'HSET {key} {HOST_EXPIRES_FIELD} ""', "renewed at the host's next ask"),
+                Done(f"PEXPIRE {key} {ttl_ms}", "forgotten if it stays idle until then"),
+            ]
+        await pipe.execute()
+    return done
+
+
+def _idle_ttl_ms(fields: Mapping[str, str], now: float) -> int:
+    """How long a host's hash with no operator's field is kept from ``now``: an idle
+    host's time (HOST_IDLE_S), or longer while its Crawl-delay is in force."""
+    keep_s = HOST_IDLE_S
+    try:
+        delay_until = float(fields.get("delay_until") or "nan")
+    except ValueError:
+        delay_until = math.nan
+    if delay_until - now > keep_s:
+        keep_s = delay_until - now
+    return math.ceil(keep_s * 1000)
+
+
+def default_reason(now: datetime | None = None) -> str:
+    """What ``halt --host`` writes without ``--reason``: who halted it, and when."""
+    at = (now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return f"halted with image-crawler halt at {at}"
+
+
 async def robots_exempt(redis: aioredis.Redis, sources: Sequence[str]) -> list[Done]:
     """Add ``sources`` to ``robots_exempt``: their workers stop obeying robots.txt (the
     operator has the sites' permission). One transaction."""
@@ -235,32 +395,53 @@ def _add_halt(subcommands: Subcommands) -> None:
     halt_parser = subcommands.add_parser(
         "halt",
         parents=[redis_option()],
-        help="halt a source now (SADD halted; SET pace_rate:SOURCE 0)",
+        help="halt a source now (SADD halted; SET pace_rate:SOURCE 0), or one of its hosts",
         description=(
             "Halt SOURCE until an operator resumes it: add it to the halted set (the "
             "monitor then paces it at 0) and SET pace_rate:SOURCE 0 so that workers stop "
             "within their pacing horizon (about 0.05 s) instead of at the monitor's next "
             "loop; also SET currtokens:SOURCE 0 for workers older than pacing (a rolling "
-            "upgrade). One transaction."
+            "upgrade). One transaction. With --host, halt that host of SOURCE only: HSET "
+            'pace_host:SOURCE:HOST halt REASON exp "" and PERSIST it (kept for good); '
+            "workers stop asking for it at their next ask about it (within 5 s)."
         ),
     )
     halt_parser.add_argument("source", metavar="SOURCE")
+    _host_option(halt_parser)
+    halt_parser.add_argument(
+        "--reason", metavar="TEXT", help="with --host: why, kept in its halt field"
+    )
     halt_parser.set_defaults(run=_run_halt)
+
+
+def _host_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--host",
+        metavar="HOST",
+        help=(
+            "act on this host of SOURCE only (its name or a URL; under PACING_KEY=domain, "
+            "its registered domain)"
+        ),
+    )
 
 
 def _add_resume(subcommands: Subcommands) -> None:
     resume_parser = subcommands.add_parser(
         "resume",
         parents=[redis_option()],
-        help="resume a halted source (clears its error windows)",
+        help="resume a halted source (clears its error windows), or one of its hosts",
         description=(
             "Resume SOURCE: with --rate, SET override_rate:SOURCE first; then DEL "
             "statuslast50req:SOURCE and status60s:SOURCE (so the old errors do not trip a "
             "breaker again), SREM halted and SREM temp_halted, in one transaction. The "
-            "monitor paces it again within a second."
+            "monitor paces it again within a second. With --host, resume that host of "
+            "SOURCE: HDEL pace_host:SOURCE:HOST halt fails since until halts gone (an "
+            "operator's halt, its breaker's halts, a host given up), after HSET override "
+            "RATE with --rate; a hash left with no operator's field expires again."
         ),
     )
     resume_parser.add_argument("source", metavar="SOURCE")
+    _host_option(resume_parser)
     resume_parser.add_argument("--rate", metavar="R", help="requests/s to crawl it at from now on")
     resume_parser.set_defaults(run=_run_resume)
 
@@ -274,10 +455,14 @@ def _add_override(subcommands: Subcommands) -> None:
             "SET override_rate:SOURCE RATE (requests/s, > 0): within a second it is the "
             "source's configured rate instead of the computed one (the effective rate stays "
             "below it while the source's server pushes back). --clear deletes "
-            "override_rate:SOURCE and override-rate:SOURCE."
+            "override_rate:SOURCE and override-rate:SOURCE. With --host, the rate of that "
+            'host of SOURCE: HSET pace_host:SOURCE:HOST override RATE exp "" and PERSIST '
+            "it (never above the source's rate; its Crawl-delay still applies); --clear "
+            "HDELs it."
         ),
     )
     override_parser.add_argument("source", metavar="SOURCE")
+    _host_option(override_parser)
     override_parser.add_argument("rate", nargs="?", metavar="RATE", help="requests/s, > 0")
     override_parser.add_argument("--clear", action="store_true", help="remove the override")
     override_parser.set_defaults(run=_run_override)
@@ -311,26 +496,43 @@ def _add_robots_exempt(subcommands: Subcommands) -> None:
 
 def _run_halt(args: argparse.Namespace) -> int:
     source = _source(args.source)
-    return _operate(args, [source], lambda redis: halt(redis, source))
+    if args.host is None:
+        if args.reason is not None:
+            raise UsageError("--reason goes with --host (a source's halt has no reason)")
+        return _operate(args, [source], lambda redis: halt(redis, source))
+    host = _host(args.host)
+    reason = args.reason.strip() if args.reason and args.reason.strip() else default_reason()
+    return _operate(args, [source], lambda redis: halt_host(redis, source, host, reason), host)
 
 
 def _run_resume(args: argparse.Namespace) -> int:
     rate = _rate(args.rate) if args.rate is not None else None
     source = _source(args.source)
-    return _operate(args, [source], lambda redis: resume(redis, source, rate))
+    if args.host is None:
+        return _operate(args, [source], lambda redis: resume(redis, source, rate))
+    host = _host(args.host)
+    return _operate(args, [source], lambda redis: resume_host(redis, source, host, rate), host)
 
 
 def _run_override(args: argparse.Namespace) -> int:
-    if args.clear:
-        if args.rate is not None:
-            raise UsageError("give either RATE or --clear, not both")
-        source = _source(args.source)
-        return _operate(args, [source], lambda redis: clear_override(redis, source))
-    if args.rate is None:
+    if args.clear and args.rate is not None:
+        raise UsageError("give either RATE or --clear, not both")
+    if not args.clear and args.rate is None:
         raise UsageError("give a RATE (requests/s), or --clear")
-    rate = _rate(args.rate)
+    rate = _rate(args.rate) if args.rate is not None else None
     source = _source(args.source)
-    return _operate(args, [source], lambda redis: override(redis, source, rate))
+    host = _host(args.host) if args.host is not None else None
+    return _operate(args, [source], _override_action(source, host, rate), host)
+
+
+def _override_action(source: str, host: str | None, rate: float | None) -> Action:
+    if host is not None:
+        if rate is None:
+            return lambda redis: clear_host_override(redis, source, host)
+        return lambda redis: override_host(redis, source, host, rate)
+    if rate is None:
+        return lambda redis: clear_override(redis, source)
+    return lambda redis: override(redis, source, rate)
 
 
 def _run_robots_exempt(args: argparse.Namespace) -> int:
@@ -359,15 +561,26 @@ def _rate(raw: str) -> float:
         raise UsageError(str(e)) from None
 
 
-def _operate(args: argparse.Namespace, sources: list[str], action: Action) -> int:
+def _host(raw: str) -> str:
+    try:
+        return host_name(raw)
+    except InvalidArgument as e:
+        raise UsageError(str(e)) from None
+
+
+def _operate(
+    args: argparse.Namespace, sources: list[str], action: Action, host: str | None = None
+) -> int:
     """Run ``action`` on the Redis that ``args`` name and print what it did; then name
-    those of ``sources`` that nothing in Redis knows."""
+    those of ``sources`` that nothing in Redis knows, and ``host`` (of the one source)
+    when no worker has asked about it (it has no hash)."""
     settings = redis_settings(args)
 
     async def run() -> int:
         redis = redis_client(settings)
         try:
             unknown_sources = await unknown(redis, sources)
+            known_host = host is None or await redis.exists(pace_host_key(sources[0], host))
             done = await action(redis)
         except RedisError as e:
             error(f"Redis at {settings.redacted_url}: {e}")
@@ -380,6 +593,13 @@ def _operate(args: argparse.Namespace, sources: list[str], action: Action) -> in
             note(
                 f"note: {source!r} is not a source the monitor rates or the splitter has "
                 "seen (yet); check the name"
+            )
+        if not known_host:
+            note(
+                f"note: {host!r} is not a host of {sources[0]!r} that a worker has asked "
+                f"about lately (no {pace_host_key(sources[0], str(host))}); check the name "
+                "(the URL's lower-cased host, or its registered domain under "
+                "PACING_KEY=domain)"
             )
         return EXIT_OK
 

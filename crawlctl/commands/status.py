@@ -3,7 +3,8 @@ are in ``crawlctl/status``.
 
 The command prints the table once (``--once``), or as JSON (``--json``, ``status_json``),
 or keeps it live, read again every ``--interval`` seconds; while Redis is away it keeps
-the last state read, and says so. ``--sort`` and ``--top`` choose the rows shown.
+the last state read, and says so. ``--sort`` and ``--top`` choose the rows shown. With
+``--hosts SOURCE`` it prints that source's hosts once instead (``--top`` per state).
 """
 
 from __future__ import annotations
@@ -18,12 +19,22 @@ from redis.exceptions import RedisError
 from rich.console import Console
 from rich.live import Live
 
+from crawlctl.commands.controls import InvalidArgument, source_name, unknown
 from crawlctl.connections import redis_client, redis_option, redis_settings
-from crawlctl.console import EXIT_OK, EXIT_UNAVAILABLE, Subcommands, UsageError, error, out
+from crawlctl.console import (
+    EXIT_OK,
+    EXIT_UNAVAILABLE,
+    Subcommands,
+    UsageError,
+    error,
+    note,
+    out,
+)
 from crawlctl.signals import loop_signals
-from crawlctl.status.json_view import status_json
+from crawlctl.status.hosts import read_source_hosts
+from crawlctl.status.json_view import hosts_json, status_json
 from crawlctl.status.model import DEFAULT_SORT, SORT_KEYS, CrawlStatus, View, read_status
-from crawlctl.status.terminal import FittedTable
+from crawlctl.status.terminal import FittedTable, hosts_table
 from image_crawler.config import RedisSettings
 
 
@@ -40,10 +51,19 @@ def register(subcommands: Subcommands) -> None:
             "halted...), and when the next request may start if a server's Retry-After put "
             "it off (pace_next:SOURCE); then its successes, its errors and their top "
             "reasons, its re-checks by status (when there are any), a histogram of its "
-            "last 50 statuses, its halt state and override, and the crawl's totals (the "
+            "last 50 statuses, its halt state and override, its hosts (how many were "
+            "asked about in the last minute, and of them how many are paced below its "
+            "rate, backed off and halted), and the crawl's totals (the "
             "ETA of the crawl is its slowest source's). Refreshed "
-            "every --interval seconds until Ctrl-C."
+            "every --interval seconds until Ctrl-C. With --hosts SOURCE, that source's "
+            "troubled hosts (halted, backed off, paced below its rate) and busiest hosts, "
+            "with their rate, why they are paced, their last answer and failures, once."
         ),
+    )
+    status.add_argument(
+        "--hosts",
+        metavar="SOURCE",
+        help="list SOURCE's troubled and busiest hosts (--top of each state, default 10)",
     )
     status.add_argument("--once", action="store_true", help="print the table once and exit")
     status.add_argument(
@@ -72,6 +92,12 @@ def run(args: argparse.Namespace) -> int:
     if args.top is not None and args.top < 1:
         raise UsageError(f"--top must be at least 1, got {args.top}")
     settings = redis_settings(args)
+    if args.hosts is not None:
+        try:
+            source = source_name(args.hosts)
+        except InvalidArgument as e:
+            raise UsageError(str(e)) from None
+        return asyncio.run(_hosts(settings, source, args.top or 10, as_json=args.json))
     view = View(sort=args.sort, top=args.top, as_json=args.json)
     try:
         return asyncio.run(_status(settings, view, once=args.once, interval_s=args.interval))
@@ -98,6 +124,28 @@ async def _status(settings: RedisSettings, view: View, *, once: bool, interval_s
         return EXIT_OK
     finally:
         await redis.aclose()
+
+
+async def _hosts(settings: RedisSettings, source: str, top: int, *, as_json: bool) -> int:
+    redis = redis_client(settings)
+    try:
+        hosts = await read_source_hosts(redis, source, top)
+        unknown_source = bool(await unknown(redis, [source]))
+    except RedisError as e:
+        error(f"Redis at {settings.redacted_url}: {e}")
+        return EXIT_UNAVAILABLE
+    finally:
+        await redis.aclose()
+    if as_json:
+        out(json.dumps(hosts_json(hosts), indent=2))
+    else:
+        Console().print(hosts_table(hosts))
+    if unknown_source:
+        note(
+            f"note: {source!r} is not a source the monitor rates or the splitter has seen "
+            "(yet); check the name"
+        )
+    return EXIT_OK
 
 
 async def _watch(

@@ -1,6 +1,7 @@
 """The crawl's state as ``--json`` (``status_json``): every field of the model, numbers
-as numbers, None as null, and strict JSON (no NaN or Infinity). Its fields are
-documented in docs/operating.md.
+as numbers, None as null, and strict JSON (no NaN or Infinity); one source's hosts as
+``--hosts SOURCE --json`` (``hosts_json``). Their fields are documented in
+docs/operating.md.
 """
 
 from __future__ import annotations
@@ -8,11 +9,20 @@ from __future__ import annotations
 import math
 from typing import Any, Final
 
+from crawlctl.status.hosts import (
+    SHOWN_ORDER,
+    HostRow,
+    SourceHosts,
+    effective_rps,
+    last_answer,
+    why_text,
+)
 from crawlctl.status.model import (
     BACKLOG_STALE_S,
     DEFAULT_SORT,
     CrawlStatus,
     SourceStatus,
+    host_totals,
     override_rps,
     sort_sources,
     source_eta,
@@ -57,6 +67,7 @@ def source_json(source: SourceStatus) -> dict[str, Any]:
         "no_index": source.no_index,
         "robots_exempt": source.robots_exempt,
         "crawl_delay_s": source.crawl_delay_s,
+        "hosts": source.hosts.counted() if source.hosts is not None else None,
     }
 
 
@@ -70,6 +81,7 @@ def status_json(
     ordered = sort_sources(status.sources, sort)
     shown = ordered if top is None else ordered[:top]
     age = status.backlog_age_s
+    hosts = host_totals(status.sources)
     return {
         "version": JSON_VERSION,
         "general": {
@@ -93,6 +105,45 @@ def status_json(
             "errors_by_reason": dict(status.errors_by_reason),
             "rechecks": dict(status.rechecks),
             "urls_lost": total.urls_lost,
+            "hosts": hosts.counted() if hosts is not None else None,
         },
         "sources": [source_json(source) for source in shown],
+    }
+
+
+def host_json(row: HostRow, hosts: SourceHosts) -> dict[str, Any]:
+    """One host for ``--hosts SOURCE --json``."""
+    until = row.number("until")
+    return {
+        "host": row.host,
+        "state": row.state,
+        "why": row.why,
+        "why_text": why_text(row, hosts),
+        "rate_rps": _number(effective_rps(row, hosts.source_rps)),
+        "asked_ago_s": max(hosts.now_s - row.asked_at_s, 0.0),
+        "last_answer": last_answer(row),
+        "fails": row.count("fails"),
+        "halts": row.count("halts"),
+        "halted_for_s": max(until - hosts.now_s, 0.0) if until is not None else None,
+        "given_up": row.number("gone") is not None,
+        "operator_halt": row.fields.get("halt") or None,
+        "override_rps": row.number("override"),
+        "crawl_delay_s": row.number("delay"),
+        "backlog": None,  # not known per host (see docs/operating.md)
+    }
+
+
+def hosts_json(hosts: SourceHosts) -> dict[str, Any]:
+    """The ``--hosts SOURCE --json`` document: the source's counts (null: no host index),
+    its rate, and the hosts shown, the troubled first (docs/operating.md)."""
+    counts = hosts.counts
+    return {
+        "version": JSON_VERSION,
+        "source": hosts.source,
+        "counts": {**counts.counted(), "at_pace": counts.at_pace} if counts is not None else None,
+        "source_rps": _number(hosts.source_rps),
+        "host_rate_rps": _number(hosts.host_rate_rps),
+        "hosts": [
+            host_json(row, hosts) for state in SHOWN_ORDER for row in hosts.rows.get(state, ())
+        ],
     }

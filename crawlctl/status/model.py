@@ -16,7 +16,9 @@ the workers, as the monitor last measured it (the hash ``backlog``, with the tim
 measurement in ``backlog_measured_at``), and from it the ETA at the effective rate; its
 errors by reason (``resize_errors:{source}:{status}``, found with SCAN), its re-checks of
 earlier crawls by status (the hash ``rechecks``, field ``{source}:{status}``) and the URLs
-found deleted unread (``urls_lost:``).
+found deleted unread (``urls_lost:``). Its hosts: how many were asked about in the last
+minute, and of them how many are paced below its rate, backed off and halted, counted
+from its host index (``host_index:``, ``image_crawler.host_index``) in a second call.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ from image_crawler.contract import (
     eta_s,
     source_and_check,
 )
+from image_crawler.host_index import HostCounts, read_host_counts
 from image_crawler.lua import lua_script
 
 _SCRIPT: Final = lua_script("crawlctl.status", "status.lua")
@@ -136,6 +139,8 @@ class SourceStatus:
     # ``rechecks``'s ``{source}:{status}`` counts, the statuses it has had, in
     # RECHECK_STATUSES order.
     rechecks: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    # Its hosts by state, from its host index; None when it has none.
+    hosts: HostCounts | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -347,10 +352,25 @@ async def reason_keys(redis: aioredis.Redis) -> list[str]:
 async def read_status(redis: aioredis.Redis) -> CrawlStatus:
     """Everything ``status_table`` shows: the error counters' keys found with SCAN, then
     every value read in one round trip (one script, one moment of Redis's clock), the
-    re-checks' hash included."""
+    re-checks' hash included; then the sources' host counts (one more script)."""
     keys = await reason_keys(redis)
     payload = await redis.eval(_SCRIPT, len(keys), *keys, *_ARGV)
-    return parse_status(payload, keys)
+    status = parse_status(payload, keys)
+    return with_hosts(status, await read_host_counts(redis, [s.name for s in status.sources]))
+
+
+def with_hosts(status: CrawlStatus, hosts: Mapping[str, HostCounts]) -> CrawlStatus:
+    """``status`` with each source's host counts (``hosts``, by source)."""
+    if not hosts:
+        return status
+    sources = tuple(dataclasses.replace(s, hosts=hosts.get(s.name)) for s in status.sources)
+    return dataclasses.replace(status, sources=sources)
+
+
+def host_totals(sources: Iterable[SourceStatus]) -> HostCounts | None:
+    """The host counts of ``sources`` summed; None when none has a host index."""
+    counted = [source.hosts for source in sources if source.hosts is not None]
+    return sum(counted[1:], counted[0]) if counted else None
 
 
 def override_rps(source: SourceStatus) -> float | None:
@@ -459,7 +479,7 @@ def totals(sources: Iterable[SourceStatus]) -> Totals:
 
 # --- which rows: --sort and --top ------------------------------------------------------
 
-SORT_KEYS: Final = ("backlog", "eta", "rate", "errors", "successes", "name")
+SORT_KEYS: Final = ("backlog", "eta", "rate", "errors", "successes", "hosts", "name")
 DEFAULT_SORT: Final = "backlog"
 
 
@@ -477,6 +497,7 @@ _ORDERS: Final[dict[str, Callable[[SourceStatus], float]]] = {
     "rate": lambda s: -1.0 if s.rate_rps is None else s.rate_rps,
     "errors": lambda s: float(s.errors),
     "successes": lambda s: float(s.successes),
+    "hosts": lambda s: -1.0 if s.hosts is None else float(s.hosts.active),
 }
 
 

@@ -1,8 +1,8 @@
 """The crawl's state in a terminal: ``status_table`` draws it as a table, a row per
-source (its pacing's reason and top error reasons on a second line) and the crawl's
-totals in the caption; ``FittedTable`` draws that table at the terminal's size, without
+source (its pacing's reason, top error reasons and troubled hosts on a second line) and
+the crawl's totals in the caption; ``FittedTable`` draws that table at the terminal's size, without
 the columns it has no room for, and live, without the rows that would push the totals
-off the screen.
+off the screen. ``hosts_table`` draws one source's hosts (``status --hosts SOURCE``).
 """
 
 from __future__ import annotations
@@ -18,6 +18,15 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
+from crawlctl.status.hosts import (
+    BACKLOG_UNKNOWN,
+    SHOWN_ORDER,
+    HostRow,
+    SourceHosts,
+    effective_rps,
+    last_answer,
+    why_text,
+)
 from crawlctl.status.model import (
     BACKLOG_STALE_S,
     DEFAULT_SORT,
@@ -31,12 +40,17 @@ from crawlctl.status.model import (
     SourceStatus,
     Totals,
     View,
+    host_totals,
     sort_sources,
     source_eta,
     totals,
 )
 from image_crawler.contract import (
     BACKLOG_AT,
+    HOST_AT_PACE,
+    HOST_BACKED_OFF,
+    HOST_HALTED,
+    HOST_PACED,
     PACE_BACKOFF,
     PACE_CONFIGURED,
     PACE_FLOOR,
@@ -252,6 +266,33 @@ def _errors(source: SourceStatus) -> RenderableType:
     return Group(count, _Cut(reasons))
 
 
+def hosts_text(source: SourceStatus) -> str:
+    """``"1254 active"``, then those paced below the source's rate, backed off and
+    halted (``"40 paced, 10 backed off, 4 halted"``, the states with none left out) on a
+    second line; ``"-"`` for a source without a host index."""
+    if source.hosts is None:
+        return "-"
+    counts = source.hosts
+    troubled = [
+        f"{n} {label}"
+        for n, label in (
+            (counts.paced, "paced"),
+            (counts.backed_off, "backed off"),
+            (counts.halted, "halted"),
+        )
+        if n
+    ]
+    return f"{counts.active} active" + ("\n" + ", ".join(troubled) if troubled else "")
+
+
+def _hosts(source: SourceStatus) -> RenderableType:
+    first, _, troubled = hosts_text(source).partition("\n")
+    if not troubled:
+        return Text(first)
+    style = "yellow" if source.hosts is not None and source.hosts.halted else "dim"
+    return Group(Text(first), _Cut(Text(troubled, style=style, no_wrap=True, overflow="ellipsis")))
+
+
 def backlog_line(status: CrawlStatus, total: Totals) -> str:
     """The caption's backlog and ETA: the total, how old the measurement is, the crawl's
     ETA and the sources that will not drain."""
@@ -299,6 +340,8 @@ class _Column:
 _RIGHT: Final = {"justify": "right", "no_wrap": True}
 # Shown only when a source has had re-checks.
 RECHECKS_COLUMN: Final = "re-checks"
+# Shown only when a source has a host index.
+HOSTS_COLUMN: Final = "hosts"
 _COLUMNS: Final = (
     _Column("source", lambda s: s.name, {"no_wrap": True}),
     _Column("backlog", _backlog, _RIGHT),
@@ -312,17 +355,20 @@ _COLUMNS: Final = (
     _Column(RECHECKS_COLUMN, lambda s: _histogram(s.rechecks)),
     _Column("last 50 statuses", lambda s: _histogram(s.last_statuses)),
     _Column("state", _state),
+    _Column(HOSTS_COLUMN, _hosts),
     _Column("robots", _robots, {"no_wrap": True, "overflow": "ellipsis"}),
 )
 # What a terminal too narrow for every column goes without, first to last: the backlog,
 # ETA, rates, errors and state are what a long crawl is watched for.
-NARROW_HIDES: Final = ("last 50 statuses", RECHECKS_COLUMN, "pace_rate", "robots")
+NARROW_HIDES: Final = ("last 50 statuses", RECHECKS_COLUMN, "pace_rate", "robots", HOSTS_COLUMN)
 # Wide enough for any cell: measured within it, a cell's widths are its own.
 UNLIMITED_WIDTH: Final = 100_000
 
 
 def _columns(status: CrawlStatus, hidden: Collection[str] = ()) -> list[_Column]:
-    unused = () if status.rechecks else (RECHECKS_COLUMN,)
+    unused = [] if status.rechecks else [RECHECKS_COLUMN]
+    if all(source.hosts is None for source in status.sources):
+        unused.append(HOSTS_COLUMN)
     return [c for c in _COLUMNS if c.header not in hidden and c.header not in unused]
 
 
@@ -380,6 +426,13 @@ def _caption(
         lines.append(
             f"re-checks: {_histogram(status.rechecks)} (images of earlier crawls asked again; "
             "changed: crawled again, gone: 404 or 410)"
+        )
+    hosts = host_totals(status.sources)
+    if hosts is not None:
+        lines.append(
+            f"hosts: {hosts.active} asked about in the last minute, {hosts.paced} paced below "
+            f"their source's rate, {hosts.backed_off} backed off, {hosts.halted} halted "
+            "(image-crawler status --hosts SOURCE lists them)"
         )
     if total.urls_lost:
         lines.append(
@@ -478,3 +531,111 @@ class FittedTable:
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         yield self.table(console, options)
+
+
+# --- one source's hosts: status --hosts SOURCE -------------------------------------------
+
+_HOST_STATE_TEXT: Final = {
+    HOST_HALTED: ("halted", "bold red"),
+    HOST_BACKED_OFF: ("backed off", "yellow"),
+    HOST_PACED: ("paced", "cyan"),
+    HOST_AT_PACE: ("at pace", "green"),
+}
+
+
+def hosts_counts_line(hosts: SourceHosts) -> str:
+    """The source's counts: ``"1204 active (asked about in the last minute): 1150 at the
+    source's pace, 40 paced below it, 10 backed off, 4 halted"``."""
+    counts = hosts.counts
+    if counts is None:
+        return (
+            f"no host of {hosts.source} asked about in the last 10 minutes "
+            f"(no host_index:{hosts.source})"
+        )
+    return (
+        f"{counts.active} active (asked about in the last minute): {counts.at_pace} at the "
+        f"source's pace, {counts.paced} paced below it, {counts.backed_off} backed off, "
+        f"{counts.halted} halted"
+    )
+
+
+def _host_cells(row: HostRow, hosts: SourceHosts) -> list[RenderableType]:
+    text, style = _HOST_STATE_TEXT.get(row.state or "", ("?", ""))
+    rate = effective_rps(row, hosts.source_rps)
+    fails = row.count("fails")
+    return [
+        Text(row.host, no_wrap=True, overflow="ellipsis"),
+        Text(text, style=style),
+        "-" if rate is None else _rate(rate),
+        why_text(row, hosts),
+        last_answer(row),
+        str(fails) if fails else "-",
+        f"{_duration(max(hosts.now_s - row.asked_at_s, 0.0))} ago",
+    ]
+
+
+def hosts_table(hosts: SourceHosts) -> Table:
+    """One source's hosts: the troubled (halted, backed off, paced below its rate) and
+    the busiest, a row each, the counts and the source's rate in the caption."""
+    table = Table(
+        title=f"image-crawler status --hosts {hosts.source}",
+        caption_justify="left",
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        pad_edge=False,
+        padding=(0, 1, 0, 0),
+        collapse_padding=True,
+    )
+    for header, options in (
+        ("host", {"no_wrap": True}),
+        ("state", {"no_wrap": True}),
+        ("rate/s", _RIGHT),
+        ("why", {}),
+        ("last answer", {"no_wrap": True}),
+        ("fails", _RIGHT),
+        ("asked", {"justify": "right", "no_wrap": True}),
+    ):
+        table.add_column(header, **options)
+    for state in SHOWN_ORDER:
+        for row in hosts.rows.get(state, ()):
+            table.add_row(*_host_cells(row, hosts))
+    if not any(hosts.rows.values()):
+        table.add_row("(no host)", *[""] * 6)
+    table.caption = "\n".join(_hosts_caption(hosts))
+    return table
+
+
+def _hosts_caption(hosts: SourceHosts) -> list[str]:
+    rate = "none (no monitor)" if hosts.source_rps is None else f"{_rate(hosts.source_rps)}/s"
+    lines = [hosts_counts_line(hosts), f"source rate now (pace_rate:{hosts.source}): {rate}"]
+    if hosts.host_rate_rps is not None:
+        lines[-1] += f"; host_rate:{hosts.source} {hosts.host_rate_rps:g}/s"
+    cut = _cut_states(hosts)
+    if cut:
+        lines.append(f"showing {', '.join(cut)} (the most recently asked about; --top)")
+    lines.append(BACKLOG_UNKNOWN.replace("{source}", hosts.source))
+    lines.append(
+        "rate/s: the host's rate now (0 while halted); last answer: clean, refused (429, 503, "
+        "a timeout) or failed (5xx, no answer); fails: in a row; asked: by a worker"
+    )
+    return lines
+
+
+def _cut_states(hosts: SourceHosts) -> list[str]:
+    """``"10 of 40 paced"`` for each state with more active hosts than shown."""
+    counts = hosts.counts
+    if counts is None:
+        return []
+    active = {
+        HOST_HALTED: (counts.halted, "halted"),
+        HOST_BACKED_OFF: (counts.backed_off, "backed off"),
+        HOST_PACED: (counts.paced, "paced"),
+        HOST_AT_PACE: (counts.at_pace, "at the source's pace"),
+    }
+    cut = []
+    for state in SHOWN_ORDER:
+        shown = len(hosts.rows.get(state, ()))
+        total, name = active[state]
+        if total > shown:
+            cut.append(f"{shown} of {total} {name}")
+    return cut

@@ -30,11 +30,13 @@ from crawl_monitor.regulator import Regulator, RegulatorSettings
 from crawl_monitor.settings import MonitorSettings
 from crawl_monitor.store import RedisRegulatorStore
 from image_crawler import contract as c
+from image_crawler.host_index import HostCounts
 from test.harness.crawl import sources_file
 from test.harness.services import create_topics, produce, wait_for
 
 AT_RATE = "at its configured rate"
 RECHECKS = "crawler_source_rechecks_total"
+HOSTS = "crawler_source_hosts"
 
 
 def snapshot() -> RegulatorSnapshot:
@@ -61,12 +63,21 @@ def samples_of(view: MonitorView) -> list[Sample]:
 
 
 def scrape(view: MonitorView) -> dict[tuple[str, str | None], float]:
-    """Every sample of a scrape but those labelled by status: (name, source label or
-    None) -> value."""
+    """Every sample of a scrape but those labelled by status or state: (name, source
+    label or None) -> value."""
     return {
         (sample.name, sample.labels.get("source")): sample.value
         for sample in samples_of(view)
-        if "status" not in sample.labels
+        if "status" not in sample.labels and "state" not in sample.labels
+    }
+
+
+def by_state(view: MonitorView) -> dict[tuple[str, str], float]:
+    """The samples of crawler_source_hosts: (source, state) -> value."""
+    return {
+        (sample.labels["source"], sample.labels["state"]): sample.value
+        for sample in samples_of(view)
+        if sample.name == HOSTS
     }
 
 
@@ -95,6 +106,8 @@ FULL = MonitorView(
         rechecks={"flickr": {"unchanged": 40, "changed": 2}, "met": {"gone": 5, "failed": 1}},
     ),
     leading=True,
+    # Only the sources with a host index: "met" and "phylopic" have none.
+    hosts={"flickr": HostCounts(1200, 40, 10, 4), "slow": HostCounts(backed_off=1)},
 )
 
 
@@ -156,9 +169,23 @@ def test_every_metric_of_a_full_view():
         ("met", "gone"): 5,
         ("met", "failed"): 1,
     }
+    assert by_state(FULL) == {
+        ("flickr", "active"): 1254,
+        ("flickr", "paced"): 40,
+        ("flickr", "backed_off"): 10,
+        ("flickr", "halted"): 4,
+        ("slow", "active"): 1,
+        ("slow", "paced"): 0,
+        ("slow", "backed_off"): 1,
+        ("slow", "halted"): 0,
+    }
     names = {n for n, _ in samples}
     assert names == set(per_source) | set(totals)
-    assert {sample.name for sample in samples_of(FULL)} == names | {rechecks}
+    assert {sample.name for sample in samples_of(FULL)} == names | {rechecks, HOSTS}
+    # No series carries a host: a source's are four, whatever its number of hosts.
+    assert {tuple(sorted(s.labels)) for s in samples_of(FULL) if s.name == HOSTS} == {
+        ("source", "state")
+    }
 
 
 def test_the_rechecks_family_is_there_without_any_series():
@@ -176,6 +203,7 @@ def test_what_the_monitor_does_not_know_yet_is_left_out():
     """Before any loop or reading (and on a standby monitor: no snapshot)."""
     samples = scrape(MonitorView(["flickr"], None, None, None, leading=False))
     assert samples == {("crawler_sources", None): 1, ("crawler_monitor_leading", None): 0}
+    assert by_state(MonitorView(["flickr"], None, None, None, leading=False)) == {}
     # A standby has the backlog and the counters, not the rates nor an ETA.
     standby = scrape(MonitorView(["flickr"], None, FULL.backlog, FULL.counters, leading=False))
     names = {n for n, _ in standby}
@@ -245,11 +273,20 @@ async def test_the_monitor_serves_metrics_health_and_the_dashboard(
     kafka, redis, redis_url, tmp_path
 ):
     """The whole monitor, in this process: its scrape has the backlog of a source's topic,
-    the rates, the counters (a re-check's too) and the loop histogram; /healthz is 200 and
-    / the dashboard."""
+    the rates, the counters (a re-check's too), the host counts and the loop histogram;
+    /healthz is 200 and / the dashboard."""
     await create_topics(kafka.bootstrap, ["urls.alpha"], partitions=1)
     await produce(kafka.bootstrap, "urls.alpha", [b'{"url": "u", "uuid": "1"}'])
     await redis.set(c.num_resized_key("alpha"), 3)
+    seconds, micros = await redis.time()
+    asked_at = seconds + micros / 1e6
+    await redis.zadd(
+        c.host_index_key("alpha"),
+        {
+            "a.example": c.host_index_score(c.HOST_BACKED_OFF, asked_at),
+            "b.example": c.host_index_score(c.HOST_AT_PACE, asked_at),
+        },
+    )
     await redis.hset(
         c.RECHECKS_HASH,
         mapping={
@@ -280,7 +317,11 @@ async def test_the_monitor_serves_metrics_health_and_the_dashboard(
                 async def scraped() -> str | None:
                     async with http.get(f"{base}/metrics") as response:
                         text = await response.text()
-                    wanted = ("crawler_source_backlog_urls{", "crawler_source_successes_total{")
+                    wanted = (
+                        "crawler_source_backlog_urls{",
+                        "crawler_source_successes_total{",
+                        "crawler_source_hosts{",
+                    )
                     return text if all(w in text for w in wanted) else None
 
                 text = await wait_for(scraped, 20, what="a scrape with the backlog")
@@ -300,6 +341,8 @@ async def test_the_monitor_serves_metrics_health_and_the_dashboard(
     ]
     assert _value(text, 'crawler_source_configured_requests_per_second{source="alpha"}') == 0.2
     assert _value(text, "crawler_sources") == 1.0
+    assert _value(text, f'{HOSTS}{{source="alpha",state="active"}}') == 2.0
+    assert _value(text, f'{HOSTS}{{source="alpha",state="backed_off"}}') == 1.0
     assert _value(text, "crawler_monitor_loop_seconds_count") >= 1
     assert "process_cpu_seconds_total" in text
 

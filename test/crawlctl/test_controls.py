@@ -1,14 +1,19 @@
-"""Operator actions against a real redis-server: the keys they change, and what they say."""
+"""Operator actions against a real redis-server: the keys they change, and what they say;
+on one host, what the workers' pacing script then does."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
 from redis.asyncio import Redis
 
+from crawlctl import cli
 from crawlctl.commands import controls
+from crawlctl.console import EXIT_OK, EXIT_USAGE
 from image_crawler import contract as c
+from test.crawlctl.test_status_hosts import ask
 
 
 async def seed_a_tripped_source(redis: Redis, source: str) -> None:
@@ -153,3 +158,168 @@ async def test_unknown_names_the_sources_nothing_knows(redis: Redis) -> None:
     names = ["rated", "typo", "seen", "halted", "other"]
     assert await controls.unknown(redis, names) == ["typo", "other"]
     assert await controls.unknown(redis, []) == []
+
+
+# --- one host ---------------------------------------------------------------------------
+
+HOST_KEY = c.pace_host_key("web", "images.example.org")
+
+
+@pytest.mark.parametrize(
+    ("raw", "host"),
+    [
+        ("images.example.org", "images.example.org"),
+        (" Images.Example.ORG. ", "images.example.org"),
+        ("https://Images.Example.ORG:8443/a.jpg?x=1", "images.example.org"),
+        ("images.example.org:8080", "images.example.org"),
+        ("[::1]", "::1"),
+        ("http://[::1]:8080/a.jpg", "::1"),
+        ("::1", "::1"),
+        ("127.0.0.2", "127.0.0.2"),
+    ],
+)
+def test_host_names_are_spelled_as_the_workers_pacing_keys(raw: str, host: str) -> None:
+    assert controls.host_name(raw) == host
+
+
+@pytest.mark.parametrize("raw", ["", " ", "a b", "images.example.org/a.jpg", "http:///x", "."])
+def test_impossible_hosts_are_refused(raw: str) -> None:
+    with pytest.raises(controls.InvalidArgument, match="not a host"):
+        controls.host_name(raw)
+
+
+async def test_halt_host_sets_halt_and_keeps_the_hash_for_good(redis: Redis) -> None:
+    await redis.hset(HOST_KEY, mapping={"rate": "12", "exp": "1763764600.000000"})
+    await redis.pexpire(HOST_KEY, 60_000)
+    done = await controls.halt_host(redis, "web", "images.example.org", "asked by its webmaster")
+    assert await redis.hgetall(HOST_KEY) == {
+        "rate": "12",
+        "halt": "asked by its webmaster",
+        "exp": "",
+    }
+    assert await redis.pttl(HOST_KEY) == -1
+    assert [str(d) for d in done] == [
+        f'HSET {HOST_KEY} halt "asked by its webmaster" exp ""  '
+        "(no request to the host until it is resumed)",
+        f"PERSIST {HOST_KEY}  (kept for good while an operator's field is in it)",
+    ]
+    again = await controls.halt_host(redis, "web", "images.example.org", "still")
+    assert again[0].note == "it was already halted: asked by its webmaster"
+    assert await redis.hget(HOST_KEY, "halt") == "still"
+    assert controls.default_reason().startswith("halted with image-crawler halt at 20")
+
+
+async def test_resume_host_removes_the_halt_and_the_breaker_and_lets_it_expire(
+    redis: Redis,
+) -> None:
+    breaker = {"fails": "4", "since": "1", "until": "2", "halts": "3", "gone": "4"}
+    await redis.hset(HOST_KEY, mapping={"rate": "12", "halt": "x", "exp": "", **breaker})
+    done = await controls.resume_host(redis, "web", "images.example.org")
+    assert await redis.hgetall(HOST_KEY) == {"rate": "12", "exp": ""}
+    assert c.HOST_IDLE_S * 1000 - 5000 < await redis.pttl(HOST_KEY) <= c.HOST_IDLE_S * 1000
+    assert [d.command for d in done] == [
+        f"HDEL {HOST_KEY} halt fails since until halts gone",
+        f'HSET {HOST_KEY} exp ""',
+        f"PEXPIRE {HOST_KEY} {int(c.HOST_IDLE_S * 1000)}",
+    ]
+    assert done[0].note == "it was halted by an operator: x"
+    # Nothing to resume: said so, and the hash is left as it is.
+    again = await controls.resume_host(redis, "web", "images.example.org")
+    assert again[0].note == "it was not halted"
+
+
+async def test_resume_host_keeps_a_crawl_delay_and_an_override(redis: Redis) -> None:
+    seconds, _ = await redis.time()
+    await redis.hset(HOST_KEY, mapping={"delay": "5", "delay_until": f"{seconds + 7200}"})
+    await redis.hset(HOST_KEY, mapping={"until": f"{seconds + 30}", "fails": "4"})
+    done = await controls.resume_host(redis, "web", "images.example.org")
+    assert done[0].note == "its breaker's failures and halts are cleared"
+    assert 7_100_000 < await redis.pttl(HOST_KEY) <= 7_200_000  # while its delay is in force
+    # With a rate: its override is set first, and the hash is kept for good.
+    await redis.hset(HOST_KEY, "halt", "x")
+    done = await controls.resume_host(redis, "web", "images.example.org", rate=2.5)
+    assert await redis.hget(HOST_KEY, "override") == "2.5"
+    assert await redis.hget(HOST_KEY, "halt") is None
+    assert await redis.pttl(HOST_KEY) == -1
+    assert [d.command.split()[0] for d in done] == ["HSET", "PERSIST", "HDEL"]
+
+
+async def test_override_host_and_clear(redis: Redis) -> None:
+    await redis.hset(HOST_KEY, mapping={"rate": "12"})
+    await redis.pexpire(HOST_KEY, 60_000)
+    done = await controls.override_host(redis, "web", "images.example.org", 0.5)
+    assert await redis.hgetall(HOST_KEY) == {"rate": "12", "override": "0.5", "exp": ""}
+    assert await redis.pttl(HOST_KEY) == -1
+    assert done[0].command == f'HSET {HOST_KEY} override 0.5 exp ""'
+    done = await controls.clear_host_override(redis, "web", "images.example.org")
+    assert await redis.hget(HOST_KEY, "override") is None
+    assert done[0].note == "it was 0.5 requests/s"
+    assert 0 < await redis.pttl(HOST_KEY) <= c.HOST_IDLE_S * 1000
+    # A host an operator also halted stays kept for good.
+    await redis.hset(HOST_KEY, mapping={"override": "1", "halt": "x"})
+    await redis.persist(HOST_KEY)
+    await controls.clear_host_override(redis, "web", "images.example.org")
+    assert await redis.pttl(HOST_KEY) == -1
+    # No hash: nothing created.
+    done = await controls.clear_host_override(redis, "web", "other.example.org")
+    assert done[0].note == "there was none"
+    assert not await redis.exists(c.pace_host_key("web", "other.example.org"))
+
+
+async def test_the_host_commands_act_on_one_host_and_the_pacing_script_obeys(
+    redis: Redis, redis_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    await redis.sadd(c.INBOUND_SOURCES_SET, "web")
+    await redis.set(c.pace_rate_key("web"), "10")
+    both = ["images.example.org", "other.example.org"]
+    await ask(redis, "web", both)
+
+    async def command(*argv: str) -> list[str]:
+        code = await asyncio.to_thread(cli.run, [*argv, "--redis", redis_url])
+        assert code == EXIT_OK
+        captured = capsys.readouterr()
+        assert captured.err == ""
+        return captured.out.splitlines()
+
+    url = "HTTPS://Images.Example.ORG/a.jpg"
+    out = await command("halt", "web", "--host", url, "--reason", "asked by its webmaster")
+    assert out[0] == (
+        f'HSET {HOST_KEY} halt "asked by its webmaster" exp ""  '
+        "(no request to the host until it is resumed)"
+    )
+    (answer,) = await ask(redis, "web", both)
+    assert [a[3] for a in answer] == ["m", ""]  # halted by an operator; the other served
+    index = c.host_index_key("web")
+    state = c.HostIndexEntry.of(await redis.zscore(index, "images.example.org") or 0).state
+    assert state == c.HOST_HALTED
+
+    await command("override", "web", "0.5", "--host", "images.example.org")
+    out = await command("resume", "web", "--host", "images.example.org")
+    assert out[0].startswith(f"HDEL {HOST_KEY} halt fails since until halts gone")
+    (answer,) = await ask(redis, "web", both)
+    assert answer[0][3] == "" and answer[0][2] == 2.0  # served, one request per 2 s
+    assert await redis.hget(HOST_KEY, "why") == c.WHY_CAP
+    out = await command("override", "web", "--clear", "--host", "images.example.org")
+    assert out[0] == f"HDEL {HOST_KEY} override  (it was 0.5 requests/s)"
+
+
+async def test_a_host_no_worker_asked_about_is_named_and_bad_arguments_refused(
+    redis: Redis, redis_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    await redis.sadd(c.INBOUND_SOURCES_SET, "web")
+    argv = ["halt", "web", "--host", "typo.example.org", "--redis", redis_url]
+    assert await asyncio.to_thread(cli.run, argv) == EXIT_OK
+    err = " ".join(capsys.readouterr().err.split())
+    assert "'typo.example.org' is not a host of 'web' that a worker has asked about" in err
+    assert await redis.hget(c.pace_host_key("web", "typo.example.org"), "halt")  # halted
+    for argv, message in [
+        (["halt", "web", "--reason", "x"], "--reason goes with --host"),
+        (["halt", "web", "--host", "a b"], "not a host: 'a b'"),
+        (["override", "web", "--host", "a.example"], "give a RATE (requests/s), or --clear"),
+    ]:
+        try:
+            code = await asyncio.to_thread(cli.run, [*argv, "--redis", redis_url])
+        except SystemExit as e:
+            code = int(e.code or 0)
+        assert code == EXIT_USAGE
+        assert message in capsys.readouterr().err

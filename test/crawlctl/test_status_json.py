@@ -19,6 +19,7 @@ from test.crawlctl.test_status_model import (
     SORTABLE,
     payload,
     seed_backlog,
+    seed_host_index,
     seed_rechecks,
     source,
 )
@@ -28,6 +29,7 @@ async def seeded_document(redis: Redis) -> dict[str, Any]:
     """The ``--json`` document of ``seed_backlog`` and ``seed_rechecks``, read back."""
     await seed_backlog(redis)
     await seed_rechecks(redis)
+    await seed_host_index(redis, "busy")
     document = status_json(await read_status(redis))
     # Strict JSON: no NaN or Infinity anywhere (an endless ETA is null).
     document = json.loads(json.dumps(document, allow_nan=False))
@@ -42,7 +44,7 @@ async def test_the_json_has_every_field_with_numbers_as_numbers(redis: Redis) ->
         "sources", "sources_shown", "sort", "successes", "errors", "split", "malformed",
         "effective_rps", "configured_rps", "backlog", "backlog_age_s", "backlog_stale",
         "eta_s", "eta_source", "stalled_sources", "stalled_backlog", "unknown_eta_sources",
-        "errors_by_reason", "rechecks", "urls_lost",
+        "errors_by_reason", "rechecks", "urls_lost", "hosts",
     }  # fmt: skip
     assert general["sources"] == general["sources_shown"] == 6 and general["sort"] == "backlog"
     assert (general["successes"], general["errors"], general["split"]) == (13224, 9, 20000)
@@ -55,6 +57,7 @@ async def test_the_json_has_every_field_with_numbers_as_numbers(redis: Redis) ->
     assert general["errors_by_reason"] == {
         "503": 40, "500": 11, "Timeout": 9, "404": 1, "ConnectionError": 1}  # fmt: skip
     assert general["urls_lost"] == 120
+    assert general["hosts"] == {"active": 3, "paced": 1, "backed_off": 1, "halted": 0}
     # Only the statuses there are, in the contract's order; "nowhere" counts too.
     assert list(general["rechecks"].items()) == [
         ("unchanged", 52),
@@ -94,7 +97,9 @@ async def test_each_source_in_the_json_has_every_field(redis: Redis) -> None:
         "no_index": 0,
         "robots_exempt": False,
         "crawl_delay_s": None,
+        "hosts": {"active": 3, "paced": 1, "backed_off": 1, "halted": 0},
     }
+    assert by_name["flickr"]["hosts"] is None  # no host index
     assert 40 < by_name["busy"]["next_slot_in_s"] <= 42
     assert (by_name["broken"]["eta_s"], by_name["broken"]["eta_state"]) == (None, "halted")
     assert (by_name["met"]["eta_s"], by_name["met"]["eta_state"]) == (0.0, "empty")

@@ -25,6 +25,7 @@ from crawlctl.status.model import (
     SourceStatus,
     Totals,
     eta,
+    host_totals,
     parse_status,
     read_status,
     reasons_by_source,
@@ -33,6 +34,7 @@ from crawlctl.status.model import (
     totals,
 )
 from image_crawler import contract as c
+from image_crawler.host_index import HostCounts
 
 FLICKR = c.PacingInfo(178.4, 178.4, "computed", c.PACE_CONFIGURED, "at its configured rate")
 BUSY = c.PacingInfo(
@@ -95,7 +97,8 @@ async def test_read_status_gathers_every_source_in_one_scan_and_one_script(
     await seed(redis)
     commands = record_commands(redis, monkeypatch)
     status = await read_status(redis)
-    assert commands == ["SCAN", "EVAL"]  # the error counters' keys, then every value
+    # The error counters' keys, then every value, then the host counts.
+    assert commands == ["SCAN", "EVAL", "EVAL"]
     by_name = {s.name: s for s in status.sources}
     assert list(by_name) == ["broken", "busy", "flickr", "met", "phylopic"]
     flickr = by_name["flickr"]
@@ -168,6 +171,41 @@ async def seed_robots(redis: Redis) -> None:
     await redis.set(c.resize_errors_key("nasa", c.Status.NO_INDEX), 4)
 
 
+async def seed_host_index(redis: Redis, source: str) -> None:
+    """A host index for ``source``: three hosts asked about lately (at its pace, paced,
+    backed off), one halted long ago (not active, so not counted)."""
+    now = await redis_now(redis)
+    await redis.zadd(
+        c.host_index_key(source),
+        {
+            "a.example": c.host_index_score(c.HOST_AT_PACE, now - 1),
+            "b.example": c.host_index_score(c.HOST_PACED, now - 2),
+            "c.example": c.host_index_score(c.HOST_BACKED_OFF, now - 30),
+            "d.example": c.host_index_score(c.HOST_HALTED, now - 120),
+        },
+    )
+
+
+async def test_read_status_counts_the_hosts_of_the_sources_with_a_host_index(
+    redis: Redis,
+) -> None:
+    await seed(redis)
+    await seed_host_index(redis, "busy")
+    await redis.zadd(c.host_index_key("nowhere"), {"x": 0.0})  # no source: not read
+    status = await read_status(redis)
+    hosts = {s.name: s.hosts for s in status.sources}
+    assert hosts == {
+        "broken": None,
+        "busy": HostCounts(at_pace=1, paced=1, backed_off=1),
+        "flickr": None,
+        "met": None,
+        "phylopic": None,
+    }
+    assert host_totals(status.sources) == HostCounts(1, 1, 1, 0)
+    assert host_totals([]) is None
+    assert sort_sources(status.sources, "hosts")[0].name == "busy"
+
+
 async def seed_rechecks(redis: Redis) -> None:
     """Re-checks of flickr's and busy's earlier crawls, as the workers' stats flush
     counts them (the hash ``rechecks``, field ``{source}:{status}``)."""
@@ -208,7 +246,7 @@ async def test_read_status_reads_robots_keys_in_the_same_round_trip(
     await seed_robots(redis)
     commands = record_commands(redis, monkeypatch)
     status = await read_status(redis)
-    assert commands == ["SCAN", "EVAL"]
+    assert commands == ["SCAN", "EVAL", "EVAL"]
     robots = {
         s.name: (s.robots_disallowed, s.robots_exempt, s.crawl_delay_s) for s in status.sources
     }
@@ -236,9 +274,10 @@ async def test_read_status_reads_the_rechecks_in_the_same_script(
 
     monkeypatch.setattr(redis, "execute_command", counting)
     status = await read_status(redis)
-    assert [str(args[0]) for args in calls] == ["SCAN", "EVAL"]
-    # The SCAN finds the error counters only; the script reads the re-checks' hash.
-    scan, script = calls
+    assert [str(args[0]) for args in calls] == ["SCAN", "EVAL", "EVAL"]
+    # The SCAN finds the error counters only; the script reads the re-checks' hash (the
+    # second counts the hosts).
+    scan, script, _ = calls
     assert scan[scan.index(b"MATCH") + 1] == f"{c.RESIZE_ERRORS}:*:*"
     assert script[2:4] == (1, c.resize_errors_key("flickr", "404"))
     by_name = {s.name: s for s in status.sources}
@@ -640,8 +679,8 @@ async def test_a_thousand_sources_of_ten_reasons_are_read_in_scan_steps(
     commands = record_commands(redis, monkeypatch)
     status = await read_status(redis)
     # Redis answers others between the steps: none walks more than SCAN_COUNT keys.
-    assert commands[-1] == "EVAL" and set(commands[:-1]) == {"SCAN"}
-    assert len(commands) - 1 >= (await redis.dbsize()) // SCAN_COUNT
+    assert commands[-2:] == ["EVAL", "EVAL"] and set(commands[:-2]) == {"SCAN"}
+    assert len(commands) - 2 >= (await redis.dbsize()) // SCAN_COUNT
     assert len(status.sources) == 1000
     assert all(len(s.errors_by_reason) == 10 for s in status.sources)
     assert status.errors_by_reason["RobotsDisallowed"] == 10 * 1000

@@ -38,6 +38,7 @@ from test.crawlctl.test_status_model import (
     parsed,
     seed,
     seed_backlog,
+    seed_host_index,
     seed_rechecks,
     seed_robots,
     source,
@@ -191,6 +192,25 @@ async def test_the_table_has_a_rechecks_column_only_when_there_are_any(redis: Re
         "re-checks: unchanged=52 changed=3 gone=6 failed=2 (images of earlier crawls asked again"
         in text
     )
+
+
+async def test_the_table_has_a_hosts_column_only_when_a_source_has_a_host_index(
+    redis: Redis,
+) -> None:
+    await seed(redis)
+    assert "hosts" not in render(await read_status(redis))
+    await seed_host_index(redis, "busy")
+    text = render(await read_status(redis), width=220)
+    header = next(line for line in text.splitlines() if line.startswith("source "))
+    assert re.search(r"\sstate\s+hosts\s+robots", header), header
+    busy = row(text, "busy")
+    assert re.search(r"\s3 active\s", busy[0]), busy
+    assert "1 paced, 1 backed off" in busy[1]
+    assert re.search(r"\s-\s+-\s*$", row(text, "flickr")[0])  # no index; no robots
+    assert (
+        "hosts: 3 asked about in the last minute, 1 paced below their source's rate, "
+        "1 backed off, 0 halted (image-crawler status --hosts SOURCE lists them)"
+    ) in " ".join(text.split())
 
 
 @pytest.mark.parametrize(

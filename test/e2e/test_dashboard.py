@@ -74,6 +74,7 @@ COLUMNS = [
     "errors",
     "noIndex",
     "rechecks",
+    "hosts",
     "state",
 ]
 STATE = COLUMNS.index("state")
@@ -186,6 +187,23 @@ def fmt_rechecks(values: Mapping[str, float]) -> str:
     return " · ".join(f"{fmt_int(counts[s])} {s}" for s in order if counts.get(s, 0) > 0)
 
 
+# The metric of host counts by state, and the key its samples get among a source's values.
+HOSTS = "crawler_source_hosts"
+HOST_KEY = "hosts:"
+
+
+def fmt_hosts(values: Mapping[str, float]) -> str:
+    """``"1,254 active · 40 paced · 10 backed off · 4 halted"``, the states with none
+    left out; "" without an ``active`` count (no host index)."""
+    if f"{HOST_KEY}active" not in values:
+        return ""
+    parts = [f"{fmt_int(values[f'{HOST_KEY}active'])} active"]
+    for state in ("paced", "backed_off", "halted"):
+        if values.get(f"{HOST_KEY}{state}", 0) > 0:
+            parts.append(f"{fmt_int(values[f'{HOST_KEY}{state}'])} {state.replace('_', ' ')}")
+    return " · ".join(parts)
+
+
 def recheck_totals(text: str) -> dict[str, float]:
     """Every source's re-checks in a ``/metrics`` text, summed by status."""
     totals: dict[str, float] = {}
@@ -214,6 +232,7 @@ def expected_row(source: str, values: Mapping[str, float]) -> list[str]:
         fmt_int(values.get("errors")),
         fmt_int(values.get("no_index")),
         fmt_rechecks(values),
+        fmt_hosts(values),
         state,
     ]
 
@@ -240,6 +259,9 @@ def per_source(text: str) -> tuple[dict[str, dict[str, float]], dict[str, float]
         for sample in family.samples:
             if sample.name == RECHECKS:
                 key = RECHECK_KEY + sample.labels["status"]
+                sources.setdefault(sample.labels["source"], {})[key] = sample.value
+            elif sample.name == HOSTS:
+                key = HOST_KEY + sample.labels["state"]
                 sources.setdefault(sample.labels["source"], {})[key] = sample.value
             elif sample.name in PER_SOURCE:
                 sources.setdefault(sample.labels["source"], {})[PER_SOURCE[sample.name]] = (
@@ -315,6 +337,8 @@ class SourceState:
     no_index: int = 0
     # status -> count, a sample each (the monitor's has none for a status never seen).
     rechecks: dict[str, int] = dataclasses.field(default_factory=dict)
+    # state -> count (active, paced, backed_off, halted); empty: no host index.
+    hosts: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 class MadeUpMonitor:
@@ -356,6 +380,11 @@ class MadeUpMonitor:
             for status, count in state.rechecks.items():
                 rechecks.add_metric([source, status], count)
         yield rechecks
+        hosts = GaugeMetricFamily(HOSTS, "made up: hosts", labels=["source", "state"])
+        for source, state in self.sources.items():
+            for name, count in state.hosts.items():
+                hosts.add_metric([source, name], count)
+        yield hosts
         states = list(self.sources.values())
         backlog = sum(s.backlog or 0 for s in states)
         etas = [s.eta for s in states if s.eta is not None]
@@ -410,6 +439,14 @@ def thousand_sources() -> dict[str, SourceState]:
     }
     # A status the page does not know yet comes after the contract's.
     sources["source0010"].rechecks["moved"] = 2
+    # Hosts: one in seven sources has a host index.
+    for i in range(0, 996, 7):
+        sources[f"source{i:04d}"].hosts = {
+            "active": i * 13,
+            "paced": i % 5,
+            "backed_off": i % 3,
+            "halted": i % 2,
+        }
     sources["halted-for-now"] = SourceState(effective=0, halted=1, eta=math.inf, errors=80)
     sources["halted-for-good"] = SourceState(
         effective=0, halted=1, permanent=1, eta=math.inf, errors=500
@@ -519,6 +556,11 @@ async def test_a_thousand_sources_show_as_metrics_says_and_throughput_follows_th
             page["subs"]["rechecks"]
             == "1,094,500 unchanged · 300 changed · 200 gone · 100 failed · 2 moved"
         )
+        # A source's hosts, the states with none left out; nothing without a host index.
+        hosts = COLUMNS.index("hosts")
+        assert expected["source0007"][hosts] == "91 active · 2 paced · 1 backed off · 1 halted"
+        assert expected["source0015"][hosts] == ""
+        assert expected["source0000"][hosts] == "0 active"
         assert expected["source0010"][COLUMNS.index("rechecks")] == (
             "110 unchanged · 2 changed · 1 gone · 2 moved"
         )
@@ -906,6 +948,10 @@ async def test_during_a_real_crawl_the_page_shows_what_the_monitor_measures(
         assert rows["wikimedia"][rechecks] == ""
         assert page["totals"]["rechecks"] == "2,022"
         assert page["subs"]["rechecks"] == "1,960 unchanged · 52 changed · 7 gone · 3 failed"
+        # Each source's URLs are on one host of the local origin, which the workers' pacing
+        # script indexed: one active host, as /metrics says.
+        assert sources["flickr"][f"{HOST_KEY}active"] == 1
+        assert rows["flickr"][COLUMNS.index("hosts")].startswith("1 active")
         screenshot = await tab.screenshot()
         await asyncio.to_thread((tmp_path / "dashboard.png").write_bytes, screenshot)
         if keep:

@@ -1,12 +1,22 @@
 """The per-host rule (worker/politeness/hosts.py), pure: keys, slow start, AIMD, the
-breaker, ceilings and the round robin. Its Lua twin is held to it in test_lua_twins.py."""
+breaker, ceilings, the round robin, and what the host index says of a host (why it is
+paced as it is, when its member is written). Its Lua twin is held to it in
+test_lua_twins.py."""
 
 import math
 
 import pytest
 
+from image_crawler import contract as c
 from worker.politeness.hosts import (
     CLEAN,
+    F_FAILS,
+    F_GONE,
+    F_HALT,
+    F_HALTS,
+    F_OVERRIDE,
+    F_SINCE,
+    F_UNTIL,
     FAILED,
     FLAG_GONE,
     FLAG_HALTED,
@@ -18,10 +28,16 @@ from worker.politeness.hosts import (
     HostReport,
     HostSettings,
     HostState,
+    ScoreRange,
     answer_kind,
     blocked,
     ceiling_rps,
+    decide_source,
+    fields_of,
+    host_interval,
     host_step,
+    host_why,
+    indexed,
     key_of,
     round_robin_grant,
 )
@@ -155,3 +171,98 @@ def test_hosts_share_their_source_s_slots_in_turn_and_each_keeps_its_own_interva
     assert granted.slots[2] == ()
     assert granted.source_next == pytest.approx(NOW + 0.06)
     assert math.isclose(granted.host_next[0], NOW + 1.0)
+
+
+# --- what the host index says of a host ---------------------------------------------------
+
+DELAYED = {"delay_s": 3.0, "delay_until": NOW + 60}
+
+
+@pytest.mark.parametrize(
+    ("state", "source_rps", "ceiling", "why"),
+    [
+        (HostState(rate=40.0), 40.0, 40.0, c.WHY_PACE),
+        (HostState(rate=80.0), 40.0, 40.0, c.WHY_PACE),  # capped at its source's rate
+        (HostState(rate=40.0, **DELAYED), 0.2, 0.2, c.WHY_PACE),  # a delay under 5 s
+        (HostState(rate=40.0, **DELAYED), 40.0, 40.0, c.WHY_CRAWL_DELAY),
+        (HostState(rate=0.1, cut_at=NOW, **DELAYED), 40.0, 40.0, c.WHY_CUT),  # 10 s > 3 s
+        (HostState(rate=3.0, slow=True), 40.0, 40.0, c.WHY_SLOW_START),
+        (HostState(rate=0.5, slow=True), 40.0, 0.5, c.WHY_CAP),  # at its ceiling already
+        (HostState(rate=3.0, slow=True, **DELAYED), 40.0, 40.0, c.WHY_CRAWL_DELAY),
+        (HostState(rate=14.0, cut_at=NOW - 5), 40.0, 40.0, c.WHY_CUT),
+        (HostState(rate=14.0), 40.0, 40.0, c.WHY_CLIMB),  # below a ceiling that rose
+        (HostState(rate=2.0), 40.0, 2.0, c.WHY_CAP),
+        (HostState(rate=2.0, cut_at=NOW - 500), 40.0, 2.0, c.WHY_CAP),  # climbed back
+        (HostState(rate=2.0, override=2.0), 40.0, 2.0, c.WHY_CAP),
+        (HostState(rate=40.0, until=NOW + 30), 40.0, 40.0, c.WHY_BREAKER),
+        (HostState(rate=40.0, gone=NOW - 1, until=NOW + 30), 40.0, 40.0, c.WHY_GONE),
+        (HostState(rate=40.0, halt="asked", gone=NOW), 40.0, 40.0, c.WHY_OPERATOR),
+    ],
+)
+def test_why_a_host_is_paced_as_it_is(state, source_rps, ceiling, why):
+    interval = host_interval(state, ceiling, NOW)
+    assert host_why(state, blocked(state, NOW), ceiling, source_rps, interval) == why
+
+
+def test_each_why_is_in_one_state():
+    assert set(c.HOST_WHY.values()) == set(c.HOST_STATES)
+    assert c.HOST_WHY[c.WHY_CUT] == c.HOST_BACKED_OFF
+    assert {w for w, state in c.HOST_WHY.items() if state == c.HOST_HALTED} == {
+        c.WHY_BREAKER,
+        c.WHY_OPERATOR,
+        c.WHY_GONE,
+    }
+
+
+@pytest.mark.parametrize(
+    ("why", "seen", "due"),
+    [
+        (None, None, True),  # never written
+        (c.WHY_PACE, NOW - 3, False),
+        (c.WHY_CUT, NOW - 3, True),  # its state changed: at once
+        (c.WHY_PACE, NOW - S.index_refresh_s, True),
+        (c.WHY_PACE, NOW + 5, True),  # in the future: a clock that jumped back
+    ],
+)
+def test_a_host_s_member_is_written_when_due(why, seen, due):
+    state = HostState(rate=40.0, why=why, seen=seen)
+    written = indexed(state, c.WHY_PACE, NOW, S)
+    assert (written is not state) == due
+    if due:
+        assert (written.why, written.seen) == (c.WHY_PACE, NOW)
+
+
+def test_a_source_s_round_writes_the_due_members_and_trims_their_bands():
+    hosts = [
+        (HostState(rate=40.0, why=c.WHY_PACE, seen=NOW - 1), NO_REPORT, 1),  # not due
+        (HostState(), NO_REPORT, 1),  # new: slow start
+        (HostState(rate=40.0, halt="asked"), NO_REPORT, 1),
+    ]
+    decided = decide_source(NOW, 40.0, None, None, hosts, 0.05, S)
+    assert decided.indexed == (
+        None,
+        c.host_index_score(c.HOST_PACED, NOW),
+        c.host_index_score(c.HOST_HALTED, NOW),
+    )
+    assert [state.why for state in decided.states] == [c.WHY_PACE, c.WHY_SLOW_START, c.WHY_OPERATOR]
+    band = c.HOST_INDEX_BAND
+    assert decided.trimmed == (
+        ScoreRange(band, band + NOW - S.idle_s),
+        ScoreRange(3 * band, 3 * band + NOW - S.idle_s),
+    )
+
+
+@pytest.mark.parametrize("state", c.HOST_STATES)
+def test_an_index_score_says_the_state_and_the_time(state):
+    entry = c.HostIndexEntry.of(c.host_index_score(state, NOW + 0.123))
+    assert entry.state == state
+    assert entry.asked_at_s == pytest.approx(NOW + 0.123, abs=1e-5)
+    assert c.HostIndexEntry.of(-5.0).state is None
+    assert c.HostIndexEntry.of(len(c.HOST_STATES) * c.HOST_INDEX_BAND).state is None
+
+
+def test_the_fields_operators_write_are_the_rule_s():
+    fields = fields_of(HostState())
+    assert {c.HOST_HALT_FIELD, c.HOST_OVERRIDE_FIELD, c.HOST_EXPIRES_FIELD} <= set(fields)
+    assert c.HOST_BREAKER_FIELDS == (F_FAILS, F_SINCE, F_UNTIL, F_HALTS, F_GONE)
+    assert (c.HOST_HALT_FIELD, c.HOST_OVERRIDE_FIELD) == (F_HALT, F_OVERRIDE)

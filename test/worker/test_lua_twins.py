@@ -227,6 +227,16 @@ HOSTS: dict[str, HostCase] = {
     "its expiry not due": HostCase({"rate": "10", **times(exp=500)}),
     "junk": HostCase({"rate": "fast", "next": "soon", "fails": "many", "ss": "yes"}, wanted=2),
     "not a hash": HostCase(WRONG_TYPE),
+    # Its member of the host index: written 3 s ago, as it is (not due), or as something
+    # else, or 10 s ago, or in the future (due).
+    "indexed 3 s ago": HostCase({"rate": "10", "why": "pace", "seen": at(-3)}),
+    "indexed 3 s ago as cut": HostCase({"rate": "10", "why": "cut", "seen": at(-3)}),
+    "indexed 10 s ago": HostCase({"rate": "10", "why": "pace", "seen": at(-10)}),
+    "indexed in the future": HostCase({"rate": "10", "why": "pace", "seen": at(5)}),
+    "indexed, junk": HostCase({"rate": "10", "why": "pace", "seen": "soon"}),
+    "cut, climbing back, indexed": HostCase(
+        {"rate": "3", "why": "cut", "seen": at(-9.5), **times(cut=-20, climb=-2)}
+    ),
 }
 
 
@@ -237,6 +247,19 @@ class SourceCase:
     next_at: object = None
     hosts: tuple[str, ...] = ()
     settings: HostSettings = HOST_SETTINGS
+    # The source's host index as stored: host -> score (WRONG_TYPE: a set).
+    index: dict[str, float] | object = dataclasses.field(default_factory=dict)
+
+
+# Members of other hosts: idle for longer than idle_s in two bands, and recent.
+IDLE_S = HOST_SETTINGS.idle_s
+INDEXED = {
+    "idle.example": c.host_index_score(c.HOST_AT_PACE, NOW - IDLE_S - 1),
+    "just.example": c.host_index_score(c.HOST_AT_PACE, NOW - IDLE_S + 0.5),
+    "idle-halted.example": c.host_index_score(c.HOST_HALTED, NOW - IDLE_S - 100),
+    "idle-paced.example": c.host_index_score(c.HOST_PACED, NOW - IDLE_S - 100),
+    "recent.example": c.host_index_score(c.HOST_BACKED_OFF, NOW - 5),
+}
 
 
 SOURCES: dict[str, SourceCase] = {
@@ -254,10 +277,22 @@ SOURCES: dict[str, SourceCase] = {
         rate="100", hosts=("known at 20/s", "new, three wanted", "known, next past")
     ),
     "a blocked host beside a free one": SourceCase(hosts=("halted", "known, next past")),
+    "an index trimmed in the bands written": SourceCase(
+        hosts=("known at 20/s", "halted", "indexed 3 s ago as cut"), index=INDEXED
+    ),
+    "an index not due": SourceCase(hosts=("indexed 3 s ago",), index=INDEXED),
+    "an index not a sorted set": SourceCase(hosts=("new",), index=WRONG_TYPE),
+    "an index not a sorted set, not due": SourceCase(hosts=("indexed 3 s ago",), index=WRONG_TYPE),
+    "no rate, an index": SourceCase(rate=None, hosts=("new",), index=INDEXED),
 }
 
 
 async def seed(redis: Redis, source: str, case: SourceCase) -> None:
+    if case.index is WRONG_TYPE:
+        await redis.sadd(c.host_index_key(source), "x")
+    elif case.index:
+        assert isinstance(case.index, dict)
+        await redis.zadd(c.host_index_key(source), case.index)
     await store(redis, c.pace_rate_key(source), case.rate)
     await store(redis, c.host_rate_key(source), case.host_rate)
     await store(redis, c.pace_next_key(source), case.next_at)
@@ -336,12 +371,43 @@ async def assert_host_written(redis: Redis, key: str, state: HostState, before: 
         await assert_ttl(redis, key, math.ceil((state.expires - NOW) * 1000))
 
 
+async def index_of(redis: Redis, source: str) -> dict[str, float] | object:
+    key = c.host_index_key(source)
+    if await redis.type(key) not in ("zset", "none"):
+        return WRONG_TYPE
+    return dict(await redis.zrange(key, 0, -1, withscores=True))
+
+
+async def assert_index_written(
+    redis: Redis, source: str, case: SourceCase, twin: SourceRound | None
+) -> None:
+    """The source's host index is as stored, with each host's score ``twin`` wrote
+    (ZADD, as the script prints it) and the ranges it trimmed removed, and expires
+    ``idle_s`` after the write; untouched without a write."""
+    key = c.host_index_key(source)
+    scores = twin.indexed if twin is not None else (None,) * len(case.hosts)
+    written = {
+        h: float(f"{v:.3f}") for h, v in zip(case.hosts, scores, strict=True) if v is not None
+    }
+    if not written:
+        assert await index_of(redis, source) == (case.index or {})
+        assert await redis.pttl(key) == (-2 if not case.index else -1)
+        return
+    assert twin is not None
+    expected = {**(case.index if isinstance(case.index, dict) else {}), **written}
+    for trim in twin.trimmed:
+        expected = {h: v for h, v in expected.items() if not trim.low <= v < trim.high}
+    assert await index_of(redis, source) == expected
+    await assert_ttl(redis, key, math.ceil(case.settings.idle_s * 1000))
+
+
 @pytest.mark.parametrize("case", list(SOURCES), ids=list(SOURCES))
 async def test_acquire_decides_as_decide_source_does(redis, case):
     source = "twin"
     await seed(redis, source, SOURCES[case])
     (answer,) = await run_acquire(redis, {source: SOURCES[case]})
     twin = acquire_twin(SOURCES[case])
+    await assert_index_written(redis, source, SOURCES[case], twin)
     if twin is None:
         assert answer is False
         for host in SOURCES[case].hosts:
@@ -372,6 +438,41 @@ async def test_acquire_answers_each_source_of_one_call_as_on_its_own(redis):
         twin = acquire_twin(case)
         expected.append(False if twin is None else [as_printed(a) for a in twin.answers])
     assert answers == expected
+
+
+async def test_the_index_holds_each_host_once_in_its_state_s_band(redis):
+    case = SOURCES["an index trimmed in the bands written"]
+    await seed(redis, "twin", case)
+    await run_acquire(redis, {"twin": case})
+    index = await index_of(redis, "twin")
+    assert isinstance(index, dict)
+    entries = {host: c.HostIndexEntry.of(score) for host, score in index.items()}
+    assert {host: entry.state for host, entry in entries.items()} == {
+        "known at 20/s": c.HOST_AT_PACE,  # 20/s, capped at its source's 10/s
+        "halted": c.HOST_HALTED,
+        "indexed 3 s ago as cut": c.HOST_AT_PACE,  # back at its source's pace: at once
+        # Other hosts: idle ones are gone from the bands written (at pace, halted) only.
+        "just.example": c.HOST_AT_PACE,
+        "idle-paced.example": c.HOST_PACED,
+        "recent.example": c.HOST_BACKED_OFF,
+    }
+    assert entries["halted"].asked_at_s == pytest.approx(NOW, abs=0.001)
+    fields = await redis.hgetall(c.pace_host_key("twin", "halted"))
+    assert (fields["why"], fields["seen"]) == ("halt", f"{NOW:.3f}")
+
+
+async def test_a_source_s_index_takes_a_thousand_hosts_and_more_in_one_ask(redis):
+    hosts = [f"h{i}.example" for i in range(2500)]
+    config = {"rp": c.PACE_RATE_PREFIX, "np": c.PACE_NEXT_PREFIX, "hp": c.PACE_HOST_PREFIX}
+    config |= {"cp": c.HOST_RATE_PREFIX, "h": HORIZON_S, "s": HOST_SETTINGS.to_json_obj()}
+    await redis.set(c.pace_rate_key("many"), "10")
+    asks = [["many", [[h, 1, NO_REPORT.to_list()] for h in hosts]]]
+    script = pinned(lua_script("worker.politeness", "pacing_acquire.lua"))
+    await redis.eval(script, 0, json.dumps(config), json.dumps(asks))
+    index = await index_of(redis, "many")
+    assert isinstance(index, dict) and sorted(index) == sorted(hosts)
+    # New hosts start slowly: each paced below its source's rate.
+    assert set(index.values()) == {float(f"{c.host_index_score(c.HOST_PACED, NOW):.3f}")}
 
 
 def test_a_host_and_its_source_share_slots_in_turn():

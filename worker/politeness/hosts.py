@@ -35,6 +35,12 @@ idle for ``idle_s`` (longer while it is halted): nothing loops over hosts.
 - **Operators** halt a host with its ``halt`` field and set its rate with ``override``;
   a hash holding either never expires. Resuming removes ``halt`` and the breaker's
   fields.
+- **What operators see.** Each ask also says why the host is paced as it is
+  (``host_why``: at its source's pace, or paced below it by its slow start, Crawl-delay,
+  ceiling or a climb, backed off after a cut, or halted) and keeps its source's host index
+  (``host_index:{source}``, image_crawler/contract.py) up to date: the host's member is
+  written at once when its state changes, else once per ``index_refresh_s`` while it is
+  asked about; what was written stays in the hash (``why``, ``seen``).
 
 ``host_step`` and ``round_robin_grant`` state the rule; the Lua script is its fast path,
 and test/worker/test_lua_twins.py holds both to the same answers.
@@ -50,7 +56,24 @@ from typing import Final
 
 from yarl import URL
 
-from image_crawler.contract import BACKOFF_STATUSES, Status
+from image_crawler.contract import (
+    BACKOFF_STATUSES,
+    HOST_IDLE_S,
+    HOST_INDEX_BAND,
+    HOST_INDEX_PREFIX,
+    HOST_WHY,
+    WHY_BREAKER,
+    WHY_CAP,
+    WHY_CLIMB,
+    WHY_CRAWL_DELAY,
+    WHY_CUT,
+    WHY_GONE,
+    WHY_OPERATOR,
+    WHY_PACE,
+    WHY_SLOW_START,
+    Status,
+    host_index_score,
+)
 
 PACING_KEYS: Final = ("host", "domain")
 
@@ -190,14 +213,18 @@ class HostSettings:
     halt_base_s: float = 30.0
     halt_max_s: float = 900.0
     give_up_s: float = 3600.0
-    idle_s: float = 600.0
+    idle_s: float = HOST_IDLE_S
+    # A host's member of its source's host index is written again after this long while
+    # it is asked about (at once when its state changes).
+    index_refresh_s: float = 10.0
     # MAX_HOST_RATE: every host's ceiling (None: the source's rate).
     max_host_rps: float | None = None
     # PACING_KEY: what a URL is paced by inside its source, "host" or "domain".
     pacing_key: str = "host"
 
-    def to_json_obj(self) -> dict[str, float]:
-        """The parameters as the script reads them (a missing ceiling as -1)."""
+    def to_json_obj(self) -> dict[str, float | str]:
+        """The parameters as the script reads them (a missing ceiling as -1), with the
+        host index's key prefix."""
         return {
             "start": self.start_rps,
             "gain": self.slow_start_gain,
@@ -212,6 +239,8 @@ class HostSettings:
             "giveup": self.give_up_s,
             "idle": self.idle_s,
             "cap": -1.0 if self.max_host_rps is None else self.max_host_rps,
+            "refresh": self.index_refresh_s,
+            "ix": HOST_INDEX_PREFIX,
         }
 
 
@@ -232,6 +261,8 @@ F_HALT: Final = "halt"  # an operator's halt (any text: why)
 F_OVERRIDE: Final = "override"  # an operator's rate for the host
 F_EXPIRES: Final = "exp"  # the expiry last set (Unix s; "" while kept for good)
 F_LAST: Final = "last"  # the last answer's kind, for operators
+F_WHY: Final = "why"  # why it is paced as it is (contract.HOST_WHY), as last indexed
+F_SEEN: Final = "seen"  # when its host index member was last written (Unix s)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -254,6 +285,8 @@ class HostState:
     override: float | None = None
     expires: float | None = None
     last: int = 0
+    why: str | None = None
+    seen: float | None = None
 
     @classmethod
     def from_hash(cls, fields: Mapping[str, str]) -> HostState:
@@ -277,6 +310,8 @@ class HostState:
             override=num(F_OVERRIDE),
             expires=num(F_EXPIRES),
             last=int(num(F_LAST) or 0),
+            why=fields.get(F_WHY) or None,
+            seen=num(F_SEEN),
         )
 
     @property
@@ -500,6 +535,8 @@ def fields_of(state: HostState) -> dict[str, str]:
         F_OVERRIDE: _exact(state.override),
         F_EXPIRES: _time(state.expires),
         F_LAST: str(state.last) if state.last else "",
+        F_WHY: state.why or "",
+        F_SEEN: "" if state.seen is None else f"{state.seen:.3f}",
     }
 
 
@@ -525,13 +562,25 @@ class HostAnswer:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class ScoreRange:
+    """The scores ``low <= score < high`` of a host index."""
+
+    low: float
+    high: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class SourceRound:
     """What one source's part of an acquire call decided: each host's answer and state
-    afterwards, in the order asked, and the source's next slot (None: not moved)."""
+    afterwards, in the order asked, and the source's next slot (None: not moved); each
+    host's score written to the source's host index (None: none), and the ranges of
+    idle members removed from it."""
 
     answers: tuple[HostAnswer, ...]
     states: tuple[HostState, ...]
     source_next: float | None
+    indexed: tuple[float | None, ...] = ()
+    trimmed: tuple[ScoreRange, ...] = ()
 
 
 def decide_source(
@@ -546,33 +595,87 @@ def decide_source(
     """One source's part of an acquire call: each host's report applied
     (``host_step``), then the slots of the hosts that may get one granted together
     (``round_robin_grant``), then each hash's expiry renewed when it is due (``expiry``;
-    renewed once less than half of ``idle_s`` is left of what is needed)."""
+    renewed once less than half of ``idle_s`` is left of what is needed), and each host's
+    member of the source's host index written when it is due (``indexed``), with the
+    members idle for ``idle_s`` removed from each band written (the index then expires
+    ``idle_s`` after this write)."""
     stepped: list[HostState] = []
-    ceilings: list[float] = []
     flags: list[str] = []
+    whys: list[str] = []
     asks: list[HostAsk] = []
     for state, report, wanted in hosts:
         ceiling = ceiling_rps(source_rps, host_rate_rps, state.override, s)
         if report or state.rate is None:
             state = host_step(state, report, ceiling, now, s)
         flag = blocked(state, now)
+        interval = host_interval(state, ceiling, now)
         stepped.append(state)
-        ceilings.append(ceiling)
         flags.append(flag)
-        asks.append(
-            HostAsk(state.next_at, host_interval(state, ceiling, now), 0 if flag else wanted)
-        )
+        whys.append(host_why(state, flag, ceiling, source_rps, interval))
+        asks.append(HostAsk(state.next_at, interval, 0 if flag else wanted))
     granted = round_robin_grant(now, source_next, 1 / source_rps, asks, horizon_s)
     answers: list[HostAnswer] = []
     states: list[HostState] = []
+    scores: list[float | None] = []
     for i, state in enumerate(stepped):
         if granted.slots[i]:
             state = dataclasses.replace(state, next_at=granted.host_next[i])
         state = _renewed(state, now, s)
-        states.append(state)
+        written = indexed(state, whys[i], now, s)
+        scores.append(None if written is state else host_index_score(HOST_WHY[whys[i]], now))
+        states.append(written)
         answers.append(_answer(state, flags[i], granted, i, asks[i].interval_s, now, horizon_s))
     moved = any(granted.slots)
-    return SourceRound(tuple(answers), tuple(states), granted.source_next if moved else None)
+    return SourceRound(
+        tuple(answers),
+        tuple(states),
+        granted.source_next if moved else None,
+        tuple(scores),
+        _trimmed(scores, now, s),
+    )
+
+
+def host_why(
+    state: HostState, flag: str, ceiling: float, source_rps: float, interval_s: float
+) -> str:
+    """Why a host is paced as it is (one of contract.HOST_WHY), once its report is
+    applied: halted by an operator, given up, or halted by its breaker (its ``flag``);
+    else at its source's pace when its interval (``host_interval``'s) is no longer than
+    the source's (1 / ``source_rps``); else paced below it by its Crawl-delay (the longer
+    interval), by its ceiling (below the source's rate) once its rate is there, else by
+    its slow start, a cut it climbs back from, or a climb to its ceiling (which rose,
+    without a cut)."""
+    if flag:
+        return {FLAG_OPERATOR: WHY_OPERATOR, FLAG_GONE: WHY_GONE}.get(flag, WHY_BREAKER)
+    if not interval_s > 1 / source_rps:
+        return WHY_PACE
+    rate = state.rate if state.rate is not None and state.rate < ceiling else ceiling
+    if interval_s > 1 / rate:
+        return WHY_CRAWL_DELAY
+    if not rate < ceiling:
+        return WHY_CAP
+    if state.slow:
+        return WHY_SLOW_START
+    return WHY_CUT if state.cut_at is not None else WHY_CLIMB
+
+
+def indexed(state: HostState, why: str, now: float, s: HostSettings) -> HostState:
+    """The host's state once its host index member is written, when that is due (its
+    ``why`` changed, or it was written ``index_refresh_s`` ago or longer, or never, or in
+    the future): ``why`` and ``seen`` (now) record what was written. ``state`` itself
+    when it is not due."""
+    seen = state.seen
+    if state.why == why and seen is not None and 0 <= now - seen < s.index_refresh_s:
+        return state
+    return dataclasses.replace(state, why=why, seen=now)
+
+
+def _trimmed(scores: Sequence[float | None], now: float, s: HostSettings) -> tuple[ScoreRange, ...]:
+    bands = sorted({math.floor(score / HOST_INDEX_BAND) for score in scores if score is not None})
+    return tuple(
+        ScoreRange(band * HOST_INDEX_BAND, band * HOST_INDEX_BAND + now - s.idle_s)
+        for band in bands
+    )
 
 
 def _renewed(state: HostState, now: float, s: HostSettings) -> HostState:

@@ -1,17 +1,20 @@
 -- The fast path of decide_source (worker/politeness/hosts.py), the pacing rule per host
 -- within its source's rate (host_step, ceiling_rps, blocked, host_interval,
--- round_robin_grant, expiry): applies each host's report, and grants the slots of every
--- asking host of every asking source, in one call.
+-- round_robin_grant, expiry, host_why, indexed): applies each host's report, grants the
+-- slots of every asking host of every asking source, and keeps each source's host index
+-- (host_index:{source}, image_crawler/contract.py), in one call.
 --
 -- ARGV[1]: JSON {"rp": rate prefix, "np": source next prefix, "hp": host hash prefix,
 -- "cp": host_rate prefix, "h": horizon (s), "s": the rule's parameters
--- (HostSettings.to_json_obj)}. ARGV[2]: JSON [[source, [[host, wanted, [clean, signals,
--- refused, failed, last]], ...]], ...]. Answers JSON, one entry per source: false when
--- the source has no rate (absent, not a number, <= 0; its hosts are left as they are),
--- else one entry per host: [seconds until it is worth asking again, [offset of each
+-- (HostSettings.to_json_obj, with the host index's key prefix "ix")}. ARGV[2]: JSON
+-- [[source, [[host, wanted, [clean, signals, refused, failed, last]], ...]], ...].
+-- Answers JSON, one entry per source: false when the source has no rate (absent, not a
+-- number, <= 0; its hosts are left as they are), else one entry per host: [seconds until it is worth asking again, [offset of each
 -- granted slot from now (s)], the host's interval (s), flag ("", "g", "h" or "m")]. An
 -- empty list may come back as {}. Keys of the wrong type read as absent; a source's
--- pace_next is then overwritten.
+-- pace_next, and its host index, are then overwritten. The host index costs nothing on
+-- most asks: per source and ask at most one ZADD (the hosts whose member is due), one
+-- ZREMRANGEBYSCORE per band written and one PEXPIRE.
 redis.replicate_commands()
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) + tonumber(clock[2]) / 1000000
@@ -43,7 +46,8 @@ local function read_host(key)
     since = number(f.since), ['until'] = number(f['until']),
     halts = math.floor(number(f.halts) or 0), gone = number(f.gone), halt = halt,
     override = number(f.override), expires = number(f.exp),
-    last = math.floor(number(f.last) or 0),
+    last = math.floor(number(f.last) or 0), why = f.why ~= '' and f.why or nil,
+    seen = number(f.seen),
   }, f
 end
 
@@ -134,7 +138,59 @@ local function renew(st)
   if st.expires == nil or needed - st.expires > s.idle / 2 then st.expires = needed end
 end
 
+-- The host index's band (contract.HOST_INDEX_BAND), and each why's state's place in it
+-- (contract.HOST_WHY, HOST_STATES).
+local BAND = 1e10
+local WHY_BAND = {pace = 0, slow = 1, delay = 1, cap = 1, climb = 1, cut = 2, halt = 3, op = 3,
+  gone = 3}
+
+-- host_why: why the host is paced as it is (contract.HOST_WHY).
+local function why_of(st, flag, ceiling, source_rps, interval)
+  if flag == 'm' then return 'op' end
+  if flag == 'g' then return 'gone' end
+  if flag == 'h' then return 'halt' end
+  if not (interval > 1 / source_rps) then return 'pace' end
+  local rate = (st.rate ~= nil and st.rate < ceiling) and st.rate or ceiling
+  if interval > 1 / rate then return 'delay' end
+  if not (rate < ceiling) then return 'cap' end
+  if st.slow then return 'slow' end
+  if st.cut_at ~= nil then return 'cut' end
+  return 'climb'
+end
+
+-- indexed: whether the host's member of its source's host index is due.
+local function index_due(st, why)
+  local seen = st.seen
+  return not (st.why == why and seen ~= nil and now - seen >= 0 and now - seen < s.refresh)
+end
+
+local function zadd_all(key, members)
+  for first = 1, #members, 2000 do
+    local last = math.min(first + 1999, #members)
+    local reply = redis.pcall('ZADD', key, unpack(members, first, last))
+    if type(reply) == 'table' and reply.err then
+      redis.call('DEL', key)  -- not a sorted set (written by hand): overwritten
+      redis.call('ZADD', key, unpack(members, first, last))
+    end
+  end
+end
+
+-- Writes the due members of a source's host index, removes the members idle for idle_s
+-- from each band written, and has the index expire idle_s from now.
+local function write_index(source, members, bands)
+  if #members == 0 then return end
+  local key = s.ix .. source
+  zadd_all(key, members)
+  for band in pairs(bands) do
+    local low = band * BAND
+    redis.call('ZREMRANGEBYSCORE', key, string.format('%.17g', low),
+      '(' .. string.format('%.17g', low + now - s.idle))
+  end
+  redis.call('PEXPIRE', key, math.ceil(s.idle * 1000))
+end
+
 local function time(v) if v == nil then return '' end return string.format('%.6f', v) end
+local function time3(v) if v == nil then return '' end return string.format('%.3f', v) end
 local function exact(v) if v == nil then return '' end return string.format('%.17g', v) end
 local function count(v) if v == 0 then return '' end return tostring(v) end
 
@@ -145,7 +201,7 @@ local function fields(st)
     delay_until = time(st.delay_until), fails = count(st.fails), since = time(st.since),
     ['until'] = time(st['until']), halts = count(st.halts), gone = time(st.gone),
     halt = st.halt or '', override = exact(st.override), exp = time(st.expires),
-    last = count(st.last),
+    last = count(st.last), why = st.why or '', seen = time3(st.seen),
   }
 end
 
@@ -182,8 +238,8 @@ for i, ask in ipairs(cjson.decode(ARGV[2])) do
     local stored = redis.pcall('GET', src_key)
     local src = type(stored) == 'string' and tonumber(stored) or now
     if src ~= src or src < now then src = now end
-    local states, befores, expires, keys, flags, intervals, wanted, slots, host_next =
-      {}, {}, {}, {}, {}, {}, {}, {}, {}
+    local states, befores, expires, keys, flags, intervals, wanted, slots, host_next, whys =
+      {}, {}, {}, {}, {}, {}, {}, {}, {}, {}
     for j, h in ipairs(hosts) do
       local key = config.hp .. source .. ':' .. h[1]
       local st, before = read_host(key)
@@ -194,6 +250,7 @@ for i, ask in ipairs(cjson.decode(ARGV[2])) do
       keys[j], states[j], befores[j] = key, st, before
       flags[j] = flag_of(st)
       intervals[j] = interval_of(st, ceiling)
+      whys[j] = why_of(st, flags[j], ceiling, rate, intervals[j])
       wanted[j] = flags[j] == '' and h[2] or 0
       slots[j] = {}
       local n = st.next_at
@@ -217,10 +274,17 @@ for i, ask in ipairs(cjson.decode(ARGV[2])) do
       end
       open = still
     end
-    local answer = {}
+    local answer, members, bands = {}, {}, {}
     for j, st in ipairs(states) do
       if #slots[j] > 0 then st.next_at = host_next[j] end
       renew(st)
+      if index_due(st, whys[j]) then
+        st.why, st.seen = whys[j], now
+        local band = WHY_BAND[whys[j]]
+        members[#members + 1] = string.format('%.3f', band * BAND + now)
+        members[#members + 1] = hosts[j][1]
+        bands[band] = true
+      end
       write_host(keys[j], st, befores[j], expires[j])
       local flag = flags[j]
       local next_s = -1
@@ -231,6 +295,7 @@ for i, ask in ipairs(cjson.decode(ARGV[2])) do
       end
       answer[j] = {next_s, slots[j], intervals[j], flag}
     end
+    write_index(source, members, bands)
     if moved then
       redis.call('SET', src_key, string.format('%.6f', src), 'PX', math.ceil((src - now) * 1000) + 1000)
     end
