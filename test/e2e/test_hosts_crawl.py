@@ -148,9 +148,10 @@ async def test_no_host_holds_back_another_and_none_halts_the_source(
             # The limited host was found out on its own. Its slow start overshoots (its
             # rate grows about 7-fold a second until the first 503 is reported, up to a
             # second later, and is cut at most once a second): from 10 s after its first
-            # image request, at most 5% of its answers were 503s, and it was used at 70%
-            # of what it takes or more (measured here: 76-80%, the adaptive rate's
-            # saw-tooth between its cuts to 0.7x and C, beside 27 other hosts).
+            # image request, at most 5% of its answers were 503s. (How much of its 10/s
+            # it gets depends on what the 27 others take of the source's 40/s: its use
+            # of its capacity is checked where it has the source to itself, in
+            # test_hosts_nginx.)
             limited = sorted(t for t, path in hosts.origins[2].request_log if path[:3] == "/l/")
             settled = [t for t in limited if t >= limited[0] + SETTLE_S]
             refused = [t for t in hosts.limited.refused if t >= limited[0] + SETTLE_S]
@@ -161,7 +162,6 @@ async def test_no_host_holds_back_another_and_none_halts_the_source(
                 f"{accepted_rps:.1f}/s accepted (it takes {LIMITED_RPS:g}/s)"
             )
             assert len(refused) <= 0.05 * len(settled)
-            assert accepted_rps >= 0.7 * LIMITED_RPS
             assert outputs.resolved >= uuids["limited"] | uuids["delayed"]
         finally:
             crawl.stop()

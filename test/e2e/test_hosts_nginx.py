@@ -397,20 +397,10 @@ async def test_each_host_behind_nginx_finds_its_own_limit(kafka, redis, redis_ur
     await crawl_behind_nginx(THREE_LIMITS, three_limits_found, kafka, redis, redis_url, tmp_path)
 
 
-# Fails on main (seven runs out of seven): once the unlimited host's rate reaches the
-# source's, it takes every source slot and the limited hosts get almost none (0.2 to 2.4
-# requests/s accepted instead of 5 and 10) for as long as it has URLs. A worker asks for a
-# host's slots when the source's next slot comes within the horizon (50 ms), and a
-# source at 50/s has one slot in it then: the round robin's first pass gives it to the
-# host asked first, and the unlimited host, answered first, is due first again next time
-# (the pacer's heap breaks the tie by insertion order). Meanwhile the starved hosts'
-# rates climb as if they were used (the climb counts the seconds since the last answer),
-# to 15-40/s, and their next requests burst into nginx's 503s.
-@pytest.mark.xfail(
-    strict=True,
-    reason="a host at its source's rate starves the source's other hosts (round robin "
-    "with one slot per ask), see the comment above",
-)
+# Failed before the pacer asked for a source's hosts least recently granted first: once
+# the unlimited host's rate reached the source's, it took every source slot (one falls
+# within the pacing horizon at 50/s, and it went to the host asked first, the unlimited
+# one again and again) and the limited hosts got 0.2 to 2.4 requests/s instead of 5 and 10.
 @pytest.mark.timeout(300)
 async def test_an_unlimited_host_is_not_cut_with_the_limited_ones(
     kafka, redis, redis_url, tmp_path

@@ -123,10 +123,22 @@ def test_a_signal_cuts_once_per_cooldown_and_ends_the_slow_start():
     assert host_step(state, signal, 50.0, NOW + 1.0, S).rate == pytest.approx(9.8)
 
 
-def test_without_signals_it_climbs_back_by_one_percent_of_its_ceiling_a_second():
-    state = HostState(rate=10.0, climb_at=NOW)
-    state = host_step(state, HostReport(clean=5, last=CLEAN), 50.0, NOW + 4, S)
-    assert state.rate == pytest.approx(12.0)
+@pytest.mark.parametrize(
+    ("rate", "after_s", "climbed"),
+    [
+        (10.0, 1.0, 10.2),  # 2% of its own rate a second, whatever its ceiling (50)
+        (10.0, 2.0, 10.4),
+        # No answer for 4 s (idle, or starved of its source's slots): counted as 2 s.
+        (10.0, 4.0, 10.4),
+        (0.2, 1.0, 0.21),  # at least 0.01/s a second
+    ],
+)
+def test_without_signals_it_climbs_back_by_2_percent_of_its_own_rate_a_second(
+    rate, after_s, climbed
+):
+    state = HostState(rate=rate, climb_at=NOW)
+    state = host_step(state, HostReport(clean=5, last=CLEAN), 50.0, NOW + after_s, S)
+    assert state.rate == pytest.approx(climbed)
 
 
 def test_never_below_the_floor():

@@ -201,6 +201,9 @@ HOSTS: dict[str, HostCase] = {
         {"rate": "8", **times(cut=-0.5)}, HostReport(0, 1, 1, 0, REFUSED)
     ),
     "climbs back": HostCase({"rate": "3", **times(cut=-20, climb=-2)}, HostReport(4, 0, 0, 0, 1)),
+    "climbs back after a long gap": HostCase(
+        {"rate": "3", **times(cut=-60, climb=-30)}, HostReport(1, 0, 0, 0, 1)
+    ),
     "refused at the floor": HostCase(
         {"rate": "0.1", "fails": "4", **times(cut=-5, since=-30)}, HostReport(0, 1, 1, 0, REFUSED)
     ),

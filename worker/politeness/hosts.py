@@ -20,8 +20,12 @@ idle for ``idle_s`` (longer while it is halted): nothing loops over hosts.
   its ceiling or its first backoff signal. A backoff signal (429, 503, a timeout, an answer
   much slower than the host's usual) ends the slow start and cuts the rate to
   ``decrease_factor`` of itself, at most once per ``cooldown_s`` and never below the
-  floor; without signals it climbs back by ``max(increase_share_per_s x ceiling,
-  min_increase_rps_per_s)`` per second of clean answers (additive increase).
+  floor; without signals it climbs back by ``max(increase_share_per_s x its rate,
+  min_increase_rps_per_s)`` per second of clean answers, counting at most
+  ``climb_gap_s`` since its last answer. Relative to the host's own rate, not its
+  ceiling: a host that takes 5/s under a source of 100/s would otherwise climb 1/s a
+  second and be refused every few seconds; and a host that got no answer for a while
+  (idle, or starved of its source's slots) does not come back near its ceiling.
 - **Crawl-delay.** The host's robots.txt Crawl-delay (``delay``, until ``delay_until``)
   is the shortest interval between its requests, whatever its rate.
 - **Breaker.** A host whose server fails (``host_failure``: a 5xx other than 503, a
@@ -206,8 +210,11 @@ class HostSettings:
     slow_start_gain: float = 2.0
     floor_rps: float = 0.1
     decrease_factor: float = 0.7
-    increase_share_per_s: float = 0.01
+    increase_share_per_s: float = 0.02
     min_increase_rps_per_s: float = 0.01
+    # The longest stretch one climb counts: a host that got no answer for longer (idle,
+    # or starved of its source's slots) climbs as if it had been used this long only.
+    climb_gap_s: float = 2.0
     cooldown_s: float = 1.0
     halt_after: int = 5
     halt_base_s: float = 30.0
@@ -232,6 +239,7 @@ class HostSettings:
             "dec": self.decrease_factor,
             "share": self.increase_share_per_s,
             "inc": self.min_increase_rps_per_s,
+            "gap": self.climb_gap_s,
             "cool": self.cooldown_s,
             "after": self.halt_after,
             "base": self.halt_base_s,
@@ -374,9 +382,10 @@ def host_step(
         if slow:
             rate = rate + s.slow_start_gain * report.clean
         else:
-            share = s.increase_share_per_s * ceiling
+            share = s.increase_share_per_s * rate
             increase = share if share > s.min_increase_rps_per_s else s.min_increase_rps_per_s
             elapsed = now - climb_at if climb_at is not None and now > climb_at else 0.0
+            elapsed = elapsed if elapsed < s.climb_gap_s else s.climb_gap_s
             rate = rate + increase * elapsed
         if rate >= ceiling:
             rate, slow = ceiling, False

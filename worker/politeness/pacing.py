@@ -213,6 +213,9 @@ class RedisPacer:
         # last answered.
         self._deferrable: set[asyncio.Future[str | None]] = set()
         self._intervals: dict[HostKey, float] = {}
+        # When each host waiting here was last granted a slot (loop time): the hosts of a
+        # source are asked about least recently served first.
+        self._granted_at: dict[HostKey, float] = {}
         # Per source: the host last asked for, and the loop time until which the source
         # counts as having several hosts (another host was asked for before then).
         self._hosts_of: dict[str, tuple[str, float]] = {}
@@ -336,7 +339,12 @@ class RedisPacer:
         slots, with their reports, and every other report once they are due."""
         asks: dict[str, dict[str, tuple[HostKey, int, HostReport]]] = {}
         ready, self._ready = self._ready, {}
-        for key in ready:
+        # The script shares a source's slots among its asking hosts in the order asked,
+        # one per host per pass, and often has one slot to give (at 50/s, one falls
+        # within the horizon): in the order they became due, a host always due first
+        # would take every slot. Least recently granted first, each gets its turn.
+        granted_at = self._granted_at
+        for key in sorted(ready, key=lambda k: granted_at.get(k, -math.inf)):
             wanted = self._wanted(key)
             if wanted <= 0:
                 self._forget_if_idle(key)
@@ -362,6 +370,7 @@ class RedisPacer:
             self._waiters.pop(key, None)
             self._promised.pop(key, None)
             self._next_ask.pop(key, None)
+            self._granted_at.pop(key, None)
 
     # --- the loop ------------------------------------------------------------------------
     async def run(self) -> None:
@@ -469,6 +478,8 @@ class RedisPacer:
         self._note_interval(key, float(interval_s))
         loop = asyncio.get_running_loop()
         now = loop.time()
+        if slots:
+            self._granted_at[key] = now
         for offset in slots if isinstance(slots, list) else ():
             slot = redis_now + offset
             if slot <= now:

@@ -84,10 +84,11 @@ local function step(st, report, ceiling)
     if st.slow then
       rate = rate + s.gain * clean
     else
-      local share = s.share * ceiling
+      local share = s.share * rate
       local increase = share > s.inc and share or s.inc
       local elapsed = 0.0
       if st.climb_at ~= nil and now > st.climb_at then elapsed = now - st.climb_at end
+      if elapsed > s.gap then elapsed = s.gap end
       rate = rate + increase * elapsed
     end
     if rate >= ceiling then rate = ceiling; st.slow = false end
