@@ -19,6 +19,10 @@ from typing import Any, Final
 
 # --- Kafka topics --------------------------------------------------------------------
 INBOUND_TOPIC: Final = "inbound_images"
+# One topic per source, written by the splitter (keyed by uuid) and, beyond the original
+# (issue 36), by the workers themselves: a URL whose host cannot take it for long is
+# *parked*, its message appended again unchanged (same key) before the original is
+# committed (worker/host_queues.py). A uuid may so appear more than once in a topic.
 SOURCE_TOPIC_PREFIX: Final = "urls."
 METADATA_TOPIC: Final = "image_metadata_updates"
 LINK_ROT_TOPIC: Final = "link_rot"
