@@ -17,6 +17,15 @@ file's ETag (weak comparison, or ``*``), or that carries no If-None-Match and an
 ``If-Modified-Since`` not older than the Last-Modified, is answered 304 with those two
 headers and no body: what a re-check of an unchanged image meets (``--recheck``). A
 request without either header costs two header lookups more than before.
+
+``--hosts N`` answers on N more loopback addresses (``host_addresses``: 127.1.0.1
+onwards, the same port; never 0.0.0.0), the same files on each, and each of them answers
+``/robots.txt`` with ``User-agent: *`` and ``Crawl-delay: --crawl-delay`` (1 s): one
+source spread over N hosts, each limited by its robots.txt. 127.0.0.1 keeps no
+robots.txt (a 404: nothing limits it). ``GET /_stats`` answers what was asked so far
+(``Requests``): requests by kind (``image``, ``image_304``, ``robots``, ``tdmrep``,
+``other``), and for the N hosts how many of them were asked, and how many of the gaps
+between two requests to one host (arrival times here) were shorter than the Crawl-delay.
 """
 
 from __future__ import annotations
@@ -25,11 +34,22 @@ import argparse
 import dataclasses
 import hashlib
 import json
+import time
+from collections import Counter
 from datetime import UTC
 from email.utils import formatdate, parsedate_to_datetime
 from pathlib import Path
 
 from aiohttp import web
+
+from image_crawler.contract import TDMREP_PATH
+
+# The address every origin answers on; ``--hosts`` adds host_addresses(N).
+PRIMARY_ADDRESS = "127.0.0.1"
+# Linux answers on all of 127.0.0.0/8 without configuration; this range is apart from
+# the tests' (127.0.0.x) and bench.robots' (127.0.3.x).
+_HOSTS_NET = "127.1"
+_PER_BLOCK = 250  # addresses .1 to .250 of each 127.1.b.0/24
 
 # Two X-Robots-Tag instances (one for another crawler) and a reservation with its policy:
 # every part of the worker's reading of them runs, and none keeps the image out.
@@ -82,13 +102,100 @@ def not_modified(if_none_match: str | None, if_modified_since: str | None, file:
     return since.timestamp() >= file.last_modified_s
 
 
-def make_app(files: list[File], opt_outs: bool = False) -> web.Application:
+def host_addresses(count: int) -> list[str]:
+    """The ``count`` loopback addresses of ``--hosts``: 127.1.0.1 to 127.1.0.250, then
+    127.1.1.1 and on (no .0 or .255 in any block)."""
+    if not 0 <= count <= 256 * _PER_BLOCK:
+        raise ValueError(f"between 0 and {256 * _PER_BLOCK} hosts, not {count}")
+    return [f"{_HOSTS_NET}.{i // _PER_BLOCK}.{i % _PER_BLOCK + 1}" for i in range(count)]
+
+
+def robots_txt(crawl_delay_s: float) -> str:
+    """The robots.txt of every ``--hosts`` address: no rule but the Crawl-delay."""
+    return f"User-agent: *\nCrawl-delay: {crawl_delay_s:g}\n"
+
+
+@dataclasses.dataclass(slots=True)
+class Requests:
+    """What the origin was asked: requests by kind, and for the delayed hosts, how far
+    apart each host's requests arrived (``note``'s ``now``, in seconds)."""
+
+    crawl_delay_s: float
+    by_kind: Counter[str] = dataclasses.field(default_factory=Counter)
+    by_host: Counter[str] = dataclasses.field(default_factory=Counter)
+    last_at: dict[str, float] = dataclasses.field(default_factory=dict)
+    gaps: int = 0
+    gaps_under_delay: int = 0
+    gaps_under_90_percent: int = 0
+    min_gap_s: float | None = None
+
+    def note(self, kind: str, host: str | None, now: float) -> None:
+        """One request of ``kind``; ``host`` is a delayed host's address, else None."""
+        self.by_kind[kind] += 1
+        if host is None:
+            return
+        self.by_host[host] += 1
+        last = self.last_at.get(host)
+        self.last_at[host] = now
+        if last is None:
+            return
+        gap = now - last
+        self.gaps += 1
+        self.gaps_under_delay += gap < self.crawl_delay_s
+        self.gaps_under_90_percent += gap < 0.9 * self.crawl_delay_s
+        self.min_gap_s = gap if self.min_gap_s is None else min(self.min_gap_s, gap)
+
+    def summary(self) -> dict[str, object]:
+        counts = self.by_host.values()
+        return {
+            "by_kind": dict(self.by_kind),
+            "hosts_asked": len(self.by_host),
+            "requests_per_host_min": min(counts, default=None),
+            "requests_per_host_max": max(counts, default=None),
+            "crawl_delay_s": self.crawl_delay_s,
+            "gaps": self.gaps,
+            "gaps_under_delay": self.gaps_under_delay,
+            "gaps_under_90_percent": self.gaps_under_90_percent,
+            "min_gap_s": self.min_gap_s,
+        }
+
+
+def _local_address(request: web.Request) -> str | None:
+    sockname = request.transport.get_extra_info("sockname") if request.transport else None
+    return str(sockname[0]) if sockname else None
+
+
+def make_app(
+    files: list[File],
+    opt_outs: bool = False,
+    delayed: frozenset[str] = frozenset(),
+    crawl_delay_s: float = 1.0,
+) -> web.Application:
+    """The origin's routes; ``delayed``: the addresses whose robots.txt has a Crawl-delay
+    of ``crawl_delay_s`` (every other address answers 404 for it)."""
     headers = OPT_OUT_HEADERS if opt_outs else ()
+    requests = Requests(crawl_delay_s)
+    robots = robots_txt(crawl_delay_s)
+
+    def note(kind: str, request: web.Request) -> None:
+        address = _local_address(request) if delayed else None
+        requests.note(kind, address if address in delayed else None, time.monotonic())
+
+    async def robots_file(request: web.Request) -> web.Response:
+        note("robots", request)
+        if delayed and _local_address(request) in delayed:
+            return web.Response(text=robots)
+        raise web.HTTPNotFound()
+
+    async def tdmrep(request: web.Request) -> web.Response:
+        note("tdmrep", request)
+        raise web.HTTPNotFound()
 
     async def image(request: web.Request) -> web.Response:
         try:
             index = int(request.match_info["index"])
         except ValueError:
+            note("other", request)
             raise web.HTTPNotFound() from None
         file = files[index % len(files)]
         asked = request.headers
@@ -97,9 +204,11 @@ def make_app(files: list[File], opt_outs: bool = False) -> web.Application:
         if (if_none_match is not None or if_modified_since is not None) and not_modified(
             if_none_match, if_modified_since, file
         ):
+            note("image_304", request)
             return web.Response(
                 status=304, headers={"ETag": file.etag, "Last-Modified": file.last_modified}
             )
+        note("image", request)
         response = web.Response(body=file.body, content_type="image/jpeg")
         response.headers["ETag"] = file.etag
         response.headers["Last-Modified"] = file.last_modified
@@ -110,8 +219,14 @@ def make_app(files: list[File], opt_outs: bool = False) -> web.Application:
     async def health(_: web.Request) -> web.Response:
         return web.Response(text=str(len(files)))
 
+    async def stats(_: web.Request) -> web.Response:
+        return web.json_response(requests.summary())
+
     app = web.Application()
     app.router.add_get("/health", health)
+    app.router.add_get("/_stats", stats)
+    app.router.add_get("/robots.txt", robots_file)
+    app.router.add_get(TDMREP_PATH, tdmrep)
     app.router.add_get("/{index}/{name}", image)
     return app
 
@@ -140,14 +255,21 @@ def main() -> None:
     parser.add_argument(
         "--opt-outs", action="store_true", help="send opt-out headers with every image"
     )
+    parser.add_argument(
+        "--hosts", type=int, default=0, help="answer on this many more loopback addresses"
+    )
+    parser.add_argument(
+        "--crawl-delay", type=float, default=1.0, help="the Crawl-delay of those hosts, s"
+    )
     args = parser.parse_args()
+    hosts = host_addresses(args.hosts)
     web.run_app(
-        make_app(load(args.directory, args.kind), args.opt_outs),
-        host="127.0.0.1",
+        make_app(load(args.directory, args.kind), args.opt_outs, frozenset(hosts), args.crawl_delay),
+        host=[PRIMARY_ADDRESS, *hosts],
         port=args.port,
         access_log=None,
         print=None,
-        # Up to MAX_TASKS x workers connections at once.
+        # Up to MAX_TASKS x workers connections at once (on each address).
         backlog=4096,
     )
 

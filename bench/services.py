@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from bench.origin import host_addresses
 from crawlctl.localstack.services import LOOPBACK, Service
 from test.harness.services import (
     S3_ACCESS_KEY_ID,
@@ -47,7 +48,9 @@ class _BenchModule(Service):
 
 
 class Origin(_BenchModule):
-    """``bench.origin``: the corpus (or only its files of ``kind``) over HTTP from memory."""
+    """``bench.origin``: the corpus (or only its files of ``kind``) over HTTP from memory;
+    with ``hosts``, also on that many more loopback addresses, each with a robots.txt
+    Crawl-delay of ``crawl_delay_s`` (``host_urls``)."""
 
     name = "origin"
     module = "bench.origin"
@@ -55,7 +58,13 @@ class Origin(_BenchModule):
     start_timeout_s = 60.0  # reads a few hundred MB first
 
     def __init__(
-        self, corpus_dir: Path, log_dir: Path, kind: str | None = None, opt_outs: bool = False
+        self,
+        corpus_dir: Path,
+        log_dir: Path,
+        kind: str | None = None,
+        opt_outs: bool = False,
+        hosts: int = 0,
+        crawl_delay_s: float = 1.0,
     ) -> None:
         if kind is not None:
             self.name = f"origin-{kind}"  # its own log file, next to the full origin's
@@ -63,13 +72,28 @@ class Origin(_BenchModule):
         self.corpus_dir = corpus_dir
         self.kind = kind
         self.opt_outs = opt_outs
+        self.hosts = hosts
+        self.crawl_delay_s = crawl_delay_s
+
+    @property
+    def host_urls(self) -> tuple[str, ...]:
+        """The base URL of each Crawl-delayed host (the port is known once started)."""
+        return tuple(f"http://{a}:{self.port}" for a in host_addresses(self.hosts))
 
     def _args(self) -> list[str]:
         return [
             str(self.corpus_dir),
             *(["--kind", self.kind] if self.kind else []),
             *(["--opt-outs"] if self.opt_outs else []),
-        ]
+            *(["--hosts", str(self.hosts), "--crawl-delay", str(self.crawl_delay_s)]
+              if self.hosts else []),
+        ]  # fmt: skip
+
+
+def origin_stats(origin_url: str) -> dict[str, Any]:
+    """What the origin at ``origin_url`` was asked so far (``bench.origin.Requests``)."""
+    with urllib.request.urlopen(f"{origin_url}/_stats", timeout=10.0) as response:
+        return dict(json.loads(response.read()))
 
 
 class S3Sink(_BenchModule):

@@ -48,6 +48,7 @@ from collections.abc import Awaitable, Callable
 from typing import Final
 
 import prometheus_client
+from yarl import URL
 
 from image_crawler.contract import (
     CRAWL_ERRORS_TOPIC,
@@ -304,7 +305,7 @@ class Pipeline:
         metrics = self._source_metrics(source)
         metrics.requests.inc()
         robots = self._robots
-        permit = None if robots is None else functools.partial(robots.hop_status, source)
+        permit = functools.partial(self._hop, source)
         fetched = await self._fetcher.fetch(task.url, permit, conditions)
         if fetched.body is not None:
             metrics.downloaded_bytes.inc(body_size(fetched.body))
@@ -455,6 +456,20 @@ class Pipeline:
         await self._publish(LINK_CHECKS_TOPIC, message.to_json(), task.uuid)
         self._source_metrics(source).check(check).inc()
         await self._reliably("record_stats", lambda: self._stats.record_check(source, check))
+
+    async def _hop(self, source: str, hop: URL) -> str | None:
+        """Before a redirect hop: its host's robots.txt, then a slot of its host (a hop is a
+        request to that host like any other). None lets it go ahead; a status ends the
+        fetch (``RobotsDisallowed``, ``ROBOTS_PENDING``, ``HostUnavailable``)."""
+        if self._robots is not None:
+            refused = await self._robots.hop_status(source, hop)
+            if refused is not None:
+                return refused
+        try:
+            key = key_of(source, hop, self._pacing_key)
+        except ValueError:
+            return None  # the fetcher refuses what it cannot request
+        return await self._pacer.acquire(key)
 
     async def _take_slot(self, key: HostKey, task: SourceTask) -> str | None:
         """Wait for the host's slot; None, or the status the URL ends with instead."""

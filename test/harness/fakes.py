@@ -9,6 +9,7 @@ from typing import Any
 
 from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
+from yarl import URL
 
 from image_crawler.contract import Status
 from worker.download.fetch import FetchResult
@@ -74,6 +75,8 @@ class FakeFetcher:
 
     def __init__(self, results: dict[str, FetchResult | list[FetchResult]]) -> None:
         self.results = results
+        # URL -> the redirect hops it goes through (each asked of ``permit`` first).
+        self.hops: dict[str, list[str]] = {}
         self.requests: list[str] = []
         # The conditions (request headers) each request carried, None for none.
         self.conditions: list[Any] = []
@@ -81,6 +84,10 @@ class FakeFetcher:
     async def fetch(self, url: str, permit: object = None, conditions: Any = None) -> FetchResult:
         self.requests.append(url)
         self.conditions.append(conditions)
+        for hop in self.hops.get(url, ()):
+            refused = await permit(URL(hop)) if callable(permit) else None
+            if refused is not None:
+                return FetchResult(refused, detail=hop)
         result = self.results.get(url, FetchResult("404"))
         if isinstance(result, list):
             tries = self.requests.count(url)

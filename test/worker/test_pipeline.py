@@ -522,6 +522,19 @@ async def test_the_scheduler_knows_a_message_s_host_and_parks_it_on_its_topic():
     assert p["sink"].keys[TOPIC] == [json.loads(raw)["uuid"].encode()]
 
 
+async def test_each_redirect_hop_takes_a_slot_of_its_own_host():
+    url = "http://origin.test/a.jpg"
+    pipeline, p = make({url: FetchResult("200", body=jpeg_with_exif().body)})
+    p["fetcher"].hops[url] = ["http://cdn.test/a.jpg", "http://cdn.test/b.jpg"]
+    await pipeline.handle("example", task(url=url), TOPIC)
+    origin, cdn = HostKey("example", "origin.test"), HostKey("example", "cdn.test")
+    assert p["pacer"].keys == [origin, cdn, cdn]
+    # A hop to a host given up ends the URL as HostUnavailable, with no request.
+    p["pacer"].gone.add("cdn.test")
+    ending = await pipeline.handle("example", task(url=url, uuid="u2"), TOPIC)
+    assert ending.status == c.Status.HOST_UNAVAILABLE
+
+
 async def test_each_answer_is_reported_to_its_host_and_a_retry_after_pauses_the_host():
     url = "http://Images.Origin.test:8080/a.jpg"
     limited = FetchResult("429", retry_after="2")
