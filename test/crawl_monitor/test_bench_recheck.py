@@ -33,7 +33,7 @@ def _resolution(uuid: str, **fields: Any) -> bytes:
 
 
 def test_a_recheck_is_the_crawl_s_message_with_its_validators() -> None:
-    tasks, uuids = _tasks(source_names(1), 4, ORIGIN, "run", 0, 6)
+    tasks, uuids = _tasks(source_names(1), 4, (ORIGIN,), "run", 0, 6)
     validators: dict[str, dict[str, Any]] = {
         uuids[0]: {
             "etag": '"e0"',

@@ -23,6 +23,7 @@ from worker.politeness.hosts import (
     FLAG_OPERATOR,
     NO_REPORT,
     REFUSED,
+    UNREAD,
     HostAsk,
     HostKey,
     HostReport,
@@ -246,17 +247,17 @@ def test_a_host_s_member_is_written_when_due(why, seen, due):
 
 def test_a_source_s_round_writes_the_due_members_and_trims_their_bands():
     hosts = [
+        (HostState(rate=40.0, halt="asked"), NO_REPORT, 1),
         (HostState(rate=40.0, why=c.WHY_PACE, seen=NOW - 1), NO_REPORT, 1),  # not due
         (HostState(), NO_REPORT, 1),  # new: slow start
-        (HostState(rate=40.0, halt="asked"), NO_REPORT, 1),
     ]
     decided = decide_source(NOW, 40.0, None, None, hosts, 0.05, S)
     assert decided.indexed == (
+        c.host_index_score(c.HOST_HALTED, NOW),
         None,
         c.host_index_score(c.HOST_PACED, NOW),
-        c.host_index_score(c.HOST_HALTED, NOW),
     )
-    assert [state.why for state in decided.states] == [c.WHY_PACE, c.WHY_SLOW_START, c.WHY_OPERATOR]
+    assert [state.why for state in decided.states] == [c.WHY_OPERATOR, c.WHY_PACE, c.WHY_SLOW_START]
     band = c.HOST_INDEX_BAND
     assert decided.trimmed == (
         ScoreRange(band, band + NOW - S.idle_s),
@@ -278,3 +279,21 @@ def test_the_fields_operators_write_are_the_rule_s():
     assert {c.HOST_HALT_FIELD, c.HOST_OVERRIDE_FIELD, c.HOST_EXPIRES_FIELD} <= set(fields)
     assert c.HOST_BREAKER_FIELDS == (F_FAILS, F_SINCE, F_UNTIL, F_HALTS, F_GONE)
     assert (c.HOST_HALT_FIELD, c.HOST_OVERRIDE_FIELD) == (F_HALT, F_OVERRIDE)
+
+
+def test_a_host_reached_once_its_source_has_no_slot_left_is_not_read():
+    # At 10/s one slot falls within the horizon: the first host takes it; the second,
+    # with nothing to report, is left unread (its state as it was, asked again when the
+    # source has a slot); the third, with answers to report, is read and stepped.
+    hosts = [
+        (HostState(rate=10.0), NO_REPORT, 1),
+        (HostState(rate=10.0, fails=3), NO_REPORT, 1),
+        (HostState(rate=10.0, slow=True), HostReport(clean=2, last=CLEAN), 1),
+    ]
+    decided = decide_source(NOW, 10.0, None, None, hosts, 0.05, S)
+    assert decided.unread == (False, True, False)
+    assert decided.states[1] is hosts[1][0] and decided.indexed[1] is None
+    assert decided.answers[1].slots == () and decided.answers[1].interval_s == UNREAD
+    assert decided.answers[1].next_s == pytest.approx(0.1 - 0.05)  # the source's next slot
+    assert [len(a.slots) for a in decided.answers] == [1, 0, 0]
+    assert decided.states[2].rate == 10.0  # stepped: slow start to its ceiling

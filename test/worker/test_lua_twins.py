@@ -237,6 +237,9 @@ HOSTS: dict[str, HostCase] = {
     "indexed 10 s ago": HostCase({"rate": "10", "why": "pace", "seen": at(-10)}),
     "indexed in the future": HostCase({"rate": "10", "why": "pace", "seen": at(5)}),
     "indexed, junk": HostCase({"rate": "10", "why": "pace", "seen": "soon"}),
+    "indexed 3 s ago as cut, reporting": HostCase(
+        {"rate": "10", "why": "cut", "seen": at(-3)}, HostReport(1, 0, 0, 0, CLEAN)
+    ),
     "cut, climbing back, indexed": HostCase(
         {"rate": "3", "why": "cut", "seen": at(-9.5), **times(cut=-20, climb=-2)}
     ),
@@ -280,8 +283,14 @@ SOURCES: dict[str, SourceCase] = {
         rate="100", hosts=("known at 20/s", "new, three wanted", "known, next past")
     ),
     "a blocked host beside a free one": SourceCase(hosts=("halted", "known, next past")),
+    # The first host takes the one slot at 10/s; the others are read for being halted
+    # (reached before the slot went) and for their report.
     "an index trimmed in the bands written": SourceCase(
-        hosts=("known at 20/s", "halted", "indexed 3 s ago as cut"), index=INDEXED
+        hosts=("halted", "known at 20/s", "indexed 3 s ago as cut, reporting"), index=INDEXED
+    ),
+    # Unread: reached once the source had no slot left, with nothing to report.
+    "hosts left unread": SourceCase(
+        hosts=("known, next past", "new", "halted", "junk", "climbs back", "not a hash")
     ),
     "an index not due": SourceCase(hosts=("indexed 3 s ago",), index=INDEXED),
     "an index not a sorted set": SourceCase(hosts=("new",), index=WRONG_TYPE),
@@ -419,8 +428,16 @@ async def test_acquire_decides_as_decide_source_does(redis, case):
                 assert await redis.hgetall(c.pace_host_key(source, host)) == fields
         return
     assert answer == [as_printed(a) for a in twin.answers]
-    for host, state in zip(SOURCES[case].hosts, twin.states, strict=True):
-        await assert_host_written(redis, c.pace_host_key(source, host), state, HOSTS[host].fields)
+    for host, state, unread in zip(SOURCES[case].hosts, twin.states, twin.unread, strict=True):
+        key = c.pace_host_key(source, host)
+        if unread:  # not read, so not written either
+            fields = HOSTS[host].fields
+            if fields is WRONG_TYPE:
+                assert await redis.type(key) == "set"
+            else:
+                assert await redis.hgetall(key) == fields
+            continue
+        await assert_host_written(redis, key, state, HOSTS[host].fields)
     next_key = c.pace_next_key(source)
     if twin.source_next is not None:
         assert await stored(redis, next_key) == f"{twin.source_next:.6f}"
@@ -453,7 +470,7 @@ async def test_the_index_holds_each_host_once_in_its_state_s_band(redis):
     assert {host: entry.state for host, entry in entries.items()} == {
         "known at 20/s": c.HOST_AT_PACE,  # 20/s, capped at its source's 10/s
         "halted": c.HOST_HALTED,
-        "indexed 3 s ago as cut": c.HOST_AT_PACE,  # back at its source's pace: at once
+        "indexed 3 s ago as cut, reporting": c.HOST_AT_PACE,  # back at its source's pace
         # Other hosts: idle ones are gone from the bands written (at pace, halted) only.
         "just.example": c.HOST_AT_PACE,
         "idle-paced.example": c.HOST_PACED,
@@ -468,7 +485,7 @@ async def test_a_source_s_index_takes_a_thousand_hosts_and_more_in_one_ask(redis
     hosts = [f"h{i}.example" for i in range(2500)]
     config = {"rp": c.PACE_RATE_PREFIX, "np": c.PACE_NEXT_PREFIX, "hp": c.PACE_HOST_PREFIX}
     config |= {"cp": c.HOST_RATE_PREFIX, "h": HORIZON_S, "s": HOST_SETTINGS.to_json_obj()}
-    await redis.set(c.pace_rate_key("many"), "10")
+    await redis.set(c.pace_rate_key("many"), "1000000")  # a slot for each within the horizon
     asks = [["many", [[h, 1, NO_REPORT.to_list()] for h in hosts]]]
     script = pinned(lua_script("worker.politeness", "pacing_acquire.lua"))
     await redis.eval(script, 0, json.dumps(config), json.dumps(asks))

@@ -557,6 +557,10 @@ def _exact(value: float | None) -> str:
     return "" if value is None else f"{value:.17g}"
 
 
+# The interval answered for a host the round did not read (not known).
+UNREAD: Final = -1.0
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class HostAnswer:
     """The script's answer for one host: seconds until it is worth asking again
@@ -590,6 +594,8 @@ class SourceRound:
     source_next: float | None
     indexed: tuple[float | None, ...] = ()
     trimmed: tuple[ScoreRange, ...] = ()
+    # The hosts not read (see ``decide_source``).
+    unread: tuple[bool, ...] = ()
 
 
 def decide_source(
@@ -607,40 +613,132 @@ def decide_source(
     renewed once less than half of ``idle_s`` is left of what is needed), and each host's
     member of the source's host index written when it is due (``indexed``), with the
     members idle for ``idle_s`` removed from each band written (the index then expires
-    ``idle_s`` after this write)."""
-    stepped: list[HostState] = []
-    flags: list[str] = []
-    whys: list[str] = []
-    asks: list[HostAsk] = []
+    ``idle_s`` after this write).
+
+    Hosts are read as the round robin's first pass reaches them: a host with nothing to
+    report, reached once the source has no slot left within the horizon, is not read at
+    all (``unread``: its hash untouched, asked again when the source's next slot comes),
+    so that a source whose rate is the limit costs a read per host it serves, not per
+    host waiting (measured before: 39 hosts read per slot granted, 100 hosts waiting)."""
+    src = _from(now, source_next)
+    limit, source_interval = now + horizon_s, 1 / source_rps
+    read: list[_Read | None] = []
+    first: list[tuple[float, ...]] = []
     for state, report, wanted in hosts:
-        ceiling = ceiling_rps(source_rps, host_rate_rps, state.override, s)
-        if report or state.rate is None:
-            state = host_step(state, report, ceiling, now, s)
-        flag = blocked(state, now)
-        interval = host_interval(state, ceiling, now)
-        stepped.append(state)
-        flags.append(flag)
-        whys.append(host_why(state, flag, ceiling, source_rps, interval))
-        asks.append(HostAsk(state.next_at, interval, 0 if flag else wanted))
-    granted = round_robin_grant(now, source_next, 1 / source_rps, asks, horizon_s)
+        if not report and src > limit:
+            read.append(None)
+            first.append(())
+            continue
+        host = _read(state, report, wanted, source_rps, host_rate_rps, now, s)
+        at = src if src > host.next_at else host.next_at
+        if host.ask.wanted > 0 and at <= limit:  # the first pass, as it reaches the host
+            src = at + source_interval
+            host.next_at = at + host.ask.interval_s
+            first.append((at,))
+        else:
+            first.append(())
+        read.append(host)
+    granted = _more_passes(now, src, source_interval, read, first, horizon_s)
+    return _decided(read, hosts, granted, now, horizon_s, s)
+
+
+@dataclasses.dataclass(slots=True)
+class _Read:
+    """A host the round reached: its state once its report is applied, why it is paced
+    as it is, its flag, its ask, and its next slot (moved by the first pass)."""
+
+    state: HostState
+    why: str
+    flag: str
+    ask: HostAsk
+    next_at: float
+
+
+def _read(
+    state: HostState,
+    report: HostReport,
+    wanted: int,
+    source_rps: float,
+    host_rate_rps: float | None,
+    now: float,
+    s: HostSettings,
+) -> _Read:
+    ceiling = ceiling_rps(source_rps, host_rate_rps, state.override, s)
+    if report or state.rate is None:
+        state = host_step(state, report, ceiling, now, s)
+    flag = blocked(state, now)
+    interval = host_interval(state, ceiling, now)
+    why = host_why(state, flag, ceiling, source_rps, interval)
+    ask = HostAsk(state.next_at, interval, 0 if flag else wanted)
+    return _Read(state, why, flag, ask, _from(now, state.next_at))
+
+
+def _more_passes(
+    now: float,
+    src: float,
+    source_interval: float,
+    read: Sequence[_Read | None],
+    first: Sequence[tuple[float, ...]],
+    horizon_s: float,
+) -> Round:
+    """The round robin's passes after the first (``round_robin_grant``, for the hosts
+    that got a slot in it and want more), merged with it."""
+    more = [
+        j for j, host in enumerate(read) if host is not None and first[j] and host.ask.wanted > 1
+    ]
+    rest = round_robin_grant(
+        now,
+        src,
+        source_interval,
+        [_rest_of(read[j]) for j in more],
+        horizon_s,
+    )
+    slots = [list(f) for f in first]
+    host_next = [now if host is None else host.next_at for host in read]
+    for k, j in enumerate(more):
+        slots[j] += rest.slots[k]
+        host_next[j] = rest.host_next[k]
+    source_next = rest.source_next if more else src
+    return Round(source_next, tuple(tuple(t) for t in slots), tuple(host_next))
+
+
+def _rest_of(host: _Read | None) -> HostAsk:
+    assert host is not None
+    return HostAsk(host.next_at, host.ask.interval_s, host.ask.wanted - 1)
+
+
+def _decided(
+    read: Sequence[_Read | None],
+    hosts: Sequence[tuple[HostState, HostReport, int]],
+    granted: Round,
+    now: float,
+    horizon_s: float,
+    s: HostSettings,
+) -> SourceRound:
     answers: list[HostAnswer] = []
     states: list[HostState] = []
     scores: list[float | None] = []
-    for i, state in enumerate(stepped):
+    for i, host in enumerate(read):
+        if host is None:  # not read: untouched, asked again when the source has a slot
+            states.append(hosts[i][0])
+            scores.append(None)
+            answers.append(HostAnswer(granted.source_next - horizon_s - now, (), UNREAD))
+            continue
+        state = host.state
         if granted.slots[i]:
             state = dataclasses.replace(state, next_at=granted.host_next[i])
         state = _renewed(state, now, s)
-        written = indexed(state, whys[i], now, s)
-        scores.append(None if written is state else host_index_score(HOST_WHY[whys[i]], now))
+        written = indexed(state, host.why, now, s)
+        scores.append(None if written is state else host_index_score(HOST_WHY[host.why], now))
         states.append(written)
-        answers.append(_answer(state, flags[i], granted, i, asks[i].interval_s, now, horizon_s))
-    moved = any(granted.slots)
+        answers.append(_answer(state, host.flag, granted, i, host.ask.interval_s, now, horizon_s))
     return SourceRound(
         tuple(answers),
         tuple(states),
-        granted.source_next if moved else None,
+        granted.source_next if any(granted.slots) else None,
         tuple(scores),
         _trimmed(scores, now, s),
+        tuple(host is None for host in read),
     )
 
 

@@ -475,7 +475,8 @@ class RedisPacer:
             self._defer(key, settings.operator_poll_s, keep=0)
             self._asked(key, redis_now + settings.operator_poll_s)
             return
-        self._note_interval(key, float(interval_s))
+        if float(interval_s) > 0:  # not read this time (UNREAD): nothing new
+            self._note_interval(key, float(interval_s))
         loop = asyncio.get_running_loop()
         now = loop.time()
         if slots:

@@ -241,60 +241,81 @@ for i, ask in ipairs(cjson.decode(ARGV[2])) do
     if src ~= src or src < now then src = now end
     local states, befores, expires, keys, flags, intervals, wanted, slots, host_next, whys =
       {}, {}, {}, {}, {}, {}, {}, {}, {}, {}
+    local unread, limit, moved = {}, now + horizon, false
+    -- Hosts are read as the round robin's first pass reaches them: one with nothing to
+    -- report, reached once the source has no slot left within the horizon, is not read.
     for j, h in ipairs(hosts) do
-      local key = config.hp .. source .. ':' .. h[1]
-      local st, before = read_host(key)
-      expires[j] = st.expires
-      local ceiling = ceiling_of(rate, host_rate, st.override)
       local report = h[3]
-      if report[5] ~= 0 or report[2] > 0 or st.rate == nil then step(st, report, ceiling) end
-      keys[j], states[j], befores[j] = key, st, before
-      flags[j] = flag_of(st)
-      intervals[j] = interval_of(st, ceiling)
-      whys[j] = why_of(st, flags[j], ceiling, rate, intervals[j])
-      wanted[j] = flags[j] == '' and h[2] or 0
       slots[j] = {}
-      local n = st.next_at
-      host_next[j] = (n ~= nil and n >= now) and n or now
+      if report[5] == 0 and report[2] == 0 and src > limit then
+        unread[j] = true
+        host_next[j] = now
+      else
+        local key = config.hp .. source .. ':' .. h[1]
+        local st, before = read_host(key)
+        expires[j] = st.expires
+        local ceiling = ceiling_of(rate, host_rate, st.override)
+        if report[5] ~= 0 or report[2] > 0 or st.rate == nil then step(st, report, ceiling) end
+        keys[j], states[j], befores[j] = key, st, before
+        flags[j] = flag_of(st)
+        intervals[j] = interval_of(st, ceiling)
+        whys[j] = why_of(st, flags[j], ceiling, rate, intervals[j])
+        wanted[j] = flags[j] == '' and h[2] or 0
+        local n = st.next_at
+        host_next[j] = (n ~= nil and n >= now) and n or now
+        local at = src > host_next[j] and src or host_next[j]
+        if wanted[j] > 0 and at <= limit then  -- the first pass
+          slots[j][1] = at - now
+          src = at + 1 / rate
+          host_next[j] = at + intervals[j]
+          moved = true
+        end
+      end
     end
-    -- Round robin: one slot per host per pass, while any gets one within the horizon.
+    -- The further passes: one slot per host per pass, while any gets one within the
+    -- horizon.
     local open = {}
-    for j = 1, #hosts do if wanted[j] > 0 then open[#open + 1] = j end end
-    local moved = false
+    for j = 1, #hosts do
+      if not unread[j] and #slots[j] == 1 and wanted[j] > 1 then open[#open + 1] = j end
+    end
     while #open > 0 do
       local still = {}
       for _, j in ipairs(open) do
         local at = src > host_next[j] and src or host_next[j]
-        if at <= now + horizon then
+        if at <= limit then
           slots[j][#slots[j] + 1] = at - now
           src = at + 1 / rate
           host_next[j] = at + intervals[j]
-          moved = true
           if #slots[j] < wanted[j] then still[#still + 1] = j end
         end
       end
       open = still
     end
     local answer, members, bands = {}, {}, {}
-    for j, st in ipairs(states) do
-      if #slots[j] > 0 then st.next_at = host_next[j] end
-      renew(st)
-      if index_due(st, whys[j]) then
-        st.why, st.seen = whys[j], now
-        local band = WHY_BAND[whys[j]]
-        members[#members + 1] = string.format('%.3f', band * BAND + now)
-        members[#members + 1] = hosts[j][1]
-        bands[band] = true
+    for j = 1, #hosts do
+      local st = states[j]
+      if unread[j] then
+        answer[j] = {src - horizon - now, {}, -1, ''}
+      else
+        if #slots[j] > 0 then st.next_at = host_next[j] end
+        renew(st)
+        if index_due(st, whys[j]) then
+          st.why, st.seen = whys[j], now
+          local band = WHY_BAND[whys[j]]
+          members[#members + 1] = string.format('%.3f', band * BAND + now)
+          members[#members + 1] = hosts[j][1]
+          bands[band] = true
+        end
+        write_host(keys[j], st, befores[j], expires[j])
+        local flag = flags[j]
+        local next_s = -1
+        if flag == 'h' then
+          next_s = st['until'] - now
+        elseif flag == '' then
+          next_s = (src > host_next[j] and src or host_next[j]) - horizon - now
+        end
+        answer[j] = {next_s, slots[j], intervals[j], flag}
       end
-      write_host(keys[j], st, befores[j], expires[j])
-      local flag = flags[j]
-      local next_s = -1
-      if flag == 'h' then
-        next_s = st['until'] - now
-      elseif flag == '' then
-        next_s = (src > host_next[j] and src or host_next[j]) - horizon - now
-      end
-      answer[j] = {next_s, slots[j], intervals[j], flag}
     end
     write_index(source, members, bands)
     if moved then
