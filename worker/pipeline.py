@@ -298,15 +298,22 @@ class Pipeline:
         could not be fetched; it has been waited for, and the URL may be tried again.
         """
         key = key_of(source, task.url, self._pacing_key)
-        ended = await self._take_slot(key, task)
+        # Memory first, then the slot: between a slot and its request nothing may wait.
+        reserved = await self._fetcher.reserve()
+        try:
+            ended = await self._take_slot(key, task)
+        except BaseException:
+            reserved.release()
+            raise
         if ended is not None:  # the host was given up: no request
+            reserved.release()
             await self._record(source, ended, key.host)
             return Tried(ended)
         metrics = self._source_metrics(source)
         metrics.requests.inc()
         robots = self._robots
         permit = functools.partial(self._hop, source)
-        fetched = await self._fetcher.fetch(task.url, permit, conditions)
+        fetched = await self._fetcher.fetch(task.url, permit, conditions, reserved)
         if fetched.body is not None:
             metrics.downloaded_bytes.inc(body_size(fetched.body))
         if fetched.status == ROBOTS_PENDING and robots is not None:

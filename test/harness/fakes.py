@@ -69,19 +69,38 @@ class FakePacer:
                 future.set_result(None)
 
 
+class FakeReservation:
+    def __init__(self, fetcher: FakeFetcher) -> None:
+        self._fetcher = fetcher
+
+    def release(self) -> None:
+        self._fetcher.released += 1
+
+
 class FakeFetcher:
     """Answers each URL with its result, or with its list of results in turn (the last
     one again once they run out); unknown URLs 404."""
 
     def __init__(self, results: dict[str, FetchResult | list[FetchResult]]) -> None:
         self.results = results
+        # Budget reservations taken, and given back (by a fetch, or unused).
+        self.reserved = 0
+        self.released = 0
         # URL -> the redirect hops it goes through (each asked of ``permit`` first).
         self.hops: dict[str, list[str]] = {}
         self.requests: list[str] = []
         # The conditions (request headers) each request carried, None for none.
         self.conditions: list[Any] = []
 
-    async def fetch(self, url: str, permit: object = None, conditions: Any = None) -> FetchResult:
+    async def reserve(self) -> FakeReservation:
+        self.reserved += 1
+        return FakeReservation(self)
+
+    async def fetch(
+        self, url: str, permit: object = None, conditions: Any = None, reserved: Any = None
+    ) -> FetchResult:
+        if reserved is not None:
+            reserved.release()  # the fetch's from then on
         self.requests.append(url)
         self.conditions.append(conditions)
         for hop in self.hops.get(url, ()):

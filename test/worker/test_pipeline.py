@@ -522,6 +522,29 @@ async def test_the_scheduler_knows_a_message_s_host_and_parks_it_on_its_topic():
     assert p["sink"].keys[TOPIC] == [json.loads(raw)["uuid"].encode()]
 
 
+async def test_a_request_waits_for_memory_before_its_slot_never_between_them():
+    pipeline, p = make({"http://origin.test/a.jpg": FetchResult("200", body=jpeg_with_exif().body)})
+    fetcher, gate = p["fetcher"], asyncio.Event()
+    reserve = fetcher.reserve
+
+    async def reserve_when_open():
+        await gate.wait()  # the byte budget is spent
+        return await reserve()
+
+    fetcher.reserve = reserve_when_open
+    handled = asyncio.create_task(pipeline.handle("example", task(), TOPIC))
+    await asyncio.sleep(0.01)
+    assert p["pacer"].keys == [] and fetcher.requests == []  # no slot taken yet
+    gate.set()
+    assert (await handled).status == "200"
+    assert p["pacer"].keys == [HostKey("example", "origin.test")]
+    assert fetcher.reserved == fetcher.released == 1
+    # A URL whose host was given up gives its reservation back unused.
+    p["pacer"].gone.add("origin.test")
+    await pipeline.handle("example", task(uuid="u2"), TOPIC)
+    assert fetcher.reserved == fetcher.released == 2
+
+
 async def test_each_redirect_hop_takes_a_slot_of_its_own_host():
     url = "http://origin.test/a.jpg"
     pipeline, p = make({url: FetchResult("200", body=jpeg_with_exif().body)})

@@ -73,16 +73,31 @@ class FetchResult:
 HopPermit = Callable[[URL], Awaitable[str | None]]
 
 
+class Reservation(Protocol):
+    """Bytes of the fetcher's budget taken for one fetch (``UrlFetcher.reserve``)."""
+
+    def release(self) -> None: ...
+
+
 class UrlFetcher(Protocol):
+    async def reserve(self) -> Reservation:
+        """Wait for a typical body's bytes of the budget, for a fetch to come: taken
+        before the request's pacing slot, so that a request never waits for memory
+        between its slot and its send (it would reach its server late, and the next
+        one on time: closer together than the host's Crawl-delay)."""
+        ...
+
     async def fetch(
         self,
         url: str,
         permit: HopPermit | None = None,
         conditions: Mapping[str, str] | None = None,
+        reserved: Reservation | None = None,
     ) -> FetchResult:
         """Download ``url`` (sending ``conditions``, a re-check's If-None-Match and
-        If-Modified-Since, with each hop's request); every failure is a status, never an
-        exception."""
+        If-Modified-Since, with each hop's request), with the budget ``reserved`` for it
+        (None: taken now); every failure is a status, never an exception. The
+        reservation is the fetch's from then on (released with its result)."""
         ...
 
 
@@ -159,8 +174,9 @@ class Fetcher:
 
     The wait for budget happens before the request is sent, never while a response is
     open (its read timeout would run out while it waits): the fetcher takes a typical
-    body's size up front (a running mean of recent bodies) and a body that turns out
-    larger takes the difference as an overdraft (``ByteBudget.take``).
+    body's size up front (a running mean of recent bodies; ``reserve``, before the
+    request's pacing slot) and a body that turns out larger takes the difference as an
+    overdraft (``ByteBudget.take``).
 
     An image's answer is read for what it says of the image's use (worker.politeness.
     signals), X-Robots-Tag groups for ``token`` (our robots.txt token) included: one that
@@ -183,24 +199,34 @@ class Fetcher:
         self._token = token
         self._typical_body_bytes = _FIRST_ESTIMATE_BYTES
 
+    async def reserve(self) -> _Hold:
+        hold = _Hold(self._budget)
+        if self._budget is not None:
+            hold.held = await self._budget.acquire(self._typical_body_bytes)
+        return hold
+
     async def fetch(
         self,
         url: str,
         permit: HopPermit | None = None,
         conditions: Mapping[str, str] | None = None,
+        reserved: Reservation | None = None,
     ) -> FetchResult:
         """Download ``url``, asking ``permit`` before each redirect hop; ``conditions``
-        (request headers) go with every hop's request."""
+        (request headers) go with every hop's request; ``reserved`` (from ``reserve``,
+        None: taken now) is the budget it starts with."""
         try:
             current = URL(url)
         except (ValueError, TypeError) as e:
+            if reserved is not None:
+                reserved.release()
             return FetchResult(Status.INVALID_URL, detail=str(e))
         refusal = self._refusal(current)
         if refusal is not None:  # refused before it waits for any budget
+            if reserved is not None:
+                reserved.release()
             return FetchResult(Status.BLOCKED, detail=refusal)
-        hold = _Hold(self._budget)
-        if self._budget is not None:
-            hold.held = await self._budget.acquire(self._typical_body_bytes)
+        hold = reserved if isinstance(reserved, _Hold) else await self.reserve()
         read = _Read(
             self._settings.max_body_bytes, truncate=False, signals=True, headers=conditions
         )
