@@ -119,9 +119,10 @@ def test_a_signal_cuts_once_per_cooldown_and_ends_the_slow_start():
     state = HostState(rate=20.0, slow=True)
     signal = HostReport(signals=1, refused=1, last=REFUSED)
     state = host_step(state, signal, 50.0, NOW, S)
-    assert (state.rate, state.slow, state.cut_at) == (14.0, False, NOW)
-    assert host_step(state, signal, 50.0, NOW + 0.5, S).rate == 14.0  # held
-    assert host_step(state, signal, 50.0, NOW + 1.0, S).rate == pytest.approx(9.8)
+    # The signal that ends a slow start halves the rate; later ones cut it to 0.7.
+    assert (state.rate, state.slow, state.cut_at) == (10.0, False, NOW)
+    assert host_step(state, signal, 50.0, NOW + 0.5, S).rate == 10.0  # held
+    assert host_step(state, signal, 50.0, NOW + 1.0, S).rate == pytest.approx(7.0)
 
 
 @pytest.mark.parametrize(

@@ -73,9 +73,10 @@ local function step(st, report, ceiling)
   local at_floor = rate <= floor
   local clean, signals, refused, failed, last = report[1], report[2], report[3], report[4], report[5]
   if signals > 0 then
+    local factor = st.slow and s.exit or s.dec
     st.slow = false
     if st.cut_at == nil or now - st.cut_at >= s.cool - 0.05 then
-      local cut = rate * s.dec
+      local cut = rate * factor
       rate = cut > floor and cut or floor
       st.cut_at = now
     end
