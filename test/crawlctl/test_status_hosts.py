@@ -36,7 +36,32 @@ async def redis_now(redis: Redis) -> float:
 
 
 async def ask(redis: Redis, source: str, hosts: list[str]) -> Any:
-    """One ask of the workers' pacing script for a slot of each of ``hosts``."""
+    """An ask of the workers' pacing script for a slot of each of ``hosts``, as if each
+    came when its source had a slot to give (the script reads no host the round robin
+    does not reach: one with nothing to report, once the source's slots within the
+    horizon are spent, is left unread). The answers, as the script gives them for one
+    ask of them all (its last)."""
+    answers: Any = None
+    for i in range(len(hosts)):
+        await redis.delete(c.pace_next_key(source))
+        answers = await _ask_once(redis, source, hosts[i:] + hosts[:i])
+    assert answers is not None
+    return answers if len(hosts) <= 1 else _rotated(answers, len(hosts))
+
+
+def _rotated(answers: Any, n: int) -> Any:
+    """The last ask's answers (its hosts rotated by n - 1) in the order asked."""
+    out = []
+    for answer in answers:
+        if not isinstance(answer, list):
+            out.append(answer)
+            continue
+        shift = n - 1
+        out.append(answer[n - shift :] + answer[: n - shift])
+    return out
+
+
+async def _ask_once(redis: Redis, source: str, hosts: list[str]) -> Any:
     config = {
         "rp": c.PACE_RATE_PREFIX,
         "np": c.PACE_NEXT_PREFIX,
