@@ -2,10 +2,11 @@
 
 Builds (or reuses) the corpus, times the image kernel, starts the origin, runs one crawl
 per ``--sources`` count on a fresh local stack (with ``--recheck``, each followed by a
-re-check of its images), then compares the worker with img2dataset and with a bare
-Pillow pipeline on the corpus's "mixed" files, measures the thumbnails' PSNR, times the
-monitor's loop, then prints a table and writes ``--out`` (JSON) and the same table as
-markdown next to it.
+re-check of its images), with ``--hosts N`` two more (one source on one unlimited host,
+then over N hosts at a robots.txt Crawl-delay of 1 s), then compares the worker with
+img2dataset and with a bare Pillow pipeline on the corpus's "mixed" files, measures the
+thumbnails' PSNR, times the monitor's loop, then prints a table and writes ``--out``
+(JSON) and the same table as markdown next to it.
 """
 
 from __future__ import annotations
@@ -30,8 +31,10 @@ from bench import peer as img2dataset
 from bench.bare import measure_bare
 from bench.corpus import DEFAULT_DIR, Corpus, ensure_corpus
 from bench.crawl import RunConfig, run_crawl
+from bench.hosts import measure_hosts
 from bench.kernel import measure_kernel
 from bench.monitor_loop import measure_monitor
+from bench.origin import MAX_HOSTS
 from bench.quality import measure_quality
 from bench.report import render_markdown, render_text, verdicts
 from bench.services import ROOT, Origin
@@ -41,6 +44,14 @@ from worker.settings import WorkerSettings
 def _args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     _crawl_options(parser)
+    parser.add_argument(
+        "--hosts",
+        type=int,
+        default=0,
+        help="after the --sources crawls, crawl the images of one source on one unlimited "
+        "host, then over this many loopback hosts at a robots.txt Crawl-delay of 1 s "
+        "(0: not)",
+    )
     parser.add_argument("--corpus-files", type=int, default=300)
     parser.add_argument("--corpus-dir", type=Path, default=DEFAULT_DIR)
     parser.add_argument(
@@ -70,6 +81,8 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--compare-images must be 0 (no comparison) or at least 2")
     if args.peer_repeats < 1 or args.bare_rounds < 1:
         parser.error("--peer-repeats and --bare-rounds must be at least 1")
+    if not 0 <= args.hosts <= MAX_HOSTS:
+        parser.error(f"--hosts must be between 0 and {MAX_HOSTS}")
     return args
 
 
@@ -300,6 +313,29 @@ async def _peer_venv(args: argparse.Namespace, log_dir: Path) -> dict[str, Any] 
         raise SystemExit(f"{err}\n(--no-peer runs the benchmark without img2dataset)") from err
 
 
+async def _crawls(
+    args: argparse.Namespace, corpus: Corpus, log_dir: Path, kernels: list[dict[str, Any]]
+) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """One crawl per ``--sources`` count, the kernel measured after each (appended to
+    ``kernels``), then with ``--hosts`` the one-host and many-host crawls."""
+    runs = []
+    hosts = None
+    with Origin(corpus.directory, log_dir, opt_outs=args.opt_outs, hosts=args.hosts) as origin:
+        for count in [int(s) for s in args.sources.split(",") if s.strip()]:
+            config = _crawl_config(args, count, args.images, log_dir / f"run-{count}-sources")
+            print(f"crawl: {count} source(s), {args.images} images", file=sys.stderr)
+            run = await run_crawl(config, origin.url, len(corpus.files))
+            kernels.append(_kernel(corpus, args.kernel_rounds))
+            around = (kernels[-2]["cpu_s_per_image"], kernels[-1]["cpu_s_per_image"])
+            run["kernel_cpu_s_per_image_around"] = list(around)
+            run["kernel_cpu_s_per_image"] = sum(around) / 2
+            runs.append(run)
+        if args.hosts:
+            config = _crawl_config(args, 1, args.images, log_dir / "run-hosts")
+            hosts = await measure_hosts(config, origin, len(corpus.files))
+    return runs, hosts
+
+
 async def _main(args: argparse.Namespace) -> dict[str, Any]:
     log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="bench-"))
     started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
@@ -313,17 +349,7 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
     # compared with the mean of the two measurements around it: the machine's speed
     # drifts over minutes (19.1, 18.4 and 17.8 ms within 15 minutes).
     kernels = [_kernel(corpus, args.kernel_rounds)]
-    runs = []
-    with Origin(corpus.directory, log_dir, opt_outs=args.opt_outs) as origin:
-        for count in [int(s) for s in args.sources.split(",") if s.strip()]:
-            config = _crawl_config(args, count, args.images, log_dir / f"run-{count}-sources")
-            print(f"crawl: {count} source(s), {args.images} images", file=sys.stderr)
-            run = await run_crawl(config, origin.url, len(corpus.files))
-            kernels.append(_kernel(corpus, args.kernel_rounds))
-            around = (kernels[-2]["cpu_s_per_image"], kernels[-1]["cpu_s_per_image"])
-            run["kernel_cpu_s_per_image_around"] = list(around)
-            run["kernel_cpu_s_per_image"] = sum(around) / 2
-            runs.append(run)
+    runs, hosts = await _crawls(args, corpus, log_dir, kernels)
     comparison = (
         await _comparison(args, corpus.of_kind("mixed"), log_dir, venv)
         if args.compare_images
@@ -346,6 +372,7 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
         "kernel": kernels[0],
         "kernel_measurements": kernels,
         "runs": runs,
+        "hosts": hosts,
         "monitor": monitor,
         "comparison": comparison,
         "quality": quality,

@@ -42,7 +42,7 @@ import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from bench.procstats import MemorySample, ProcessTree, Sampler, at_progress
-from bench.services import S3Sink, s3_service, thumbnails_stored
+from bench.services import S3Sink, origin_stats, s3_service, thumbnails_stored
 from crawlctl.localstack.processes import ModuleProcess
 from crawlctl.localstack.services import KafkaBroker, RedisServer
 from image_crawler import contract as c
@@ -64,6 +64,8 @@ class RunConfig:
     s3: str  # "sink" or "moto"
     log_dir: Path
     recheck: bool = False  # a second measured pass: every image re-checked
+    # Base URLs the crawl's URLs are spread over, round-robin (empty: the origin's own).
+    host_urls: tuple[str, ...] = ()
 
 
 def source_names(count: int) -> list[str]:
@@ -199,16 +201,17 @@ async def _produce(bootstrap: str, tasks: list[tuple[str, int, bytes]]) -> None:
 
 
 def _tasks(
-    sources: list[str], partitions: int, origin_url: str, prefix: str, start: int, count: int
+    sources: list[str], partitions: int, bases: tuple[str, ...], prefix: str, start: int, count: int
 ) -> tuple[list[tuple[str, int, bytes]], list[str]]:
-    """``count`` URLs spread round-robin over sources, then partitions; body ``i`` is
-    corpus file ``i % files`` (the origin's choice)."""
+    """``count`` URLs spread round-robin over sources, then partitions, and over the
+    ``bases`` (the hosts' base URLs); body ``i`` is corpus file ``i % files`` (the
+    origin's choice)."""
     tasks, uuids = [], []
     for i in range(start, start + count):
         source = sources[i % len(sources)]
         partition = (i // len(sources)) % partitions
         uuid = f"{prefix}-{i:07d}-{source}"
-        url = f"{origin_url}/{i}/{uuid}.jpg"
+        url = f"{bases[i % len(bases)]}/{i}/{uuid}.jpg"
         tasks.append((c.source_topic(source), partition, c.SourceTask(url, uuid).to_json()))
         uuids.append(uuid)
     return tasks, uuids
@@ -271,7 +274,8 @@ def _worker_env(
         "MAX_TASKS": str(config.max_tasks),
         "IMAGE_PROCESSES": str(config.image_processes),
         "SOURCES_POLL_S": "1",
-        "ALLOWED_PRIVATE_NETWORKS": "127.0.0.1/32",
+        # The hosts of bench.origin --hosts are 127.1.x.y.
+        "ALLOWED_PRIVATE_NETWORKS": "127.0.0.0/8" if config.host_urls else "127.0.0.1/32",
         "LOG_LEVEL": "INFO",
     }
 
@@ -301,6 +305,8 @@ class _Stack:
     bucket: str
     sources: list[str]
     origin_url: str
+    # Where the URLs point: the origin's hosts (RunConfig.host_urls), or the origin.
+    bases: tuple[str, ...]
     workers: list[ModuleProcess] = dataclasses.field(default_factory=list)
     monitor: ModuleProcess | None = None
 
@@ -327,6 +333,9 @@ class _Window:
     peaks: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     profile: dict[str, Any] | None = None
     sampler: Sampler | None = None
+    # The origin's counts (bench.origin.Requests) when the window opened and closed.
+    origin_before: dict[str, Any] = dataclasses.field(default_factory=dict)
+    origin_after: dict[str, Any] = dataclasses.field(default_factory=dict)
     # Read again by a re-check pass: a tree remembers each process's last reading.
     trees: list[ProcessTree] = dataclasses.field(default_factory=list)
     others: dict[str, ProcessTree] = dataclasses.field(default_factory=dict)
@@ -340,7 +349,9 @@ async def run_crawl(config: RunConfig, origin_url: str, files: int) -> dict[str,
         redis_server = exits.enter_context(RedisServer(log_dir=config.log_dir))
         s3 = s3_service(config.s3, config.log_dir)
         exits.enter_context(s3)
-        stack = _Stack(kafka, redis_server, s3, "bench", source_names(config.sources), origin_url)
+        bases = config.host_urls or (origin_url,)
+        names = source_names(config.sources)
+        stack = _Stack(kafka, redis_server, s3, "bench", names, origin_url, bases)
         if isinstance(s3, S3Server):
             create_bucket(s3.endpoint_url, stack.bucket)
         for start in range(0, len(stack.sources), 200):
@@ -419,7 +430,7 @@ async def _warm_up(config: RunConfig, stack: _Stack, outputs: Outputs) -> tuple[
     got partitions and started its image pool before anything is measured."""
     started = time.monotonic()
     warmup = max(config.warmup, len(stack.sources) * config.partitions)
-    tasks, uuids = _tasks(stack.sources, config.partitions, stack.origin_url, "warm", 0, warmup)
+    tasks, uuids = _tasks(stack.sources, config.partitions, stack.bases, "warm", 0, warmup)
     outputs.wanted = set(uuids)
     await _produce(stack.kafka.bootstrap, tasks)
     if not await _wait_done(outputs, warmup, time.monotonic() + 180 + warmup * 0.2):
@@ -435,18 +446,20 @@ async def _measure(config: RunConfig, stack: _Stack, outputs: Outputs) -> _Windo
     cpu_before = [t.cpu_by_role() for t in trees]
     others_before = {name: t.cpu_seconds() for name, t in others.items()}
 
-    tasks, uuids = _tasks(stack.sources, config.partitions, stack.origin_url, "run", 0,
+    tasks, uuids = _tasks(stack.sources, config.partitions, stack.bases, "run", 0,
                           config.images)  # fmt: skip
     outputs.wanted = set(uuids)
     outputs.done_wanted = sum(1 for u in uuids if u in outputs.completed_at)
     sampler = Sampler(trees, lambda: outputs.done_wanted, broker_port=stack.kafka.port)
     profiler = _start_profiler(config, stack.workers[0]) if config.profile else None
+    origin_before = await asyncio.to_thread(origin_stats, stack.origin_url)
     sampler.start()
-    window = _Window(t0=time.monotonic())
+    window = _Window(t0=time.monotonic(), origin_before=origin_before)
     await _produce(stack.kafka.bootstrap, tasks)
     window.produce_s = time.monotonic() - window.t0
     window.finished = await _wait_done(outputs, config.images, window.t0 + config.timeout_s)
     window.t_seen = time.monotonic()
+    window.origin_after = await asyncio.to_thread(origin_stats, stack.origin_url)
     cpu_after = [t.cpu_by_role() for t in trees]
     window.other_cpu = {n: t.cpu_seconds() - others_before[n] for n, t in others.items()}
     sampler.stop()
@@ -484,7 +497,7 @@ class _Recheck:
 async def _recheck(config: RunConfig, stack: _Stack, outputs: Outputs, crawl: _Window) -> _Recheck:
     """Produce the crawl's URLs again as re-checks and wait for their ``link_checks``;
     the workers' CPU is read just before producing and when the last one is read."""
-    tasks, _ = _tasks(stack.sources, config.partitions, stack.origin_url, "run", 0,
+    tasks, _ = _tasks(stack.sources, config.partitions, stack.bases, "run", 0,
                       config.images)  # fmt: skip
     plan = recheck_plan(tasks, outputs.validators)
     outputs.rechecking = True
@@ -571,9 +584,7 @@ def _figures(config: RunConfig, stack: _Stack, outputs: Outputs, window: _Window
         return seconds / ok if ok else None
 
     return {
-        "config": {
-            k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(config).items()
-        },
+        "config": _config_figures(config),
         "sources": len(stack.sources),
         "finished": window.finished,
         "images_requested": config.images,
@@ -601,6 +612,7 @@ def _figures(config: RunConfig, stack: _Stack, outputs: Outputs, window: _Window
         ),
         "images_per_worker_cpu_s": ok / cpu_total if cpu_total else None,
         "other_cpu_s": window.other_cpu,
+        "origin_requests": origin_requests(window.origin_before, window.origin_after, wall_s),
         "memory": [
             _memory(samples, peak, connections, config.images)
             for samples, peak, connections in zip(
@@ -614,6 +626,30 @@ def _figures(config: RunConfig, stack: _Stack, outputs: Outputs, window: _Window
         ),
         "worker_log_warnings": [_log_levels(w.log_path) for w in stack.workers],
         "profile": window.profile,
+    }
+
+
+def _config_figures(config: RunConfig) -> dict[str, Any]:
+    figures = {
+        k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(config).items()
+    }
+    figures["host_urls"] = len(config.host_urls)  # not a thousand URLs
+    return figures
+
+
+def origin_requests(
+    before: Mapping[str, Any], after: Mapping[str, Any], wall_s: float
+) -> dict[str, Any]:
+    """What the origin was asked during a window (``bench.origin.Requests.summary`` at its
+    start and end, ``wall_s`` long): requests by kind, and per second; and, of the whole
+    origin process so far (gaps are not counted by window), how close together its
+    Crawl-delayed hosts' requests came."""
+    was, now = before.get("by_kind", {}), after.get("by_kind", {})
+    by_kind = {k: now.get(k, 0) - was.get(k, 0) for k in sorted({*was, *now})}
+    return {
+        "by_kind": by_kind,
+        "per_s": {k: n / wall_s for k, n in by_kind.items()} if wall_s > 0 else {},
+        "delayed_hosts": {k: v for k, v in after.items() if k != "by_kind"},
     }
 
 

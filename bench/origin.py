@@ -36,7 +36,8 @@ import hashlib
 import json
 import time
 from collections import Counter
-from datetime import UTC
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
 from email.utils import formatdate, parsedate_to_datetime
 from pathlib import Path
 
@@ -50,6 +51,7 @@ PRIMARY_ADDRESS = "127.0.0.1"
 # the tests' (127.0.0.x) and bench.robots' (127.0.3.x).
 _HOSTS_NET = "127.1"
 _PER_BLOCK = 250  # addresses .1 to .250 of each 127.1.b.0/24
+MAX_HOSTS = 256 * _PER_BLOCK
 
 # Two X-Robots-Tag instances (one for another crawler) and a reservation with its policy:
 # every part of the worker's reading of them runs, and none keeps the image out.
@@ -105,8 +107,8 @@ def not_modified(if_none_match: str | None, if_modified_since: str | None, file:
 def host_addresses(count: int) -> list[str]:
     """The ``count`` loopback addresses of ``--hosts``: 127.1.0.1 to 127.1.0.250, then
     127.1.1.1 and on (no .0 or .255 in any block)."""
-    if not 0 <= count <= 256 * _PER_BLOCK:
-        raise ValueError(f"between 0 and {256 * _PER_BLOCK} hosts, not {count}")
+    if not 0 <= count <= MAX_HOSTS:
+        raise ValueError(f"between 0 and {MAX_HOSTS} hosts, not {count}")
     return [f"{_HOSTS_NET}.{i // _PER_BLOCK}.{i % _PER_BLOCK + 1}" for i in range(count)]
 
 
@@ -115,19 +117,29 @@ def robots_txt(crawl_delay_s: float) -> str:
     return f"User-agent: *\nCrawl-delay: {crawl_delay_s:g}\n"
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class TooSoon:
+    """Two requests to one host closer than 0.9 of its Crawl-delay: the shortest such gap
+    of that host, the kinds of the two requests, and when the second arrived."""
+
+    gap_s: float
+    after: str
+    kind: str
+    at: str  # ISO 8601, UTC: to find beside the worker's log events
+
+
 @dataclasses.dataclass(slots=True)
 class Requests:
     """What the origin was asked: requests by kind, and for the delayed hosts, how far
-    apart each host's requests arrived (``note``'s ``now``, in seconds)."""
+    apart each host's requests arrived (``note``'s ``now``: wall-clock seconds, which a
+    run of minutes may take as steady; it names when, for the logs)."""
 
     crawl_delay_s: float
     by_kind: Counter[str] = dataclasses.field(default_factory=Counter)
     by_host: Counter[str] = dataclasses.field(default_factory=Counter)
-    last_at: dict[str, float] = dataclasses.field(default_factory=dict)
-    gaps: int = 0
-    gaps_under_delay: int = 0
-    gaps_under_90_percent: int = 0
-    min_gap_s: float | None = None
+    last: dict[str, tuple[float, str]] = dataclasses.field(default_factory=dict)
+    gaps_s: list[float] = dataclasses.field(default_factory=list)  # 8 bytes a request
+    too_soon: dict[str, TooSoon] = dataclasses.field(default_factory=dict)
 
     def note(self, kind: str, host: str | None, now: float) -> None:
         """One request of ``kind``; ``host`` is a delayed host's address, else None."""
@@ -135,34 +147,68 @@ class Requests:
         if host is None:
             return
         self.by_host[host] += 1
-        last = self.last_at.get(host)
-        self.last_at[host] = now
+        last = self.last.get(host)
+        self.last[host] = (now, kind)
         if last is None:
             return
-        gap = now - last
-        self.gaps += 1
-        self.gaps_under_delay += gap < self.crawl_delay_s
-        self.gaps_under_90_percent += gap < 0.9 * self.crawl_delay_s
-        self.min_gap_s = gap if self.min_gap_s is None else min(self.min_gap_s, gap)
+        gap = now - last[0]
+        self.gaps_s.append(gap)
+        if gap < 0.9 * self.crawl_delay_s and gap < self.too_soon.get(host, _NEVER).gap_s:
+            at = datetime.fromtimestamp(now, UTC).isoformat(timespec="milliseconds")
+            self.too_soon[host] = TooSoon(gap, last[1], kind, at)
 
     def summary(self) -> dict[str, object]:
         counts = self.by_host.values()
+        gaps = sorted(self.gaps_s)
+        marks = (0.01, 0.05, 0.25, 0.5)
+        soonest = sorted(self.too_soon.items(), key=lambda item: item[1].gap_s)
         return {
             "by_kind": dict(self.by_kind),
             "hosts_asked": len(self.by_host),
             "requests_per_host_min": min(counts, default=None),
             "requests_per_host_max": max(counts, default=None),
             "crawl_delay_s": self.crawl_delay_s,
-            "gaps": self.gaps,
-            "gaps_under_delay": self.gaps_under_delay,
-            "gaps_under_90_percent": self.gaps_under_90_percent,
-            "min_gap_s": self.min_gap_s,
+            "gaps": len(gaps),
+            "gaps_under_delay": sum(1 for g in gaps if g < self.crawl_delay_s),
+            "gaps_under_90_percent": sum(1 for g in gaps if g < 0.9 * self.crawl_delay_s),
+            "hosts_under_90_percent": len(self.too_soon),
+            # The (up to) 10 hosts asked soonest again: to find in the worker's log.
+            "hosts_under_90_percent_examples": {
+                host: dataclasses.asdict(too_soon) for host, too_soon in soonest[:10]
+            },
+            "min_gap_s": gaps[0] if gaps else None,
+            # The shortest gaps: at 1 %, 5 %, 25 % and 50 % of them.
+            "gap_s_at": {f"{m:.0%}": gaps[int(m * (len(gaps) - 1))] for m in marks} if gaps else {},
         }
+
+
+_NEVER = TooSoon(float("inf"), "", "", "")
 
 
 def _local_address(request: web.Request) -> str | None:
     sockname = request.transport.get_extra_info("sockname") if request.transport else None
     return str(sockname[0]) if sockname else None
+
+
+def _file_response(
+    file: File, asked: Mapping[str, str], headers: Sequence[tuple[str, str]]
+) -> web.Response:
+    """304 to a GET whose validators (``asked``) match ``file``, else its body with
+    ``headers`` added."""
+    if_none_match = asked.get("If-None-Match")
+    if_modified_since = asked.get("If-Modified-Since")
+    if (if_none_match is not None or if_modified_since is not None) and not_modified(
+        if_none_match, if_modified_since, file
+    ):
+        return web.Response(
+            status=304, headers={"ETag": file.etag, "Last-Modified": file.last_modified}
+        )
+    response = web.Response(body=file.body, content_type="image/jpeg")
+    response.headers["ETag"] = file.etag
+    response.headers["Last-Modified"] = file.last_modified
+    for name, value in headers:
+        response.headers.add(name, value)
+    return response
 
 
 def make_app(
@@ -179,7 +225,7 @@ def make_app(
 
     def note(kind: str, request: web.Request) -> None:
         address = _local_address(request) if delayed else None
-        requests.note(kind, address if address in delayed else None, time.monotonic())
+        requests.note(kind, address if address in delayed else None, time.time())
 
     async def robots_file(request: web.Request) -> web.Response:
         note("robots", request)
@@ -197,23 +243,8 @@ def make_app(
         except ValueError:
             note("other", request)
             raise web.HTTPNotFound() from None
-        file = files[index % len(files)]
-        asked = request.headers
-        if_none_match = asked.get("If-None-Match")
-        if_modified_since = asked.get("If-Modified-Since")
-        if (if_none_match is not None or if_modified_since is not None) and not_modified(
-            if_none_match, if_modified_since, file
-        ):
-            note("image_304", request)
-            return web.Response(
-                status=304, headers={"ETag": file.etag, "Last-Modified": file.last_modified}
-            )
-        note("image", request)
-        response = web.Response(body=file.body, content_type="image/jpeg")
-        response.headers["ETag"] = file.etag
-        response.headers["Last-Modified"] = file.last_modified
-        for name, value in headers:
-            response.headers.add(name, value)
+        response = _file_response(files[index % len(files)], request.headers, headers)
+        note("image_304" if response.status == 304 else "image", request)
         return response
 
     async def health(_: web.Request) -> web.Response:
@@ -264,8 +295,12 @@ def main() -> None:
     args = parser.parse_args()
     hosts = host_addresses(args.hosts)
     web.run_app(
-        make_app(load(args.directory, args.kind), args.opt_outs, frozenset(hosts), args.crawl_delay),
-        host=[PRIMARY_ADDRESS, *hosts],
+        make_app(
+            load(args.directory, args.kind), args.opt_outs, frozenset(hosts), args.crawl_delay
+        ),
+        # Sites start in this order, and the probe asks the primary address: once it
+        # answers, every host does.
+        host=[*hosts, PRIMARY_ADDRESS],
         port=args.port,
         access_log=None,
         print=None,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 GIB = 1024**3
@@ -24,6 +25,10 @@ PSNR_WORST_MIN = 30.0
 # The target of issue 30: the worker's CPU for a re-check of an unchanged image (a 304)
 # over its CPU for a full crawl of it, per image, in the same run.
 RECHECK_OVER_CRAWL_MAX = 0.10
+
+# The target of issue 36: one source over 1,000 hosts at a robots.txt Crawl-delay of 1 s,
+# over the same images on one unlimited host in the same run (steady throughput).
+HOSTS_THROUGHPUT_MIN = 0.90
 
 
 def _mib(value: float | None) -> str:
@@ -52,6 +57,7 @@ def verdicts(result: dict[str, Any]) -> list[dict[str, Any]]:
         rows += _run_verdicts(result, run)
     rows += _scale_verdicts(result["runs"])
     rows += _monitor_verdicts(result.get("monitor", []))
+    rows += _hosts_verdicts(result.get("hosts"))
     rows += _comparison_verdicts(result.get("comparison"))
     rows += _quality_verdicts(result.get("quality"))
     return rows
@@ -240,6 +246,22 @@ def _monitor_verdicts(loops: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+def _hosts_verdicts(hosts: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The many-host crawl's steady throughput over the one-host crawl's."""
+    if not hosts or hosts.get("ratio_steady_10_90") is None:
+        return []
+    ratio = hosts["ratio_steady_10_90"]
+    errors = sum(hosts["many_hosts"]["errors"].values()) + sum(hosts["one_host"]["errors"].values())
+    name = (
+        f"throughput {hosts['hosts']:,} hosts at Crawl-delay {hosts['crawl_delay_s']:g} s "
+        "/ 1 unlimited host (10%-90% of outputs)"
+    )
+    if errors:
+        name += f", {errors} errors"
+    limit = f">= {HOSTS_THROUGHPUT_MIN}"
+    return [_row(name, ratio, limit, ratio >= HOSTS_THROUGHPUT_MIN, f"{ratio:.2f}")]
+
+
 def _comparison_verdicts(comparison: dict[str, Any] | None) -> list[dict[str, Any]]:
     """Worker over img2dataset and over the bare Pillow pipeline, on the mixed files."""
     if not comparison:
@@ -354,6 +376,7 @@ def table(result: dict[str, Any]) -> list[tuple[str, str]]:
                 f"{_ms(loop['redis_server_cpu_s_per_loop'])})",
             )
         )
+    rows += _hosts_table(result.get("hosts"))
     rows += _comparison_table(result.get("comparison"))
     rows += _quality_table(result.get("quality"))
     return rows
@@ -465,6 +488,82 @@ def _recheck_table(recheck: dict[str, Any] | None, tag: str) -> list[tuple[str, 
                 f"{skipped['no_resolution']} without a resolution, "
                 f"{skipped['no_validators']} without validators; "
                 f"{recheck['resolutions']}, {recheck['errors'] or 'none'}",
+            )
+        )
+    return rows
+
+
+def _hosts_table(hosts: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """The one-host and many-host crawls side by side, what the origin was asked, and
+    the ratio of their throughputs."""
+    if not hosts:
+        return []
+    rows: list[tuple[str, str]] = []
+    many = f"[{hosts['hosts']:,} hosts, Crawl-delay {hosts['crawl_delay_s']:g} s]"
+    for run, tag in ((hosts["one_host"], "[1 unlimited host]"), (hosts["many_hosts"], many)):
+        requests = run.get("origin_requests") or {}
+        asked = ", ".join(
+            f"{kind} {n:,} ({requests['per_s'].get(kind, 0):,.1f}/s)"
+            for kind, n in requests.get("by_kind", {}).items()
+        )
+        rows += [
+            (
+                f"{tag} worker CPU per image (main + pool)",
+                f"{_ms(run['worker_cpu_s_per_image'])} ({_ms(run['worker_main_cpu_s_per_image'])}"
+                f" + {_ms(run['worker_children_cpu_s_per_image'])})",
+            ),
+            (
+                f"{tag} throughput 10%-90% / whole run",
+                f"{_num(run['images_per_s_steady_10_90'])} / {_num(run['images_per_s'])} images/s",
+            ),
+            (
+                f"{tag} first / last output after; errors",
+                f"{_num(run['completed_by_s'].get('1%'))} s / "
+                f"{_num(run['completed_by_s'].get('100%'))} s; {run['errors'] or 'none'}",
+            ),
+            (f"{tag} origin requests (measured window)", asked or "-"),
+        ]
+        warnings = Counter[str]()
+        for counts in run.get("worker_log_warnings") or []:
+            warnings.update(counts)
+        if warnings:
+            shown = ", ".join(f"{k} {n:,}" for k, n in sorted(warnings.items()))
+            rows.append((f"{tag} worker log warnings and errors", shown))
+    rows += _delayed_hosts_rows(hosts)
+    rows.append(
+        (
+            "hosts / one host: throughput 10%-90% (whole run)",
+            f"{_num(hosts['ratio_steady_10_90'], 2)} ({_num(hosts['ratio_whole_run'], 2)})",
+        )
+    )
+    return rows
+
+
+def _delayed_hosts_rows(hosts: dict[str, Any]) -> list[tuple[str, str]]:
+    """How the Crawl-delayed hosts were asked, as the origin saw it (warm-up included)."""
+    seen = (hosts["many_hosts"].get("origin_requests") or {}).get("delayed_hosts") or {}
+    if not seen.get("hosts_asked"):
+        return []
+    gap = seen.get("min_gap_s")
+    rows = [
+        (
+            "Crawl-delayed hosts asked; requests per host",
+            f"{seen['hosts_asked']:,} of {hosts['hosts']:,}; "
+            f"{seen['requests_per_host_min']}-{seen['requests_per_host_max']}",
+        ),
+        (
+            "gaps between a host's requests under its Crawl-delay / under 0.9 of it; shortest",
+            f"{seen['gaps_under_delay']:,} / {seen['gaps_under_90_percent']:,} of "
+            f"{seen['gaps']:,} (at {seen.get('hosts_under_90_percent', '-')} hosts); "
+            f"{'-' if gap is None else f'{gap:.3f} s'}",
+        ),
+    ]
+    at = seen.get("gap_s_at") or {}
+    if at:
+        rows.append(
+            (
+                f"gaps between a host's requests at {' / '.join(at)} of them",
+                " / ".join(f"{v:.3f}" for v in at.values()) + " s",
             )
         )
     return rows

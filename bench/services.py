@@ -85,9 +85,11 @@ class Origin(_BenchModule):
             str(self.corpus_dir),
             *(["--kind", self.kind] if self.kind else []),
             *(["--opt-outs"] if self.opt_outs else []),
-            *(["--hosts", str(self.hosts), "--crawl-delay", str(self.crawl_delay_s)]
-              if self.hosts else []),
-        ]  # fmt: skip
+            *(self._host_args() if self.hosts else []),
+        ]
+
+    def _host_args(self) -> list[str]:
+        return ["--hosts", str(self.hosts), "--crawl-delay", str(self.crawl_delay_s)]
 
 
 def origin_stats(origin_url: str) -> dict[str, Any]:

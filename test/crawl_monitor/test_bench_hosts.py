@@ -85,7 +85,11 @@ def test_requests_count_kinds_and_the_gaps_of_each_delayed_host() -> None:
     )
     assert summary["min_gap_s"] == pytest.approx(0.4)
     assert summary["hosts_under_90_percent"] == 1
-    assert summary["hosts_under_90_percent_examples"] == {"127.1.0.2": pytest.approx(0.4)}
+    (example,) = summary["hosts_under_90_percent_examples"].items()
+    assert example[0] == "127.1.0.2"
+    assert example[1]["gap_s"] == pytest.approx(0.4)
+    assert (example[1]["after"], example[1]["kind"]) == ("image", "image")
+    assert example[1]["at"] == "1970-01-01T00:00:11.500+00:00"
     gaps = [0.4, 0.95, 1.0, 2.0]
     assert summary["gap_s_at"] == pytest.approx(
         {"1%": gaps[0], "5%": gaps[0], "25%": gaps[0], "50%": gaps[1]}
@@ -281,3 +285,18 @@ def test_every_host_has_a_crawl_delay_and_the_same_files(origin: Origin) -> None
     # Three requests to each host within moments: two gaps each, all under the delay.
     assert (stats["gaps"], stats["gaps_under_delay"]) == (8, 8)
     assert stats["crawl_delay_s"] == 1.0
+
+
+def test_a_host_asked_too_soon_twice_keeps_its_shortest_gap() -> None:
+    requests = Requests(crawl_delay_s=2.0)
+    for kind, now in [("robots", 0.0), ("tdmrep", 1.0), ("image", 1.2), ("image", 2.0)]:
+        requests.note(kind, "127.1.0.1", now)
+    examples = requests.summary()["hosts_under_90_percent_examples"]
+    assert examples == {
+        "127.1.0.1": {
+            "gap_s": pytest.approx(0.2),
+            "after": "tdmrep",
+            "kind": "image",
+            "at": "1970-01-01T00:00:01.200+00:00",
+        }
+    }
