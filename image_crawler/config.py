@@ -202,6 +202,9 @@ class KafkaSettings:
         return options
 
 
+# The longest a command waits for a connection of a bounded pool (RedisSettings.client).
+POOL_WAIT_S: Final = 30.0
+
 REDIS_HOST: Final = "redis"
 REDIS_PORT: Final = 6379
 
@@ -230,13 +233,23 @@ class RedisSettings:
         user = f"{parts.username}:" if parts.username else ":"
         return urlunsplit(parts._replace(netloc=f"{user}***@{netloc}"))
 
-    def client(self, **options: Any) -> aioredis.Redis:
-        """A redis.asyncio client for this server (``options`` as for ``from_url``)."""
+    def client(self, *, pool_size: int | None = None, **options: Any) -> aioredis.Redis:
+        """A redis.asyncio client for this server (``options`` as for ``from_url``).
+
+        With ``pool_size``, a command waits (up to ``POOL_WAIT_S``) for one of that many
+        connections: redis-py's own pool allows 100 and then *fails* the command
+        (``MaxConnectionsError``), which a worker with hundreds of new hosts at once
+        (their robots.txt, their pacing) ran into thousands of times a crawl."""
         if self.password is not None:
             options["password"] = self.password
         if self.tls_ca_file is not None:
             options["ssl_ca_certs"] = self.tls_ca_file
-        return aioredis.from_url(self.url, **options)
+        if pool_size is None:
+            return aioredis.from_url(self.url, **options)
+        pool = aioredis.BlockingConnectionPool.from_url(
+            self.url, max_connections=pool_size, timeout=POOL_WAIT_S, **options
+        )
+        return aioredis.Redis.from_pool(pool)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> RedisSettings:

@@ -75,6 +75,9 @@ GC_FIRST_THRESHOLD: Final = 10_000
 # assigned partition, though every event it acts on (records consumed, a resume, a seek,
 # a fetch's end, a rebalance) wakes it anyway: rarely is enough for the rest.
 CONSUMER_IDLE_WAKE_MS: Final = 1000
+# Redis connections of one worker: its tasks' commands queue for them beyond this (a
+# worker with 1,000 new hosts at once needed more than redis-py's default of 100).
+REDIS_POOL_SIZE: Final = 256
 
 
 @contextlib.asynccontextmanager
@@ -103,7 +106,8 @@ async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
                 health=health.problems,
             )
         )
-        redis = settings.redis.client(decode_responses=True)
+        # Connections wait for each other rather than fail: see RedisSettings.client.
+        redis = settings.redis.client(decode_responses=True, pool_size=REDIS_POOL_SIZE)
         stack.push_async_callback(redis.aclose)
         producer, consumer = _kafka_clients(settings, stack)
         started = await start_kafka_clients(
