@@ -9,21 +9,22 @@ the end of its source's topic, then counted as finished, so that the record's pa
 commits past it and a crash loses nothing (the copy is in Kafka before the original is
 committed).
 
-- **Room.** A host runs at most ``running_cap`` tasks: what it can start within
-  ``lead_s`` at its interval (the pacer's last answer; a host never heard from at
-  ``1 / start_rps``), at least one, at most the source's share. A host runs one more as
-  one of its tasks ends.
+- **Room.** A host runs at most ``running_cap`` URLs waiting for their slot: what it can
+  start within ``lead_s`` at its interval (the pacer's last answer; a host never heard
+  from at ``1 / start_rps``), at least one, at most the source's share. Once a URL's
+  request has its slot (``slot_taken``) it no longer counts, however long its answer
+  takes, and its host runs one more.
 - **Blocked.** A host whose next slot is far (halted by its breaker or an operator, a long
   Retry-After) hands its running URLs back (``defer``): they wait at the head of its queue
   and the host gets no task until the pacer's wait is over.
 - **Bounds.** A host's queue holds at most ``queue_cap`` URLs (``queue_s`` of its
-  requests at its interval, at least one), a source's queues at most its share of URLs
-  together, and the worker's at most ``max_waiting``. A URL over its host's bound, or of a
-  blocked host over its source's or the worker's, is parked: its host is the bottleneck,
-  and the source's other hosts need the reading to go on. Any other URL over its source's
-  or the worker's bound is not read yet (the scheduler gives it back to its partition):
-  the source is its own bottleneck, and reading further would only queue more of the
-  same.
+  requests at its interval, at least the source's share), a source's queues at most its
+  share of URLs together, and the worker's at most ``max_waiting``. A URL over its host's
+  bound while another host of its source has work or was read in the last
+  ``park_after_s``, or of a blocked host over any bound,
+  is parked: its host is the bottleneck, and the source's other hosts need the reading
+  to go on. Any other URL over a bound is not read yet (the scheduler gives it back to
+  its partition and reads it again within ``hold_s``): the source is its own bottleneck.
 - **Age.** A URL that has waited ``park_after_s`` is parked if its host is blocked, or if
   its source has another host with work: it then holds a commit the others' progress
   needs, and maybe the reading of URLs behind it. A source whose only busy host is merely
@@ -36,6 +37,7 @@ back; every call here is O(1) but ``stale`` (O(stale URLs)) and ``forget`` (O(qu
 from __future__ import annotations
 
 import collections
+import contextvars
 import dataclasses
 import heapq
 import itertools
@@ -47,6 +49,20 @@ from worker.politeness.hosts import HostKey
 
 # What the scheduler keeps of a record (its partition); opaque here.
 P = TypeVar("P")
+
+# Set by the scheduler in each URL's task: called once the URL's request has its slot.
+SLOT_TAKEN: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar(
+    "slot_taken", default=None
+)
+
+
+def slot_taken() -> None:
+    """The running URL's request got its pacing slot (the pipeline calls this): its host
+    may start its next URL, which would otherwise wait for this one's download."""
+    hook = SLOT_TAKEN.get()
+    if hook is not None:
+        hook()
+
 
 # What ``offer`` decides.
 START: Final = "start"
@@ -67,6 +83,9 @@ class HostQueueSettings:
     park_after_s: float = 60.0
     # URLs waiting in one worker, all sources together.
     max_waiting: int = 100_000
+    # A partition given back for want of room to queue is read again after this long
+    # (sooner once its source's queues are half empty).
+    hold_s: float = 1.0
     # The interval of a host never heard from (the pacer's first rate: 1 request/s).
     unknown_interval_s: float = 1.0
 
@@ -97,11 +116,17 @@ class HostQueues(Generic[P]):
         self._interval_of = interval_of
         self._settings = settings
         self._queues: dict[HostKey, collections.deque[Waiting[P]]] = {}
+        # URLs running per host: waiting for their slot (what a host's room counts), and
+        # past it (downloading, processing).
         self._running: collections.Counter[HostKey] = collections.Counter()
+        self._fetching: collections.Counter[HostKey] = collections.Counter()
         # Busy hosts (running or waiting) per source: whether a source has another.
         self._busy: dict[str, set[str]] = {}
         self._waiting_of: collections.Counter[str] = collections.Counter()
         self.waiting = 0
+        # Per source: the host of the URL last read, and until when (loop time) the source
+        # counts as having several hosts (another host's URL was read before then).
+        self._seen: dict[str, tuple[str, float]] = {}
         # Blocked hosts: the loop time they may run again, and a heap of those times.
         self._blocked: dict[HostKey, float] = {}
         self._wakes: list[tuple[float, int, HostKey]] = []
@@ -120,8 +145,11 @@ class HostQueues(Generic[P]):
         cap = math.ceil(self._settings.lead_s / self._interval(key))
         return max(1, min(cap, share))
 
-    def queue_cap(self, key: HostKey) -> int:
-        return max(1, math.ceil(self._settings.queue_s / self._interval(key)))
+    def queue_cap(self, key: HostKey, share: int) -> int:
+        """``queue_s`` of the host's requests, and never fewer than the source's share (a
+        host new or in slow start, its interval long yet, is not cut short: a source of
+        one host then fills its share, as it always did, and is read no further)."""
+        return max(share, math.ceil(self._settings.queue_s / self._interval(key)))
 
     def waiting_of(self, source: str) -> int:
         return self._waiting_of[source]
@@ -143,19 +171,33 @@ class HostQueues(Generic[P]):
         """What to do with a URL just read: START it (then ``started``), or it was QUEUED
         here, or PARK it, or HOLD it (give it back to its partition, unread)."""
         key = entry.key
+        several = self._note_host(key, now)
         queue = self._queues.get(key)
         if not queue and self._may_run(key, share, now):
             return START
-        host_full = len(queue or ()) >= self.queue_cap(key)
-        if host_full or self._blocked.get(key, -math.inf) > now:
-            # The host is its own bottleneck: its URL goes to the end of the topic if it
-            # cannot wait here, and reading goes on for the source's other hosts.
-            if host_full or self._crowded(key.source, share):
+        host_full = len(queue or ()) >= self.queue_cap(key, share)
+        if host_full or self._crowded(key.source, share):
+            # Parked if its host is the bottleneck and the source has others to read on
+            # for (or its host is blocked); else read later: the source (one host, or
+            # hosts that all have URLs waiting) is its own bottleneck.
+            blocked = self._blocked.get(key, -math.inf) > now
+            if blocked or (host_full and (several or self.has_other_host(key))):
                 return PARK
-        elif self._crowded(key.source, share):
-            return HOLD  # the source (or the worker) has enough waiting: read later
+            return HOLD
         self._enqueue(entry, now, front=False)
         return QUEUED
+
+    def _note_host(self, key: HostKey, now: float) -> bool:
+        """Note a URL of ``key`` read; whether its source had URLs of another host read
+        in the last ``park_after_s`` (its reading then finds other hosts' URLs)."""
+        seen = self._seen.get(key.source)
+        if seen is None:
+            self._seen[key.source] = (key.host, -math.inf)
+            return False
+        if seen[0] != key.host:
+            self._seen[key.source] = (key.host, now + self._settings.park_after_s)
+            return True
+        return now < seen[1]
 
     def _crowded(self, source: str, share: int) -> bool:
         return self._waiting_of[source] >= share or self.waiting >= self._settings.max_waiting
@@ -195,23 +237,36 @@ class HostQueues(Generic[P]):
         self._running[key] += 1
         self._busy.setdefault(key.source, set()).add(key.host)
 
-    def ended(self, key: HostKey, share: int, now: float) -> list[Waiting[P]]:
-        """A URL of ``key`` ended; the URLs of its host to start now (each ``started``)."""
-        self._running[key] -= 1
-        if self._running[key] <= 0:
-            del self._running[key]
+    def _unrun(self, key: HostKey, granted: bool) -> None:
+        counter = self._fetching if granted else self._running
+        counter[key] -= 1
+        if counter[key] <= 0:
+            del counter[key]
+
+    def granted(self, key: HostKey, share: int, now: float) -> list[Waiting[P]]:
+        """A running URL of ``key`` got its request's slot: it no longer waits for its
+        host (its download may take long, and the host's next URLs need not wait for
+        it); the URLs of its host to start now (each ``started``)."""
+        self._unrun(key, False)
+        self._fetching[key] += 1
+        return self.ready(key, share, now)
+
+    def ended(
+        self, key: HostKey, share: int, now: float, *, granted: bool = False
+    ) -> list[Waiting[P]]:
+        """A URL of ``key`` ended (``granted``: after its slot); the URLs of its host to
+        start now (each ``started``)."""
+        self._unrun(key, granted)
         ready = self.ready(key, share, now)
         self._forget_if_idle(key)
         return ready
 
-    def defer(self, entry: Waiting[P], wait_s: float, now: float) -> None:
+    def defer(self, entry: Waiting[P], wait_s: float, now: float, *, granted: bool = False) -> None:
         """A running URL of a host that will not be served for ``wait_s`` ended: it comes
         back to the head of its host's queue (after the URLs of its partition read before
         it), and the host is blocked until then."""
         key = entry.key
-        self._running[key] -= 1
-        if self._running[key] <= 0:
-            del self._running[key]
+        self._unrun(key, granted)
         until = now + max(0.0, wait_s)
         if self._blocked.get(key, -math.inf) < until:
             self._blocked[key] = until
@@ -289,7 +344,7 @@ class HostQueues(Generic[P]):
             return
         if queue is not None:
             del self._queues[key]
-        if self._running[key] > 0:
+        if self._running[key] > 0 or self._fetching[key] > 0:
             return
         busy = self._busy.get(key.source)
         if busy is not None:

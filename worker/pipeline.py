@@ -72,6 +72,7 @@ from image_crawler.logs import get_logger
 from image_crawler.retry import Backoff, backoff_delay
 from worker.download import recheck
 from worker.download.fetch import FetchResult, UrlFetcher
+from worker.host_queues import slot_taken
 from worker.images.kernel import ImageFailure
 from worker.images.pool import ImageProcessor, body_size
 from worker.metrics import DOWNLOADED_BYTES, OUTCOMES, RECHECKS, REQUESTS
@@ -309,6 +310,7 @@ class Pipeline:
             reserved.release()
             await self._record(source, ended, key.host)
             return Tried(ended)
+        slot_taken()  # its host need not wait for this download to start its next URL
         metrics = self._source_metrics(source)
         metrics.requests.inc()
         robots = self._robots

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Final
@@ -30,7 +31,15 @@ from image_crawler.lifecycle import cancel_and_wait
 from image_crawler.logs import get_logger
 from image_crawler.retry import sleep_unless_stopped
 from worker.fair_share import fair_share, resume_threshold
-from worker.host_queues import HOLD, PARK, QUEUED, HostQueues, HostQueueSettings, Waiting
+from worker.host_queues import (
+    HOLD,
+    PARK,
+    QUEUED,
+    SLOT_TAKEN,
+    HostQueues,
+    HostQueueSettings,
+    Waiting,
+)
 from worker.lost_urls import LostUrls
 from worker.metrics import URLS_PARKED, URLS_WAITING
 from worker.offsets import OffsetTracker
@@ -146,7 +155,7 @@ class Scheduler:
         self._parking: set[asyncio.Task[None]] = set()
         # Partitions given back for want of room to queue (source -> partitions), and
         # those paused for parking all they read: until when, and their next pause.
-        self._held: dict[TopicPartition, str] = {}
+        self._held: dict[TopicPartition, tuple[str, float]] = {}
         self._spin_until: dict[TopicPartition, float] = {}
         self._spin_next_s: dict[TopicPartition, float] = {}
         self._parks_in_row: Counter[TopicPartition] = Counter()
@@ -214,7 +223,8 @@ class Scheduler:
                 if full or not self._start(source, tp, record.offset, record.value):
                     self._give_back(tp, record.offset)
                     if not full:
-                        self._held[tp] = source
+                        until = asyncio.get_running_loop().time() + self._settings.hosts.hold_s
+                        self._held[tp] = (source, until)
                     next_read = record.offset
                     break
             self._next_read[tp] = next_read
@@ -375,6 +385,9 @@ class Scheduler:
     ) -> None:
         finished = False
         waits: HostWaits | None = None
+        granted = [False]  # its request had its slot (slot_taken)
+        if key is not None:
+            SLOT_TAKEN.set(functools.partial(self._slot_taken, source, key, granted))
         try:
             await self._handler(source, value, tp.topic)
             finished = True
@@ -407,7 +420,15 @@ class Scheduler:
                 if tracker is not None:
                     tracker.finish(offset)
             if key is not None:
-                self._host_done(source, tp, offset, value, key, waits)
+                self._host_done(source, tp, offset, value, key, waits, granted[0])
+
+    def _slot_taken(self, source: str, key: HostKey, granted: list[bool]) -> None:
+        if granted[0] or self._draining:
+            return
+        granted[0] = True
+        now = asyncio.get_running_loop().time()
+        for entry in self._queues.granted(key, self.share(), now):
+            self._launch(source, entry.partition, entry.offset, entry.value, key)
 
     def _host_done(
         self,
@@ -417,18 +438,18 @@ class Scheduler:
         value: bytes | None,
         key: HostKey,
         waits: HostWaits | None,
+        granted: bool,
     ) -> None:
         """A URL of ``key`` ended, or must wait (``waits``): the host's next ones start."""
         if self._draining:
             return
         now = asyncio.get_running_loop().time()
-        if waits is None:
-            ready = self._queues.ended(key, self.share(), now)
-        elif tp in self._trackers:
-            self._queues.defer(Waiting(key, tp, offset, value, now), waits.wait_s, now)
+        if waits is not None and tp in self._trackers:
+            entry = Waiting(key, tp, offset, value, now)
+            self._queues.defer(entry, waits.wait_s, now, granted=granted)
             ready = []
-        else:  # revoked meanwhile: its next owner reads it again
-            ready = self._queues.ended(key, self.share(), now)
+        else:  # ended, or revoked meanwhile (its next owner reads it again)
+            ready = self._queues.ended(key, self.share(), now, granted=granted)
         for entry in ready:
             self._launch(source, entry.partition, entry.offset, entry.value, key)
 
@@ -444,8 +465,9 @@ class Scheduler:
         for entry in queues.stale(now):
             self._park(entry)
         URLS_WAITING.set(queues.waiting)
-        for tp, source in list(self._held.items()):
-            if queues.waiting_of(source) <= share // 2 and not queues.crowded():
+        for tp, (source, until) in list(self._held.items()):
+            roomy = queues.waiting_of(source) <= share // 2 and not queues.crowded()
+            if roomy or now >= until:
                 del self._held[tp]
                 self._to_resume.add(tp)
         for tp, until in list(self._spin_until.items()):

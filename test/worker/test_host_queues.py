@@ -31,9 +31,11 @@ def url(key, offset, now=0.0):
 @pytest.mark.parametrize(
     ("interval", "share", "running", "queued"),
     [
-        (None, 100, 2, 30),  # never heard from: 1 request/s
-        (10.0, 100, 1, 3),  # a host at 0.1/s runs one URL, keeps 30 s of them
-        (3.0, 100, 1, 10),  # Crawl-delay 3 s
+        # Never heard from: 1 request/s; its queue at least the source's share.
+        (None, 100, 2, 100),
+        (10.0, 100, 1, 100),  # a host at 0.1/s runs one URL waiting for its slot
+        (10.0, 2, 1, 3),  # and keeps 30 s of them, when that is more than the share
+        (3.0, 5, 1, 10),  # Crawl-delay 3 s
         (0.1, 100, 20, 300),
         (0.001, 100, 100, 30_000),  # a fast host: as many as the source's share
         (0.001, 7, 7, 30_000),
@@ -44,20 +46,20 @@ def test_a_host_runs_what_it_can_start_soon_and_queues_what_it_can_do_in_30_s(
 ):
     q = queues({SLOW: interval} if interval else {})
     assert q.running_cap(SLOW, share) == running
-    assert q.queue_cap(SLOW) == queued
+    assert q.queue_cap(SLOW, share) == queued
 
 
 def test_a_slow_host_runs_one_url_and_the_rest_wait_without_a_slot():
     q = queues()
-    assert q.offer(url(SLOW, 0), share=8, now=0.0) == START
+    assert q.offer(url(FAST, 0), share=3, now=0.0) == START
+    q.started(FAST)
+    assert q.offer(url(SLOW, 0), share=3, now=0.0) == START
     q.started(SLOW)
-    verdicts = [q.offer(url(SLOW, i), share=8, now=0.0) for i in range(1, 6)]
-    # Its queue holds 30 s of its requests (3); the rest are parked.
+    verdicts = [q.offer(url(SLOW, i), share=3, now=0.0) for i in range(1, 6)]
+    # Its queue holds 30 s of its requests or the share (3); the rest are parked, for
+    # the source's other host needs the reading to go on.
     assert verdicts == [QUEUED, QUEUED, QUEUED, PARK, PARK]
     assert q.waiting == q.waiting_of("s") == 3
-    # Another host of the source is not held back by it.
-    assert q.offer(url(FAST, 0), share=8, now=0.0) == START
-    q.started(FAST)
     # As the slow host's URL ends, its next one starts, oldest first.
     [ready] = q.ended(SLOW, share=8, now=1.0)
     assert ready.offset == 1 and not ready.queued
@@ -134,3 +136,26 @@ def test_revoked_partitions_lose_their_waiting_urls():
     q.offer(other, share=8, now=0.0)
     assert q.forget({("p", 0)}) == 1
     assert [e.offset for e in q] == [7] and q.waiting == 1
+
+
+def test_a_url_that_has_its_slot_no_longer_takes_its_host_s_room():
+    q = queues()
+    q.started(SLOW)
+    q.offer(url(SLOW, 1), share=8, now=0.0)
+    # The running URL's request has its slot: the next one starts while it downloads.
+    [ready] = q.granted(SLOW, share=8, now=1.0)
+    assert ready.offset == 1 and q.running_of(SLOW) == 1
+    assert q.ended(SLOW, share=8, now=2.0, granted=True) == []
+    assert q.running_of(SLOW) == 1  # the second, still waiting for its slot
+    q.ended(SLOW, share=8, now=3.0)
+    assert q.running_of(SLOW) == 0 and not q.has_other_host(FAST)
+
+
+def test_a_source_of_one_busy_host_is_read_later_rather_than_parked():
+    q = queues()
+    q.started(SLOW)
+    verdicts = [q.offer(url(SLOW, i), share=3, now=0.0) for i in range(1, 6)]
+    assert verdicts == [QUEUED, QUEUED, QUEUED, HOLD, HOLD]
+    # Blocked (halted, a long Retry-After): parked, it may wait long.
+    q.defer(url(SLOW, 0), wait_s=60.0, now=0.0)
+    assert q.offer(url(SLOW, 6), share=3, now=1.0) == PARK

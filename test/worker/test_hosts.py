@@ -3,6 +3,7 @@ breaker, ceilings, the round robin, and what the host index says of a host (why 
 paced as it is, when its member is written). Its Lua twin is held to it in
 test_lua_twins.py."""
 
+import dataclasses
 import math
 
 import pytest
@@ -119,10 +120,12 @@ def test_a_signal_cuts_once_per_cooldown_and_ends_the_slow_start():
     state = HostState(rate=20.0, slow=True)
     signal = HostReport(signals=1, refused=1, last=REFUSED)
     state = host_step(state, signal, 50.0, NOW, S)
-    # The signal that ends a slow start halves the rate; later ones cut it to 0.7.
-    assert (state.rate, state.slow, state.cut_at) == (10.0, False, NOW)
-    assert host_step(state, signal, 50.0, NOW + 0.5, S).rate == 10.0  # held
-    assert host_step(state, signal, 50.0, NOW + 1.0, S).rate == pytest.approx(7.0)
+    assert (state.rate, state.slow, state.cut_at) == (14.0, False, NOW)
+    assert host_step(state, signal, 50.0, NOW + 0.5, S).rate == 14.0  # held
+    assert host_step(state, signal, 50.0, NOW + 1.0, S).rate == pytest.approx(9.8)
+    # The signal that ends a slow start can cut deeper (slow_start_exit_factor).
+    deeper = dataclasses.replace(S, slow_start_exit_factor=0.5)
+    assert host_step(HostState(rate=20.0, slow=True), signal, 50.0, NOW, deeper).rate == 10.0
 
 
 @pytest.mark.parametrize(

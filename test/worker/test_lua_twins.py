@@ -163,6 +163,7 @@ def test_each_header_names_the_python_functions_it_is_the_fast_path_of(path, rul
 
 HOST_SETTINGS = HostSettings()
 CAPPED = dataclasses.replace(HostSettings(), max_host_rps=4.0)
+DEEPER = dataclasses.replace(HostSettings(), slow_start_exit_factor=0.5)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -277,6 +278,9 @@ SOURCES: dict[str, SourceCase] = {
     "host_rate 2": SourceCase(host_rate="2", hosts=("known at 20/s", "new")),
     "host_rate junk": SourceCase(host_rate="x", hosts=("known at 20/s",)),
     "MAX_HOST_RATE 4": SourceCase(hosts=("known at 20/s",), settings=CAPPED),
+    "a slow start ended deeper": SourceCase(
+        hosts=("a signal ends the slow start", "a signal within the cooldown"), settings=DEEPER
+    ),
     "source next ahead": SourceCase(next_at=at(0.03), hosts=("known at 20/s",)),
     "source next junk": SourceCase(next_at="soon", hosts=("new",)),
     "three hosts share the source": SourceCase(

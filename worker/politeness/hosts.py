@@ -18,8 +18,8 @@ idle for ``idle_s`` (longer while it is halted): nothing loops over hosts.
   ``slow_start_gain`` requests/s per clean answer: its rate grows by that factor every
   second it is used at its rate (about 7 times a second with the default gain of 2), until
   its ceiling or its first backoff signal. A backoff signal (429, 503, a timeout, an answer
-  much slower than the host's usual) ends the slow start, halving the rate
-  (``slow_start_exit_factor``), and later ones cut it to ``decrease_factor`` of itself,
+  much slower than the host's usual) ends the slow start (cutting the rate to
+  ``slow_start_exit_factor``), and later ones cut it to ``decrease_factor`` of itself,
   at most once per ``cooldown_s`` and never below the
   floor; without signals it climbs back by ``max(increase_share_per_s x its rate,
   min_increase_rps_per_s)`` per second of clean answers, counting at most
@@ -211,7 +211,7 @@ class HostSettings:
     slow_start_gain: float = 2.0
     floor_rps: float = 0.1
     decrease_factor: float = 0.7
-    slow_start_exit_factor: float = 0.5
+    slow_start_exit_factor: float = 0.7
     increase_share_per_s: float = 0.02
     min_increase_rps_per_s: float = 0.01
     # The longest stretch one climb counts: a host that got no answer for longer (idle,
@@ -375,9 +375,10 @@ def host_step(
     at_floor = rate <= floor
     slow, cut_at, climb_at = state.slow, state.cut_at, state.climb_at
     if report.signals > 0:
-        # The signal that ends a slow start halves the rate: the rate grew by up to
-        # 7-fold a second until the signal was reported, so it is well past what the
-        # host takes (as TCP halves its window on a loss in slow start).
+        # The signal that ends a slow start may cut deeper (slow_start_exit_factor): the
+        # rate grew up to 7-fold a second until it was reported. Halving it (as TCP
+        # does) left a host refused early in its slow start (at 1/s) at 0.5/s, then
+        # 2.5 minutes climbing back: kept at 0.7 until the climb is smarter.
         factor = s.slow_start_exit_factor if slow else s.decrease_factor
         slow = False
         if cut_at is None or now - cut_at >= s.cooldown_s - COOLDOWN_SLACK_S:
