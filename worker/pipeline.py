@@ -71,7 +71,7 @@ from image_crawler.contract import (
 from image_crawler.logs import get_logger
 from image_crawler.retry import Backoff, backoff_delay
 from worker.download import recheck
-from worker.download.fetch import FetchResult, UrlFetcher
+from worker.download.fetch import FetchResult, Reservation, UrlFetcher
 from worker.host_queues import slot_taken
 from worker.images.kernel import ImageFailure
 from worker.images.pool import ImageProcessor, body_size
@@ -299,18 +299,10 @@ class Pipeline:
         could not be fetched; it has been waited for, and the URL may be tried again.
         """
         key = key_of(source, task.url, self._pacing_key)
-        # Memory first, then the slot: between a slot and its request nothing may wait.
-        reserved = await self._fetcher.reserve()
-        try:
-            ended = await self._take_slot(key, task)
-        except BaseException:
-            reserved.release()
-            raise
-        if ended is not None:  # the host was given up: no request
-            reserved.release()
-            await self._record(source, ended, key.host)
-            return Tried(ended)
-        slot_taken()  # its host need not wait for this download to start its next URL
+        reserved = await self._reserved_slot(key, task)
+        if isinstance(reserved, str):  # the host was given up: no request
+            await self._record(source, reserved, key.host)
+            return Tried(reserved)
         metrics = self._source_metrics(source)
         metrics.requests.inc()
         robots = self._robots
@@ -465,6 +457,21 @@ class Pipeline:
         await self._publish(LINK_CHECKS_TOPIC, message.to_json(), task.uuid)
         self._source_metrics(source).check(check).inc()
         await self._reliably("record_stats", lambda: self._stats.record_check(source, check))
+
+    async def _reserved_slot(self, key: HostKey, task: SourceTask) -> Reservation | str:
+        """Memory first, then the slot (between a slot and its request nothing may
+        wait): the reservation, or the status the URL ends with instead."""
+        reserved = await self._fetcher.reserve()
+        try:
+            ended = await self._take_slot(key, task)
+        except BaseException:
+            reserved.release()
+            raise
+        if ended is not None:
+            reserved.release()
+            return ended
+        slot_taken()  # its host need not wait for this download to start its next URL
+        return reserved
 
     async def _hop(self, source: str, hop: URL) -> str | None:
         """Before a redirect hop: its host's robots.txt, then a slot of its host (a hop is a
