@@ -140,6 +140,8 @@ class Requests:
     last: dict[str, tuple[float, str]] = dataclasses.field(default_factory=dict)
     gaps_s: list[float] = dataclasses.field(default_factory=list)  # 8 bytes a request
     too_soon: dict[str, TooSoon] = dataclasses.field(default_factory=dict)
+    # Gaps under the Crawl-delay by the kinds of their two requests ("robots>tdmrep").
+    under_delay_kinds: Counter[str] = dataclasses.field(default_factory=Counter)
 
     def note(self, kind: str, host: str | None, now: float) -> None:
         """One request of ``kind``; ``host`` is a delayed host's address, else None."""
@@ -153,6 +155,8 @@ class Requests:
             return
         gap = now - last[0]
         self.gaps_s.append(gap)
+        if gap < self.crawl_delay_s:
+            self.under_delay_kinds[f"{last[1]}>{kind}"] += 1
         if gap < 0.9 * self.crawl_delay_s and gap < self.too_soon.get(host, _NEVER).gap_s:
             at = datetime.fromtimestamp(now, UTC).isoformat(timespec="milliseconds")
             self.too_soon[host] = TooSoon(gap, last[1], kind, at)
@@ -170,6 +174,7 @@ class Requests:
             "crawl_delay_s": self.crawl_delay_s,
             "gaps": len(gaps),
             "gaps_under_delay": sum(1 for g in gaps if g < self.crawl_delay_s),
+            "gaps_under_delay_by_kinds": dict(self.under_delay_kinds),
             "gaps_under_90_percent": sum(1 for g in gaps if g < 0.9 * self.crawl_delay_s),
             "hosts_under_90_percent": len(self.too_soon),
             # The (up to) 10 hosts asked soonest again: to find in the worker's log.

@@ -69,3 +69,8 @@ URLS_PARKED = Counter(
     "them for long (its queue full, or waited PARK_AFTER_S), per source.",
     ["source"],
 )
+SLOTS_LATE = Counter(
+    "crawler_pacing_slots_late",
+    "Pacing slots given up because this worker reached them too late (its event loop "
+    "was busy): their requests asked for another slot.",
+)

@@ -8,8 +8,11 @@ hosts that start at their ceiling (``FAST_START``); the slow start has tests of 
 """
 
 import asyncio
+import itertools
+import time
 
 import pytest
+from prometheus_client import REGISTRY
 from redis.asyncio import Redis
 from structlog.testing import capture_logs
 
@@ -18,7 +21,7 @@ from image_crawler.lifecycle import cancel_and_wait
 from test.harness.fakes import FlakyRedis
 from test.harness.services import wait_for
 from test.harness.windows import max_in_window
-from worker.politeness.hosts import HostKey, HostSettings
+from worker.politeness.hosts import DELAY_SHARE, HostKey, HostSettings
 from worker.politeness.pacing import HostWaits, PacingSettings, RedisPacer
 
 SOURCE = "example"
@@ -122,8 +125,34 @@ async def test_a_crawl_delay_is_the_shortest_interval_whatever_the_rate(redis, p
     futures = [pacer.acquire(KEY) for _ in range(3) for pacer in (first, second)]
     times = granted_at(futures)
     await asyncio.wait_for(asyncio.gather(*futures), 10)
-    interval = 0.25 if delay == "0.25" else 0.01  # anything but a delay is not one
+    # Slots come the delay over DELAY_SHARE apart; anything but a delay is not one.
+    interval = 0.25 / DELAY_SHARE if delay == "0.25" else 0.01
     assert max(times) - min(times) == pytest.approx(5 * interval, abs=0.04)
+
+
+async def test_a_slot_of_a_crawl_delay_reached_late_is_given_up(redis, pacers):
+    # The worker's loop is busy over the second slot: started then, it would leave 0.38 s
+    # before the third, under the host's delay of 0.5 s.
+    pacer = pacers()
+    await redis.set(c.pace_rate_key(SOURCE), "100")
+    far = await redis_now(redis) + 600
+    await redis.hset(
+        c.pace_host_key(SOURCE, KEY.host), mapping={"delay": "0.5", "delay_until": f"{far:.6f}"}
+    )
+    late_before = REGISTRY.get_sample_value("crawler_pacing_slots_late_total") or 0.0
+    futures = [pacer.acquire(KEY) for _ in range(3)]
+    times = granted_at(futures)
+    await asyncio.wait_for(futures[0], 5)
+    # Once the second slot is promised, the loop is held until 0.15 s past it: later than
+    # 5 % of the interval, not half of it.
+    await wait_for(lambda: pacer._promised[KEY] > 0, 5, what="the second slot promised")
+    held_s = times[0] + 0.5 / DELAY_SHARE + 0.15 - asyncio.get_running_loop().time()
+    time.sleep(max(0.0, held_s))  # noqa: ASYNC251 (a busy loop is the point)
+    await asyncio.wait_for(asyncio.gather(*futures), 10)
+    gaps = [later - earlier for earlier, later in itertools.pairwise(times)]
+    assert min(gaps) >= 0.5, gaps
+    assert gaps[0] == pytest.approx(2 * 0.5 / DELAY_SHARE, abs=0.05), gaps  # the next slot's
+    assert REGISTRY.get_sample_value("crawler_pacing_slots_late_total") == late_before + 1
 
 
 async def test_an_idle_source_starts_from_now_without_catching_up(redis, pacers):

@@ -28,7 +28,10 @@ idle for ``idle_s`` (longer while it is halted): nothing loops over hosts.
   second and be refused every few seconds; and a host that got no answer for a while
   (idle, or starved of its source's slots) does not come back near its ceiling.
 - **Crawl-delay.** The host's robots.txt Crawl-delay (``delay``, until ``delay_until``)
-  is the shortest interval between its requests, whatever its rate.
+  is the shortest interval between its requests, whatever its rate. Its slots come
+  ``delay / DELAY_SHARE`` apart: a worker starts a slot of so long an interval at most
+  a twentieth of it late (worker/politeness/pacing.py, ``late_limit``), so that two
+  requests still leave at least the delay apart.
 - **Breaker.** A host whose server fails (``host_failure``: a 5xx other than 503, a
   dropped or refused connection, a timeout at the floor, ...) ``halt_after`` times in a
   row is halted on its own for ``halt_base_s``, doubled at each halt in a row up to
@@ -85,6 +88,9 @@ PACING_KEYS: Final = ("host", "domain")
 # Loops and asks read the wall clock a hair apart: a cut one cooldown after the last one
 # must not be deferred by that hair (as crawl_monitor.policy.adaptive).
 COOLDOWN_SLACK_S: Final = 0.05
+
+# A Crawl-delay's slots are the delay over this apart (see the module's docstring).
+DELAY_SHARE: Final = 0.95
 
 
 @dataclasses.dataclass(frozen=True, slots=True, order=True)
@@ -438,7 +444,7 @@ def host_interval(state: HostState, ceiling: float, now: float) -> float:
         and state.delay_until is not None
         and state.delay_until > now
     ):
-        return delay
+        return delay / DELAY_SHARE
     return interval
 
 

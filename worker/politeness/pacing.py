@@ -23,13 +23,18 @@ delay); it is also how long a request granted before a halt or a Retry-After may
 start. Which hosts to ask about is kept in a heap of due times, so that a wake-up costs
 what is due, not what waits.
 
-A slot is a time, not a token: one that the worker reaches more than half an interval
-late (its event loop was busy) is given up, and its request asks again. Started late, it
-would land next to the following slot, granted to this worker or another, and two
-requests would go out together. Lateness under ``MIN_LATENESS_S`` is never a reason:
-above 250 requests/s the interval nears the event loop's own timing, and slots a few
-microseconds late would all be given up; nor is the time before the answer was read
-(a slot already past then is started at once).
+A slot is a time, not a token: one that the worker reaches late (its event loop was
+busy) by more than ``late_limit`` of its interval is given up, and its request asks
+again. Started late, it would land next to the following slot, granted to this worker
+or another, and two requests would go out together. The limit is half an interval up
+to ``TIGHT_FROM_S``, then ``LATE_SHARE`` of it: a host asking a Crawl-delay, or paced
+slower than that, gets its requests no closer than 95 % of its interval (and a
+Crawl-delay's interval is the delay over 0.95, hosts.py). Lateness under
+``MIN_LATENESS_S`` is never a reason: above 250 requests/s the interval nears the event
+loop's own timing, and slots a few microseconds late would all be given up. Nor, for
+intervals under ``TIGHT_FROM_S``, is the time before the answer was read (a slot
+already past then is started at once, or a host whose interval is shorter than a round
+trip would never start a request); a longer interval's slot is judged by it too.
 Slot times are placed on the worker's clock at the middle of the ask's round trip,
 which is within half of it of Redis' own clock.
 
@@ -72,7 +77,9 @@ from image_crawler.contract import (
 from image_crawler.logs import get_logger
 from image_crawler.lua import lua_script
 from image_crawler.retry import Backoff
+from worker.metrics import SLOTS_LATE
 from worker.politeness.hosts import (
+    DELAY_SHARE,
     FAILED,
     FLAG_GONE,
     FLAG_HALTED,
@@ -97,8 +104,19 @@ DEFAULT_HOSTS: Final = HostSettings()
 # Hosts whose interval is remembered (about 100 bytes each).
 INTERVALS_KEPT: Final = 100_000
 
-# Slots this late or less are always started (see the module's docstring).
+# Slots this late or less are always started; from an interval of TIGHT_FROM_S on, a
+# slot later than LATE_SHARE of it is given up, before that half of it (see the module's
+# docstring and ``late_limit``).
 MIN_LATENESS_S: Final = 0.002
+TIGHT_FROM_S: Final = 0.5
+LATE_SHARE: Final = 1 - DELAY_SHARE
+
+
+def late_limit(interval_s: float) -> float:
+    """How late a slot of a host paced ``interval_s`` apart may still be started."""
+    share = LATE_SHARE if interval_s >= TIGHT_FROM_S else 0.5
+    return max(MIN_LATENESS_S, interval_s * share)
+
 
 # Without Redis no request starts: asked again soon, as it is mostly a brief blip (a
 # failover, a restart), and no more often than this once it lasts.
@@ -485,12 +503,11 @@ class RedisPacer:
             slot = redis_now + offset
             if slot <= now:
                 # Past before this worker could know of it (the script's own run, its
-                # reply): started at once, or a host whose interval is shorter than a
-                # round trip would never start a request.
-                self._start_oldest(key)
+                # reply): see the module's docstring.
+                self._grant(key, slot, interval_s, promised=False)
             else:
                 self._promised[key] += 1
-                loop.call_at(slot, self._grant, key, slot, interval_s)
+                loop.call_at(slot, self._grant, key, slot, float(interval_s))
         if float(next_s) > settings.defer_after_s:
             self._defer(key, float(next_s), keep=self._promised[key])
         # Asked again when its next slot comes within the horizon, as the script answered,
@@ -537,13 +554,14 @@ class RedisPacer:
         else:
             self._forget_if_idle(key)
 
-    def _grant(self, key: HostKey, slot: float, interval_s: float) -> None:
-        """The promised slot at loop time ``slot`` has come: start a request in it,
-        unless it came too late."""
-        if self._promised[key] > 0:
+    def _grant(self, key: HostKey, slot: float, interval_s: float, promised: bool = True) -> None:
+        """The slot at loop time ``slot`` has come: start a request in it, unless it
+        came too late."""
+        if promised and self._promised[key] > 0:
             self._promised[key] -= 1
         late_s = asyncio.get_running_loop().time() - slot
-        if late_s > MIN_LATENESS_S and late_s > interval_s / 2:
+        if late_s > late_limit(interval_s) and (promised or interval_s >= TIGHT_FROM_S):
+            SLOTS_LATE.inc()
             self._schedule(key)  # its request asks again
             return
         self._start_oldest(key)

@@ -120,13 +120,16 @@ local function flag_of(st)
   return ''
 end
 
+-- hosts.py's DELAY_SHARE: a Crawl-delay's slots are the delay over it apart.
+local DELAY_SHARE = 0.95
+
 local function interval_of(st, ceiling)
   local rate = (st.rate ~= nil and st.rate < ceiling) and st.rate or ceiling
   local interval = 1 / rate
   local delay = st.delay
   if delay ~= nil and delay > interval and delay ~= math.huge
       and st.delay_until ~= nil and st.delay_until > now then
-    return delay
+    return delay / DELAY_SHARE
   end
   return interval
 end
