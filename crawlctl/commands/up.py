@@ -49,9 +49,9 @@ def register(subcommands: Subcommands) -> None:
             "SIGTERM stops them in order (workers, monitor, broker and redis-server) and "
             "exits 0; a process that dies meanwhile stops everything with exit status 1. "
             "Thumbnails go to a local folder (THUMBNAIL_STORE=local). The data folder "
-            "keeps the work across a clean stop and a restart: Redis's state (append-only "
-            "file), the URLs still queued (saved at stop, restored at start) and the "
-            "outputs (DATA/outputs/TOPIC.jsonl). A SIGKILL saves no queued URL."
+            "keeps the work across any stop, a crash or a SIGKILL included: the broker's "
+            "topics (DATA/broker, a SeaweedFS), Redis's state (append-only file) and the "
+            "outputs (DATA/outputs/TOPIC.jsonl); the next start goes on where it stopped."
         ),
     )
     up.add_argument(
@@ -183,8 +183,7 @@ def describe(stack: LocalStack) -> None:
     processes = ", ".join(f"{p.name} (pid {p.pid})" for p in stack.crawler_processes)
     out(f"{PROG}: a local crawl is running; Ctrl-C stops it")
     if settings.persistent:
-        out(f"  broker      {bootstrap}    (KAFKA_HOSTS, tansu, in memory; queued URLs are")
-        out(f"              saved to {settings.spool_path} at a clean stop, not at a SIGKILL)")
+        out(f"  broker      {bootstrap}    (KAFKA_HOSTS, tansu, stored in {settings.broker_dir})")
         out(f"  redis       {redis_url}    (REDIS_URL, append-only file in {settings.redis_dir})")
         out(f"  outputs     {settings.outputs_dir}    (TOPIC.jsonl, appended as they come)")
     else:

@@ -8,8 +8,13 @@ them as they are written rather than reading them once at stop: the files can be
 dead broker, which a read at stop would lose. At a clean stop, once the workers and the
 monitor have stopped, it reads each topic to its end and closes the files.
 
-Each run starts a fresh broker, whose topics start empty, so the files only grow and a
-message is archived once; the crawl's own at-least-once duplicates stay, as in the topics.
+The broker keeps its topics across runs (``stack``), so the archive keeps its place in
+them: ``positions.json`` beside the files, each partition's next offset, written (after
+the lines it covers are on disk) at most every ``SAVE_EVERY_S`` and at a stop. A crash
+between the two archives the last second's messages again at the next start: a message
+is archived at least once, and the crawl's own at-least-once duplicates stay, as in the
+topics. With a new broker (its storage was empty at the start), the positions are
+dropped: its topics start from offset 0 again.
 ``image-crawler recheck`` reads the archives of ``image_metadata_updates`` (the earlier
 crawl's validators) and ``link_checks`` (when each image was last checked).
 """
@@ -22,6 +27,7 @@ import dataclasses
 import json
 import os
 import threading
+import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import IO, Any, Final
@@ -47,6 +53,8 @@ POLL_MS: Final = 200
 STOP_TIMEOUT_S: Final = 60.0
 # Without a broker to read from, the thread only has to notice that it should end.
 ABANDON_TIMEOUT_S: Final = 5.0
+POSITIONS_NAME: Final = "positions.json"
+SAVE_EVERY_S: Final = 1.0
 
 
 def archive_path(folder: Path, topic: str) -> Path:
@@ -92,12 +100,23 @@ class Archived:
 class OutputArchive:
     """The archiving thread: ``start()``, then ``stop()`` once the producers have stopped."""
 
-    def __init__(self, bootstrap: str, folder: Path, topics: Iterable[str] = OUTPUT_TOPICS) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        folder: Path,
+        topics: Iterable[str] = OUTPUT_TOPICS,
+        *,
+        new_broker: bool = False,
+    ) -> None:
         self.bootstrap = bootstrap
+        self.new_broker = new_broker
         self.folder = folder
         self.topics = tuple(topics)
         self.counts = dict.fromkeys(self.topics, 0)
         self._positions: dict[TopicPartition, int] = {}
+        # The positions last written to positions.json, and when (monotonic).
+        self._saved: dict[TopicPartition, int] = {}
+        self._saved_at = 0.0
         self._files: dict[str, IO[str]] = {}
         self._finish = threading.Event()
         self._to_end = True
@@ -107,6 +126,11 @@ class OutputArchive:
     def start(self) -> None:
         """Open the files and start following the topics in a thread of this process."""
         self.folder.mkdir(parents=True, exist_ok=True)
+        path = self.folder / POSITIONS_NAME
+        self._positions = {} if self.new_broker else read_positions(path)
+        if self.new_broker:
+            path.unlink(missing_ok=True)
+        self._saved = dict(self._positions)
         self._files = {t: _open_for_append(archive_path(self.folder, t)) for t in self.topics}
         self._thread = threading.Thread(target=self._main, name="output-archive", daemon=True)
         self._thread.start()
@@ -128,12 +152,22 @@ class OutputArchive:
         return Archived(self.folder, dict(self.counts), self._error)
 
     def _close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._save_positions()
         files, self._files = self._files, {}
         for f in files.values():
-            with contextlib.suppress(OSError):
-                f.flush()
-                os.fsync(f.fileno())
             f.close()
+
+    def _save_positions(self) -> None:
+        """The lines to disk, then the positions past them (atomically)."""
+        self._saved_at = time.monotonic()
+        if self._positions == self._saved:
+            return
+        for f in self._files.values():
+            f.flush()
+            os.fsync(f.fileno())
+        write_positions(self.folder / POSITIONS_NAME, self._positions)
+        self._saved = dict(self._positions)
 
     # --- the thread -----------------------------------------------------------------------
 
@@ -205,3 +239,31 @@ class OutputArchive:
         # Into the OS's hands at once: a SIGKILL of ``up`` right after loses nothing.
         for f in self._files.values():
             f.flush()
+        if time.monotonic() - self._saved_at >= SAVE_EVERY_S:
+            self._save_positions()
+
+
+def read_positions(path: Path) -> dict[TopicPartition, int]:
+    """positions.json's offsets; none when it is missing or unreadable (all is archived
+    again, at least once)."""
+    try:
+        document = json.loads(path.read_text())
+        return {
+            TopicPartition(topic, int(partition)): int(offset)
+            for topic, offsets in document.items()
+            for partition, offset in offsets.items()
+        }
+    except (OSError, ValueError, AttributeError, TypeError):
+        return {}
+
+
+def write_positions(path: Path, positions: Mapping[TopicPartition, int]) -> None:
+    document: dict[str, dict[str, int]] = {}
+    for tp, offset in sorted(positions.items()):
+        document.setdefault(tp.topic, {})[str(tp.partition)] = offset
+    temporary = path.with_suffix(".tmp")
+    with temporary.open("w", encoding="utf-8") as f:
+        json.dump(document, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(temporary, path)

@@ -1,7 +1,7 @@
 """One stack per data folder: a lock that its processes hold as long as any of them lives.
 
-Two stacks on one folder would have two redis-servers appending to one file and two stops
-writing one spool, each erasing the other's queue. ``DataDirLock`` is an exclusive
+Two stacks on one folder would have two redis-servers appending to one file and two
+SeaweedFS servers writing one broker's volumes. ``DataDirLock`` is an exclusive
 ``flock`` on ``DATA/.lock``; the stack's children inherit its descriptor, so a stack
 whose ``up`` was SIGKILLed, leaving its children running, still holds the folder until
 they are gone too.

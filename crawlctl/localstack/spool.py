@@ -1,18 +1,14 @@
-"""The queued URLs of a local crawl, kept in a file across a stop and a restart.
+"""The queued URLs an earlier version of ``up`` kept in a file across a stop: restored once.
 
-The stack's broker keeps its topics in memory (see ``services.KafkaBroker``), so at a
-clean stop, once the workers and the monitor have stopped and committed, ``save`` reads
-what no one has consumed yet: ``inbound_images`` past the splitter group's committed
-offsets and every ``urls.{source}`` past the workers' group's, and writes it to the spool
-(JSON lines, one record each, with its message bytes, key and headers), atomically. At the
-next start, before the monitor runs, ``restore`` produces the spool into
-``inbound_images`` and deletes the file only once the broker has acknowledged it all.
-
-A ``urls.{source}`` message goes back with its source added again (the splitter dropped
-it), to be split anew; any other message goes back byte for byte. Delivery is at least
-once: a spool that was not restored (a start that failed half-way) is carried into the
-next save, so a URL may come back twice, never not at all. A SIGKILL of ``up`` (or a
-crash of the broker) saves nothing: the queue is lost with the broker's memory.
+Before the broker of ``up`` kept its topics on disk (``objects.ObjectStore``), it kept them
+in memory, and a clean stop wrote what no one had consumed yet to ``DATA/spool.jsonl``
+(JSON lines, one record each, with its message bytes, key and headers). A data folder
+may still hold one: at the next start, before the monitor runs, ``restore`` produces it
+into ``inbound_images`` and deletes the file only once the broker has acknowledged it
+all. A ``urls.{source}`` message goes back with its source added again (the splitter
+dropped it), to be split anew; any other message goes back byte for byte. A restore cut
+short is done again whole at the next start: a URL may come back twice, never not at
+all.
 """
 
 from __future__ import annotations
@@ -20,22 +16,17 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import contextlib
 import dataclasses
 import json
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import IO, Any, Final, Self
+from typing import Any, Final, Self
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka import AIOKafkaProducer
 
-from crawlctl.localstack import topics as topic_io
 from image_crawler.contract import (
     INBOUND_TOPIC,
-    SPLITTER_GROUP,
-    WORKER_GROUP,
     MalformedMessage,
     SourceTask,
     source_of_topic,
@@ -138,99 +129,6 @@ def _sync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-@contextlib.contextmanager
-def atomic_writer(path: Path) -> Iterator[IO[str]]:
-    """A text file that replaces ``path`` whole once the block ends without error (written
-    beside it, fsynced, renamed), or not at all."""
-    temp = path.with_name(f".{path.name}.tmp")
-    try:
-        with temp.open("w", encoding="utf-8") as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        temp.replace(path)
-    finally:
-        temp.unlink(missing_ok=True)
-    _sync_dir(path.parent)
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Saved:
-    """What ``save`` wrote: messages read from the broker, and from an earlier spool."""
-
-    path: Path
-    from_broker: int
-    carried: int
-
-    @property
-    def total(self) -> int:
-        return self.from_broker + self.carried
-
-
-def save(bootstrap: str, path: Path) -> Saved:
-    """Write every unconsumed message to the spool at ``path``, with the records of a spool
-    already there (never restored); with none at all, remove the file. Raises
-    ``KafkaError``, ``TimeoutError`` or ``OSError``; then an earlier spool stays as it was."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    carried = 0
-    with atomic_writer(path) as f:
-        for old in read_spool(path):
-            f.write(old.to_line())
-            carried += 1
-        from_broker = asyncio.run(_drain(bootstrap, f))
-    if not carried + from_broker:
-        # Nothing queued: no file, rather than one that a restart restores nothing from.
-        path.unlink()
-        _sync_dir(path.parent)
-    return Saved(path, from_broker, carried)
-
-
-async def _drain(bootstrap: str, f: IO[str]) -> int:
-    """Write the unconsumed messages to ``f``; returns their count."""
-    consumer = topic_io.reader(bootstrap)
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await consumer.start()
-    count = 0
-    try:
-        await admin.start()
-        try:
-            start = await _unconsumed(consumer, admin)
-        finally:
-            await admin.close()
-        async for record in topic_io.read_to_end(consumer, start):
-            f.write(_record(record).to_line())
-            count += 1
-    finally:
-        await consumer.stop()
-    return count
-
-
-async def _unconsumed(
-    consumer: AIOKafkaConsumer, admin: AIOKafkaAdminClient
-) -> dict[TopicPartition, int]:
-    """Where unconsumed messages start: inbound past the splitter, queues past the workers."""
-    existing = await admin.list_topics()
-    queues = sorted(t for t in existing if source_of_topic(t) is not None)
-    start: dict[TopicPartition, int] = {}
-    for group, names in ((SPLITTER_GROUP, [INBOUND_TOPIC]), (WORKER_GROUP, queues)):
-        tps = await topic_io.partitions(admin, names)
-        committed = await topic_io.committed_offsets(admin, group, tps)
-        start.update(await topic_io.unread_from(consumer, tps, committed))
-    return start
-
-
-def _record(record: Any) -> SpoolRecord:
-    headers: Sequence[tuple[str, bytes]] = record.headers or ()
-    return SpoolRecord(
-        topic=record.topic,
-        partition=record.partition,
-        offset=record.offset,
-        key=record.key,
-        value=record.value,
-        headers=tuple((str(k), bytes(v)) for k, v in headers),
-    )
 
 
 def restore(bootstrap: str, path: Path) -> int:

@@ -7,11 +7,15 @@ their work), then the monitor, then the broker and redis-server. The crawler's p
 get the environment of the contract (``KAFKA_HOSTS``, ``REDIS_URL``...), with thumbnails
 written to a local folder instead of S3.
 
-A persistent stack (``up``'s) keeps its work in the data folder across a clean stop and a
-start: redis-server's append-only file (``redis/``), the URLs still queued in the
-in-memory broker (``spool.jsonl``, saved after the crawler's processes stopped and
-restored before the monitor starts), and the outputs (``outputs/``, archived as they
-come). The folder's layout is ``StackSettings``'s.
+A persistent stack (``up``'s) keeps its work in the data folder across any stop, a crash
+or a ``kill -9`` included: the broker's topics, offsets and groups (``broker/``, a
+SeaweedFS that tansu's ``s3://`` engine writes to, ``objects.ObjectStore``),
+redis-server's append-only file (``redis/``), and the outputs (``outputs/``, archived as
+they come). A stop saves nothing of its own: the next start finds the queue where the
+broker left it. A ``spool.jsonl`` left by an earlier version (whose broker kept its
+topics in memory and spooled them at a clean stop) is restored once, at the next start.
+The folder's layout is ``StackSettings``'s. The demo's stack is not persistent: its
+broker is in memory.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from aiokafka.errors import KafkaError
 from crawlctl.localstack import spool
 from crawlctl.localstack.archive import Archived, OutputArchive
 from crawlctl.localstack.lock import DataDirLock
+from crawlctl.localstack.objects import ObjectStore
 from crawlctl.localstack.processes import Child, ModuleProcess, ServiceError, wait_until
 from crawlctl.localstack.services import (
     LOOPBACK,
@@ -73,8 +78,13 @@ class StackSettings:
         return self.data_dir / "redis"
 
     @property
+    def broker_dir(self) -> Path:
+        """The broker's storage (SeaweedFS's volumes and filer)."""
+        return self.data_dir / "broker"
+
+    @property
     def spool_path(self) -> Path:
-        """The URLs that were queued at the last clean stop, until the next start."""
+        """The URLs an earlier version queued at its last clean stop, until the next start."""
         return self.data_dir / spool.SPOOL_NAME
 
     @property
@@ -173,7 +183,16 @@ class LocalStack:
     def __init__(self, settings: StackSettings, notify: Callable[[str], None] = _quiet) -> None:
         self.settings = settings
         self.notify = notify
-        self.broker = KafkaBroker(log_dir=settings.log_dir)
+        self.objects = (
+            ObjectStore(data_dir=settings.broker_dir, log_dir=settings.log_dir)
+            if settings.persistent
+            else None
+        )
+        self.broker = (
+            KafkaBroker(log_dir=settings.log_dir, storage=self.objects.storage_url)
+            if self.objects is not None
+            else KafkaBroker(log_dir=settings.log_dir)
+        )
         self.redis = RedisServer(
             log_dir=settings.log_dir,
             data_dir=settings.redis_dir if settings.persistent else None,
@@ -184,9 +203,9 @@ class LocalStack:
         self.archive: OutputArchive | None = None
         # What the last start restored and the last stop saved (None: not done).
         self.restored: int | None = None
-        self.saved: spool.Saved | None = None
         self.archived: Archived | None = None
-        self._spool_pending = False
+        # The broker's storage was empty at the start: its topics begin anew.
+        self._new_broker = True
         self._lock = DataDirLock(settings.data_dir) if settings.persistent else None
 
     @property
@@ -194,8 +213,13 @@ class LocalStack:
         return ([self.monitor] if self.monitor is not None else []) + self.workers
 
     @property
+    def services(self) -> list[Child]:
+        """The broker's storage, the broker and redis-server, in the order they start."""
+        return [*([self.objects] if self.objects is not None else []), self.broker, self.redis]
+
+    @property
     def children(self) -> list[Child]:
-        return [self.broker, self.redis, *self.crawler_processes]
+        return [*self.services, *self.crawler_processes]
 
     def start(self) -> None:
         """Start everything, in order, and return once each process is up.
@@ -210,8 +234,12 @@ class LocalStack:
         try:
             if self._lock is not None:
                 self._lock.acquire()
-            for service in (self.broker, self.redis):
+            for service in self.services:
                 service.pass_fds = self._lock_fds()
+            if self.objects is not None:
+                self._new_broker = not any(self.objects.data_dir.iterdir())
+                self.objects.start()
+                self.broker.storage_env = self.objects.client_env
             self.broker.start()
             self.redis.start()
             if settings.persistent:
@@ -246,10 +274,8 @@ class LocalStack:
             raise
 
     def _restore(self) -> None:
-        """Put the URLs spooled at the last stop back in the broker."""
+        """Put the URLs an earlier version spooled at its last stop back in the broker."""
         path = self.settings.spool_path
-        # From here on, the broker holds what a stop must save.
-        self._spool_pending = True
         try:
             self.restored = spool.restore(self.broker.bootstrap, path)
         except (KafkaError, OSError, spool.SpoolError) as e:
@@ -258,7 +284,9 @@ class LocalStack:
             self.notify(f"restored {self.restored:,} queued URLs from {path}")
 
     def _start_archive(self) -> None:
-        self.archive = OutputArchive(self.broker.bootstrap, self.settings.outputs_dir)
+        self.archive = OutputArchive(
+            self.broker.bootstrap, self.settings.outputs_dir, new_broker=self._new_broker
+        )
         self.archive.start()
 
     def _wait_started(self, process: ModuleProcess, event: str, offset: int) -> None:
@@ -294,11 +322,15 @@ class LocalStack:
             statuses[self.monitor.name] = self.monitor.wait(
                 contract.MONITOR_STOP_GRACE_S + STOP_MARGIN_S
             )
-        self._keep_work()
+        self._archive_last()
+        # The broker's storage stops last: the broker writes to it until it exits.
         for service in (self.broker, self.redis):
             service.terminate()
         for service in (self.broker, self.redis):
             statuses[service.name] = service.wait()
+        if self.objects is not None:
+            self.objects.terminate()
+            statuses[self.objects.name] = self.objects.wait()
         if self._lock is not None:
             self._lock.release()
         return statuses
@@ -307,39 +339,12 @@ class LocalStack:
         fd = self._lock.fd if self._lock is not None else None
         return () if fd is None else (fd,)
 
-    def _keep_work(self) -> None:
-        """Archive the last outputs and spool the queued URLs, now that nothing produces."""
-        alive = self.broker.running
+    def _archive_last(self) -> None:
+        """Archive the last outputs, now that nothing produces."""
         if self.archive is not None:
-            self.archived = self.archive.stop(read_to_end=alive)
+            self.archived = self.archive.stop(read_to_end=self.broker.running)
             self.archive = None
             self._say_archived(self.archived)
-        if not self._spool_pending:
-            return
-        self._spool_pending = False
-        path = self.settings.spool_path
-        if not alive:
-            self.notify(
-                f"the broker is not running (status {self.broker.returncode}): the URLs it "
-                f"had queued are lost; {path} keeps only what an earlier stop saved"
-            )
-            return
-        try:
-            self.saved = spool.save(self.broker.bootstrap, path)
-        except (KafkaError, OSError, TimeoutError, spool.SpoolError) as e:
-            self.notify(
-                f"could not save the queued URLs to {path}: {e!r}; they are lost with the broker"
-            )
-            return
-        if not self.saved.total:
-            self.notify("no URL was queued: nothing to save")
-            return
-        self.notify(
-            f"saved {self.saved.total:,} queued URLs to {path}"
-            + (f" ({self.saved.carried:,} of them not yet restored)" if self.saved.carried else "")
-            + "; the next start with this data folder restores them (only a clean stop"
-            " saves them: a SIGKILL of this command or a crash loses what the broker holds)"
-        )
 
     def _say_archived(self, archived: Archived) -> None:
         counts = ", ".join(f"{n:,} {topic}" for topic, n in archived.counts.items())

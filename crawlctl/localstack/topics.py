@@ -1,4 +1,4 @@
-"""Reading the local broker's partitions to their end, for ``spool`` and ``archive``.
+"""Reading the local broker's partitions to their end, for ``archive``.
 
 tansu 0.6 answers a partition's end offset with the base offset of its last record batch
 plus one, whatever that batch holds, so "read up to the end offset" stops short of the
@@ -51,20 +51,6 @@ async def partitions(admin: AIOKafkaAdminClient, topics: Iterable[str]) -> list[
                 TopicPartition(topic["topic"], p["partition"]) for p in topic["partitions"]
             )
     return sorted(found)
-
-
-async def committed_offsets(
-    admin: AIOKafkaAdminClient, group: str, tps: Iterable[TopicPartition]
-) -> dict[TopicPartition, int]:
-    """The offsets ``group`` committed on ``tps``; partitions it never committed are left out.
-
-    The partitions are named: tansu cannot answer the request for "all of the group's".
-    """
-    tps = list(tps)
-    if not tps:
-        return {}
-    answer = await admin.list_consumer_group_offsets(group, partitions=tps)
-    return {tp: meta.offset for tp, meta in answer.items() if meta.offset >= 0}
 
 
 async def unread_from(

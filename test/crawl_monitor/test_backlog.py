@@ -14,7 +14,7 @@ import time
 from collections.abc import AsyncIterator, Mapping
 
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaConnectionError
 from redis.asyncio import Redis
@@ -31,6 +31,7 @@ from crawl_monitor.backlog import (
 )
 from image_crawler import contract as c
 from image_crawler.contract import crawl_eta_s, eta_s
+from test.harness.processes import commit
 from test.harness.services import create_topics, free_port, wait_for
 
 
@@ -98,19 +99,6 @@ async def produce_batched(bootstrap: str, counts: Mapping[TopicPartition, int]) 
             await asyncio.gather(*sent)
     finally:
         await producer.stop()
-
-
-async def commit(bootstrap: str, group: str, offsets: Mapping[TopicPartition, int]) -> None:
-    """Commit ``offsets`` for ``group`` as a consumer with manual assignment does."""
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False
-    )
-    await consumer.start()
-    try:
-        consumer.assign(list(offsets))
-        await consumer.commit(dict(offsets))
-    finally:
-        await consumer.stop()
 
 
 @pytest.fixture

@@ -12,18 +12,19 @@ from pathlib import Path
 
 import psutil
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaProducer, TopicPartition
 
 import test.harness.services
 from crawlctl.localstack import processes, spool
 from crawlctl.localstack import services as localstack
 from crawlctl.localstack.archive import OutputArchive, archive_line
 from crawlctl.localstack.lock import DataDirInUse, DataDirLock
+from crawlctl.localstack.objects import ObjectStore
 from crawlctl.localstack.processes import ModuleProcess, wait_until
 from crawlctl.localstack.spool import SpoolError, SpoolRecord
 from crawlctl.localstack.stack import LocalStack, StackSettings, crawler_env, read_events
 from image_crawler import contract as c
-from test.harness.services import create_topics
+from test.harness.processes import commit, committed_offset
 
 
 def gone(pid: int) -> bool:
@@ -154,7 +155,14 @@ def test_a_local_stack_starts_in_order_notices_a_death_and_stops_cleanly(tmp_pat
         assert all(child.running for child in stack.children)
         assert stack.exited() == []
         logs = sorted(p.name for p in (tmp_path / "data" / "logs").iterdir() if p.is_file())
-        assert logs == ["kafka.log", "monitor.log", "redis.log", "worker-1.log", "worker-2.log"]
+        assert logs == [
+            "kafka.log",
+            "monitor.log",
+            "objects.log",
+            "redis.log",
+            "worker-1.log",
+            "worker-2.log",
+        ]
         (started,) = [
             e for e in read_events(stack.workers[0].log_path) if e["event"] == "worker_started"
         ]
@@ -175,8 +183,10 @@ def test_a_local_stack_starts_in_order_notices_a_death_and_stops_cleanly(tmp_pat
         stack.stop()
     # Nothing of the stack is left for the exit-time killer.
     assert not set(stack.children) & processes._RUNNING
-    # What a restart finds in the data folder (nothing was queued: no spool).
+    # What a restart finds in the data folder: the broker's storage, Redis's, the outputs.
     data = tmp_path / "data"
+    assert statuses["objects"] in (0, -signal.SIGKILL)  # see ObjectStore.stop_timeout_s
+    assert any((data / "broker").iterdir())
     assert (data / "redis" / "appendonly.aof").is_file()
     assert sorted(p.name for p in (data / "outputs").iterdir()) == [
         "crawl_errors.jsonl",
@@ -184,12 +194,43 @@ def test_a_local_stack_starts_in_order_notices_a_death_and_stops_cleanly(tmp_pat
         "link_checks.jsonl",
         "link_rot.jsonl",
     ]
-    assert stack.saved is not None and stack.saved.total == 0
     assert not (data / "spool.jsonl").exists()
     assert stack.restored == 0
 
 
 # --- what a persistent stack keeps across a restart -----------------------------------------
+
+
+def durable_broker(tmp_path: Path) -> tuple[ObjectStore, localstack.KafkaBroker]:
+    """A SeaweedFS under tmp_path/broker and a tansu storing in it, both started."""
+    objects = ObjectStore(data_dir=tmp_path / "broker", log_dir=tmp_path / "logs").start()
+    broker = localstack.KafkaBroker(log_dir=tmp_path / "logs", storage=objects.storage_url)
+    broker.storage_env = objects.client_env
+    return objects, broker.start()
+
+
+def test_the_durable_broker_keeps_records_and_offsets_across_a_kill_9(tmp_path: Path) -> None:
+    values = _values(20, "d")
+    objects, broker = durable_broker(tmp_path)
+    try:
+        asyncio.run(_batched(broker.bootstrap, "urls.d", values, 0))
+        asyncio.run(commit(broker.bootstrap, c.WORKER_GROUP, {TopicPartition("urls.d", 0): 7}))
+    finally:
+        broker.kill()
+        objects.kill()
+    assert any((tmp_path / "broker").iterdir())
+
+    objects, broker = durable_broker(tmp_path)
+    try:
+        raw = asyncio.run(
+            test.harness.services.read_records(broker.bootstrap, "urls.d", min_messages=20)
+        )
+        assert [r.value for r in raw] == values
+        committed = asyncio.run(committed_offset(broker.bootstrap, c.WORKER_GROUP, "urls.d"))
+        assert committed == 7
+    finally:
+        broker.stop()
+        objects.stop()
 
 
 def test_redis_with_a_data_dir_keeps_its_state_across_a_restart(tmp_path: Path) -> None:
@@ -284,70 +325,29 @@ async def _batched(bootstrap: str, topic: str, values: list[bytes], partition: i
         await producer.stop()
 
 
-async def _commit(bootstrap: str, group: str, offsets: dict[TopicPartition, int]) -> None:
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False
-    )
-    await consumer.start()
-    try:
-        consumer.assign(list(offsets))
-        await consumer.commit(offsets)
-    finally:
-        await consumer.stop()
-
-
-def test_save_spools_exactly_what_no_group_consumed_and_restore_puts_it_back(
-    kafka, tmp_path: Path
-) -> None:
-    inbound = _values(6, "in", source="c")
-    queued_a = _values(10, "a")
-    queued_b = _values(3, "b")
-
-    async def setup() -> None:
-        await create_topics(
-            kafka.bootstrap, [c.INBOUND_TOPIC, "urls.a", "urls.b", c.METADATA_TOPIC]
-        )
-        await _batched(kafka.bootstrap, c.INBOUND_TOPIC, inbound, 0)
-        await _batched(kafka.bootstrap, "urls.a", queued_a, 0)
-        await _batched(kafka.bootstrap, "urls.b", queued_b, 0)
-        await _batched(kafka.bootstrap, c.METADATA_TOPIC, [b'{"identifier":"x"}'], 0)
-        # Mid-batch: the splitter took 4 inbound messages, the workers 7 of urls.a; no
-        # one committed on urls.b.
-        await _commit(kafka.bootstrap, c.SPLITTER_GROUP, {TopicPartition(c.INBOUND_TOPIC, 0): 4})
-        await _commit(kafka.bootstrap, c.WORKER_GROUP, {TopicPartition("urls.a", 0): 7})
-
-    asyncio.run(setup())
+def test_an_earlier_versions_spool_is_restored_once_into_inbound(tmp_path: Path) -> None:
+    # As an earlier ``up`` wrote it at a clean stop: unconsumed inbound messages as they
+    # were, and queued urls.{source} messages, whose source the splitter had dropped.
+    inbound = _values(2, "in", source="c")
+    queued = _values(3, "a")
+    records = [SpoolRecord(c.INBOUND_TOPIC, 0, 4 + i, v[-4:], v) for i, v in enumerate(inbound)]
+    records += [SpoolRecord("urls.a", 1, 7 + i, v[-4:], v) for i, v in enumerate(queued)]
     path = tmp_path / "spool.jsonl"
-    saved = spool.save(kafka.bootstrap, path)
-    records = list(spool.read_spool(path))
-    assert (saved.from_broker, saved.carried) == (len(records), 0)
-    assert sorted((r.topic, r.offset) for r in records) == sorted(
-        [(c.INBOUND_TOPIC, 4), (c.INBOUND_TOPIC, 5)]
-        + [("urls.a", o) for o in (7, 8, 9)]
-        + [("urls.b", o) for o in (0, 1, 2)]
-    )
-    by_place = {(r.topic, r.offset): r for r in records}
-    assert by_place[("urls.a", 9)].value == queued_a[9]
-    assert by_place[("urls.a", 9)].key == queued_a[9][-4:]
-    assert not list(tmp_path.glob(".*.tmp"))
-
-    # A second save, with the spool never restored, carries it over.
-    again = spool.save(kafka.bootstrap, path)
-    assert (again.carried, again.from_broker) == (len(records), len(records))
+    path.write_text("".join(record.to_line() for record in records))
 
     with test.harness.services.KafkaBroker(log_dir=tmp_path / "fresh") as fresh:
-        assert spool.restore(fresh.bootstrap, path) == 2 * len(records)
+        assert spool.restore(fresh.bootstrap, path) == len(records)
         assert not path.exists()
         raw = asyncio.run(
             test.harness.services.read_records(
-                fresh.bootstrap, c.INBOUND_TOPIC, min_messages=2 * len(records)
+                fresh.bootstrap, c.INBOUND_TOPIC, min_messages=len(records)
             )
         )
+        assert spool.restore(fresh.bootstrap, path) == 0  # no spool, nothing to do
     restored = [c.InboundImage.from_json(r.value) for r in raw]
-    expected = {f"in{i}" for i in (4, 5)} | {f"a{i}" for i in (7, 8, 9)} | {"b0", "b1", "b2"}
-    assert {m.uuid for m in restored} == expected
-    assert {m.source for m in restored if m.uuid.startswith("a")} == {"a"}
-    assert spool.restore(kafka.bootstrap, path) == 0  # no spool, nothing to do
+    assert {m.uuid for m in restored} == {"in0", "in1", "a0", "a1", "a2"}
+    assert {m.source for m in restored} == {"c", "a"}
+    assert {r.key for r in raw} == {v[-4:] for v in inbound + queued}
 
 
 def test_the_archive_follows_the_outputs_into_files_and_reads_them_to_the_end(
@@ -397,6 +397,21 @@ def test_the_archive_follows_the_outputs_into_files_and_reads_them_to_the_end(
     assert [c.LinkCheckMessage.from_json(line) for line in sorted(link_checks)] == [
         c.LinkCheckMessage.from_json(message) for message in checks
     ]
+
+    # The broker keeps its topics across runs: a next run archives only what is new...
+    again = OutputArchive(kafka.bootstrap, folder)
+    again.start()
+    try:
+        asyncio.run(_batched(kafka.bootstrap, c.LINK_ROT_TOPIC, [b'{"identifier":"r4"}'], 2))
+    finally:
+        assert again.stop().counts[c.LINK_ROT_TOPIC] == 1
+    link_rot = (folder / "link_rot.jsonl").read_text().splitlines()
+    assert [json.loads(line)["identifier"] for line in link_rot[-2:]] == ["r3", "r4"]
+    assert (folder / "positions.json").exists()
+    # ...and a new broker's topics are archived from their start.
+    fresh = OutputArchive(kafka.bootstrap, folder, new_broker=True)
+    fresh.start()
+    assert fresh.stop().counts[c.LINK_ROT_TOPIC] == 5
 
 
 def test_a_data_folder_serves_one_stack_while_any_of_its_processes_lives(tmp_path: Path) -> None:

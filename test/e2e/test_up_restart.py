@@ -1,14 +1,16 @@
-"""``image-crawler up`` stopped mid-crawl and started again on the same data folder: every
-URL produced ends in an output, and Redis's state is still there.
+"""``image-crawler up`` stopped mid-crawl, cleanly or by ``kill -9`` of it and of every
+process it started, and started again on the same data folder: every URL produced ends
+in an output, and Redis's state is still there.
 
 The command runs as an operator runs it (the console script, a subprocess, SIGTERM then
 Ctrl-C), crawling a local origin at a few requests per second so that the first run is
-stopped with most URLs still queued in its in-memory broker.
+stopped with most URLs still queued in its broker.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import json
 import os
@@ -20,6 +22,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 from redis import Redis
 
@@ -134,16 +137,17 @@ def all_ended(outputs: Path) -> set[str]:
     return set().union(*ended(outputs).values())
 
 
-async def test_a_restart_mid_crawl_loses_no_url_and_keeps_redis_state(
-    origin: Origin, tmp_path: Path, started: list[Up]
-) -> None:
+def up_args(tmp_path: Path) -> tuple[str, ...]:
+    """``up``'s arguments: one worker, one source at RATE_RPS, the data in tmp_path/data."""
     sources = tmp_path / "sources.json"
     count = image_count_for_rate(RATE_RPS)
     sources.write_text(json.dumps([{"source_name": SOURCE, "image_count": count}]))
     data = tmp_path / "data"
-    outputs = data / "outputs"
-    args = ("--workers", "1", "--sources-file", str(sources), "--data-dir", str(data))
+    return ("--workers", "1", "--sources-file", str(sources), "--data-dir", str(data))
 
+
+def serve(origin: Origin) -> dict[str, str]:
+    """uuid -> path on ``origin``: IMAGES images, MISSING gone, BROKEN not images."""
     paths = {f"ok{n}": f"/img/{n}.jpg" for n in range(IMAGES)}
     paths |= {f"gone{n}": f"/gone/{n}.jpg" for n in range(MISSING)}
     paths |= {f"bad{n}": f"/bad/{n}.jpg" for n in range(BROKEN)}
@@ -153,19 +157,44 @@ async def test_a_restart_mid_crawl_loses_no_url_and_keeps_redis_state(
             origin.add(path, body, "image/jpeg")
         elif uuid.startswith("bad"):
             origin.add(path, b"not an image", "image/jpeg")
-    urls = {uuid: origin.url(path) for uuid, path in paths.items()}
-    uuids = set(urls)
+    return paths
+
+
+async def feed(run: Up, origin: Origin, paths: dict[str, str]) -> str:
+    """Produce one inbound message per path once ``run`` is up; its Redis URL."""
+    broker = (await asyncio.to_thread(run.wait_for_line, r"^\s+broker\s+(\S+)", 60)).group(1)
+    messages = [
+        json.dumps({"url": origin.url(path), "uuid": uuid, "source": SOURCE}).encode()
+        for uuid, path in sorted(paths.items())
+    ]
+    await produce(broker, c.INBOUND_TOPIC, messages)
+    return run.wait_for_line(r"^\s+redis\s+(redis://\S+)", 1).group(1)
+
+
+def check_outputs(outputs: Path, origin: Origin, paths: dict[str, str]) -> None:
+    """Every uuid ended where it should, each crawled at least once."""
+    final = ended(outputs)
+    assert final[c.METADATA_TOPIC] >= {u for u in paths if u.startswith("ok")}
+    assert final[c.LINK_ROT_TOPIC] >= {u for u in paths if u.startswith("gone")}
+    assert final[c.CRAWL_ERRORS_TOPIC] >= {u for u in paths if u.startswith("bad")}
+    # Crawled at least once each; a URL handed back at the stop may have been fetched twice.
+    for uuid, path in paths.items():
+        assert origin.requests(path) >= 1, uuid
+
+
+async def test_a_restart_mid_crawl_loses_no_url_and_keeps_redis_state(
+    origin: Origin, tmp_path: Path, started: list[Up]
+) -> None:
+    args = up_args(tmp_path)
+    data = tmp_path / "data"
+    outputs = data / "outputs"
+    paths = serve(origin)
+    uuids = set(paths)
 
     # --- the first run: stopped with most URLs still queued --------------------------------
     first = Up(*args, cwd=tmp_path)
     started.append(first)
-    broker = (await asyncio.to_thread(first.wait_for_line, r"^\s+broker\s+(\S+)", 60)).group(1)
-    redis_url = first.wait_for_line(r"^\s+redis\s+(redis://\S+)", 1).group(1)
-    messages = [
-        json.dumps({"url": url, "uuid": uuid, "source": SOURCE}).encode()
-        for uuid, url in sorted(urls.items())
-    ]
-    await produce(broker, c.INBOUND_TOPIC, messages)
+    redis_url = await feed(first, origin, paths)
 
     redis = Redis.from_url(redis_url, decode_responses=True)
     try:
@@ -180,28 +209,15 @@ async def test_a_restart_mid_crawl_loses_no_url_and_keeps_redis_state(
         redis.close()
     assert await asyncio.to_thread(first.stop, signal.SIGTERM) == 0, first.stderr
     done_first = all_ended(outputs)
-    saved = re.search(r"saved ([\d,]+) queued URLs to (\S+);", first.stderr)
-    assert saved, first.stderr
-    spooled = int(saved.group(1).replace(",", ""))
-    assert saved.group(2) == str(data / "spool.jsonl")
-    assert "SIGKILL" in first.stderr
-    # Mid-way: outputs exist, and so does a queue.
-    assert 5 <= len(done_first) < len(uuids) and spooled > 0
-    # Whatever did not end is in the spool (the spool may also hold some that did).
-    spool_uuids = {
-        json.loads(json.loads(line)["value"])["uuid"]
-        for line in (data / "spool.jsonl").read_text().splitlines()
-    }
-    assert len(spool_uuids) <= spooled
-    assert uuids - done_first <= spool_uuids
+    # Mid-way: outputs exist, and the rest is queued in the broker's storage (no spool).
+    assert 5 <= len(done_first) < len(uuids)
+    assert not (data / "spool.jsonl").exists()
+    assert "queued URLs" not in first.stderr
 
-    # --- the second run: restores the queue, keeps Redis, finishes --------------------------
+    # --- the second run: the queue and Redis are where they were; it finishes -------------
     second = Up(*args, cwd=tmp_path)
     started.append(second)
     await asyncio.to_thread(second.wait_for_line, r"^\s+broker\s+(\S+)", 60)
-    restored = second.wait_for_line(r"restored ([\d,]+) queued URLs from (\S+)$", 5, stderr=True)
-    assert restored.groups() == (f"{spooled:,}", str(data / "spool.jsonl"))
-    assert not (data / "spool.jsonl").exists()
     redis_url = second.wait_for_line(r"^\s+redis\s+(redis://\S+)", 1).group(1)
     redis = Redis.from_url(redis_url, decode_responses=True)
     try:
@@ -215,17 +231,56 @@ async def test_a_restart_mid_crawl_loses_no_url_and_keeps_redis_state(
         wait_until, lambda: all_ended(outputs) >= uuids, 90, what="every URL to end"
     )
     assert await asyncio.to_thread(second.stop, signal.SIGINT) == 0, second.stderr
-    assert "no URL was queued: nothing to save" in second.stderr
     assert second.stderr.splitlines()[-1] == "image-crawler: stopped"
 
-    final = ended(outputs)
-    assert final[c.METADATA_TOPIC] >= {u for u in uuids if u.startswith("ok")}
-    assert final[c.LINK_ROT_TOPIC] >= {u for u in uuids if u.startswith("gone")}
-    assert final[c.CRAWL_ERRORS_TOPIC] >= {u for u in uuids if u.startswith("bad")}
-    # Crawled at least once each; a URL handed back at the stop may have been fetched twice.
-    for uuid, path in paths.items():
-        assert origin.requests(path) >= 1, uuid
+    check_outputs(outputs, origin, paths)
     print(
-        f"first run ended {len(done_first)} of {len(uuids)} URLs and spooled {spooled};"
+        f"first run ended {len(done_first)} of {len(uuids)} URLs; requests {origin.total_requests}"
+    )
+
+
+def kill_all(run: Up) -> list[psutil.Process]:
+    """``kill -9`` of ``up`` and of every process it started, at once; they are gone."""
+    root = psutil.Process(run.process.pid)
+    everyone = [root, *root.children(recursive=True)]
+    for process in everyone:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
+    run.kill()
+    _, alive = psutil.wait_procs(everyone, timeout=10)
+    assert not alive
+    return everyone
+
+
+async def test_a_kill_9_of_up_and_all_it_started_loses_no_url(
+    origin: Origin, tmp_path: Path, started: list[Up]
+) -> None:
+    args = up_args(tmp_path)
+    outputs = tmp_path / "data" / "outputs"
+    paths = serve(origin)
+    uuids = set(paths)
+
+    first = Up(*args, cwd=tmp_path)
+    started.append(first)
+    await feed(first, origin, paths)
+    await asyncio.to_thread(
+        wait_until, lambda: len(all_ended(outputs)) >= 5, 60, what="some outputs archived"
+    )
+    # up, SeaweedFS, tansu, redis-server, the monitor, the worker and its image processes.
+    killed = kill_all(first)
+    assert len(killed) >= 7
+    done_first = all_ended(outputs)
+    assert 5 <= len(done_first) < len(uuids)
+
+    second = Up(*args, cwd=tmp_path)
+    started.append(second)
+    await asyncio.to_thread(second.wait_for_line, r"^\s+broker\s+(\S+)", 60)
+    await asyncio.to_thread(
+        wait_until, lambda: all_ended(outputs) >= uuids, 120, what="every URL to end"
+    )
+    assert await asyncio.to_thread(second.stop, signal.SIGINT) == 0, second.stderr
+    check_outputs(outputs, origin, paths)
+    print(
+        f"killed {len(killed)} processes with {len(done_first)} of {len(uuids)} URLs ended;"
         f" requests {origin.total_requests}"
     )

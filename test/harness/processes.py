@@ -9,9 +9,12 @@ import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from test.harness.services import wait_until
+
+if TYPE_CHECKING:
+    from aiokafka import TopicPartition
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -95,3 +98,18 @@ async def committed_offset(
         return await reader.committed(TopicPartition(topic, partition))
     finally:
         await reader.stop()
+
+
+async def commit(bootstrap: str, group: str, offsets: Mapping[TopicPartition, int]) -> None:
+    """Commit ``offsets`` for ``group`` as a consumer with manual assignment does."""
+    from aiokafka import AIOKafkaConsumer
+
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False
+    )
+    await consumer.start()
+    try:
+        consumer.assign(list(offsets))
+        await consumer.commit(dict(offsets))
+    finally:
+        await consumer.stop()
