@@ -65,6 +65,8 @@ def start_weed(folder: str) -> subprocess.Popen[bytes]:
             f"-s3.port={WEED_PORTS['s3']}",
             "-s3.port.iceberg=0",
             "-s3.port.lance=0",
+            # No usage report to seaweedfs.com: the check's traffic stays on loopback.
+            "-master.telemetry=false",
         ],
         stdout=log,
         stderr=log,
