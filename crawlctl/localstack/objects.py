@@ -22,7 +22,6 @@ import shutil
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Final
 
@@ -118,9 +117,6 @@ class ObjectStore(Service):
             # A stop waits 10 s by default before the volume server stops.
             "-volume.preStopSeconds=0",
         ]
-
-    def _env(self) -> Mapping[str, str]:
-        return dict(os.environ)
 
     def _probe(self) -> bool:
         """The S3 gateway answers, and the bucket exists (made here when it does not)."""
