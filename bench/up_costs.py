@@ -53,6 +53,23 @@ def tree_rss(pid: int) -> int:
     return total
 
 
+def rss_by_program(pid: int) -> dict[str, int]:
+    """MiB resident per program of ``pid``'s tree (``weed``, ``tansu``, ``python``...)."""
+    try:
+        root = psutil.Process(pid)
+        processes = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return {}
+    by: dict[str, int] = {}
+    for process in processes:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            name = Path(process.cmdline()[0]).name if process.cmdline() else process.name()
+            if name.startswith("python"):
+                name = " ".join(process.cmdline()[1:3])  # -m worker, -m crawl_monitor...
+            by[name] = by.get(name, 0) + process.memory_info().rss
+    return {name: round(rss / 2**20) for name, rss in sorted(by.items())}
+
+
 def folder_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
@@ -138,6 +155,7 @@ def measure(tree: Path, work: Path, urls: int, settle_s: float) -> dict[str, Any
     redis_cli(redis_url, "SADD", HALTED_SET, SOURCE)
     time.sleep(settle_s)
     figures["idle_rss_mib"] = round(tree_rss(up.process.pid) / 2**20)
+    figures["idle_rss_mib_by_program"] = rss_by_program(up.process.pid)
 
     started = time.monotonic()
     subprocess.run(
@@ -152,6 +170,7 @@ def measure(tree: Path, work: Path, urls: int, settle_s: float) -> dict[str, Any
     figures["split_after_produce_s"] = round(wait_split(redis_url, urls, 1800), 1)
     time.sleep(settle_s)
     figures["queue_rss_mib"] = round(tree_rss(up.process.pid) / 2**20)
+    figures["queue_rss_mib_by_program"] = rss_by_program(up.process.pid)
     figures["stop_s"] = round(up.stop(), 1)
     figures["data_mib"] = round(folder_bytes(data) / 2**20, 1)
 
