@@ -35,39 +35,37 @@ from typing import Any
 
 import psutil
 
+from bench.procstats import ProcessTree
+
 SOURCE = "upcosts"
 HALTED_SET = "halted"
 
 
-def tree_rss(pid: int) -> int:
-    """Resident bytes of ``pid`` and its descendants (shared pages counted in each)."""
-    try:
-        root = psutil.Process(pid)
-        processes = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return 0
-    total = 0
-    for process in processes:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            total += process.memory_info().rss
-    return total
-
-
 def rss_by_program(pid: int) -> dict[str, int]:
-    """MiB resident per program of ``pid``'s tree (``weed``, ``tansu``, ``python``...)."""
+    """Resident bytes per program of ``pid``'s tree (``weed``, ``tansu...``, ``-m worker``;
+    shared pages counted in each process)."""
     try:
-        root = psutil.Process(pid)
-        processes = [root, *root.children(recursive=True)]
+        processes = ProcessTree(pid).processes()
     except psutil.NoSuchProcess:
         return {}
     by: dict[str, int] = {}
     for process in processes:
         with contextlib.suppress(psutil.NoSuchProcess):
-            name = Path(process.cmdline()[0]).name if process.cmdline() else process.name()
+            command = process.cmdline()
+            name = Path(command[0]).name if command else process.name()
             if name.startswith("python"):
-                name = " ".join(process.cmdline()[1:3])  # -m worker, -m crawl_monitor...
+                name = " ".join(command[1:3])  # -m worker, -m crawl_monitor...
             by[name] = by.get(name, 0) + process.memory_info().rss
-    return {name: round(rss / 2**20) for name, rss in sorted(by.items())}
+    return dict(sorted(by.items()))
+
+
+def memory_figures(pid: int, prefix: str) -> dict[str, Any]:
+    """``{prefix}_rss_mib`` of the whole tree, and per program."""
+    by = rss_by_program(pid)
+    return {
+        f"{prefix}_rss_mib": round(sum(by.values()) / 2**20),
+        f"{prefix}_rss_mib_by_program": {name: round(b / 2**20) for name, b in by.items()},
+    }
 
 
 def folder_bytes(path: Path) -> int:
@@ -154,8 +152,7 @@ def measure(tree: Path, work: Path, urls: int, settle_s: float) -> dict[str, Any
     redis_url = banner.group(1)
     redis_cli(redis_url, "SADD", HALTED_SET, SOURCE)
     time.sleep(settle_s)
-    figures["idle_rss_mib"] = round(tree_rss(up.process.pid) / 2**20)
-    figures["idle_rss_mib_by_program"] = rss_by_program(up.process.pid)
+    figures |= memory_figures(up.process.pid, "idle")
 
     started = time.monotonic()
     subprocess.run(
@@ -169,8 +166,7 @@ def measure(tree: Path, work: Path, urls: int, settle_s: float) -> dict[str, Any
     figures["produce_urls_per_s"] = round(urls / produce_s)
     figures["split_after_produce_s"] = round(wait_split(redis_url, urls, 1800), 1)
     time.sleep(settle_s)
-    figures["queue_rss_mib"] = round(tree_rss(up.process.pid) / 2**20)
-    figures["queue_rss_mib_by_program"] = rss_by_program(up.process.pid)
+    figures |= memory_figures(up.process.pid, "queue")
     figures["stop_s"] = round(up.stop(), 1)
     figures["data_mib"] = round(folder_bytes(data) / 2**20, 1)
 

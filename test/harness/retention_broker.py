@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Mapping
 
 from test.harness.services import KafkaBroker, S3Server, s3_client
 
@@ -27,26 +26,13 @@ class S3StoredBroker(KafkaBroker):
     def __init__(
         self, s3: S3Server, bucket: str, *, log_dir: str | os.PathLike[str] | None = None
     ) -> None:
-        super().__init__(log_dir=log_dir)
+        # tansu's object store reads the AWS_* names, and where S3 is (AWS_ENDPOINT) and
+        # that plain HTTP is fine.
+        client = {k: v for k, v in s3.env.items() if k.startswith("AWS_")}
+        client |= {"AWS_ENDPOINT": s3.endpoint_url, "AWS_ALLOW_HTTP": "true"}
+        super().__init__(log_dir=log_dir, storage=f"s3://{bucket}/", storage_env=client)
         self.s3 = s3
         self.bucket = bucket
-
-    def _command(self) -> list[str]:
-        command = super()._command()
-        storage = f"s3://{self.bucket}/"
-        if "--storage-engine" in command:
-            command[command.index("--storage-engine") + 1] = storage
-        else:
-            command += ["--storage-engine", storage]
-        return command
-
-    def _env(self) -> Mapping[str, str]:
-        env = dict(super()._env() or os.environ)
-        env.update({k: v for k, v in self.s3.env.items() if k.startswith("AWS_")})
-        # tansu's object store reads these: where S3 is, and that plain HTTP is fine.
-        env["AWS_ENDPOINT"] = self.s3.endpoint_url
-        env["AWS_ALLOW_HTTP"] = "true"
-        return env
 
     def delete_records_before(self, topic: str, partition: int, offset: int) -> int:
         """Delete the record batches of a partition that begin below ``offset`` and move

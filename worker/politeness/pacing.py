@@ -493,8 +493,9 @@ class RedisPacer:
             self._defer(key, settings.operator_poll_s, keep=0)
             self._asked(key, redis_now + settings.operator_poll_s)
             return
-        if float(interval_s) > 0:  # not read this time (UNREAD): nothing new
-            self._note_interval(key, float(interval_s))
+        interval = float(interval_s)
+        if interval > 0:  # not read this time (UNREAD): nothing new
+            self._note_interval(key, interval)
         loop = asyncio.get_running_loop()
         now = loop.time()
         if slots:
@@ -504,10 +505,10 @@ class RedisPacer:
             if slot <= now:
                 # Past before this worker could know of it (the script's own run, its
                 # reply): see the module's docstring.
-                self._grant(key, slot, interval_s, promised=False)
+                self._grant(key, slot, interval, promised=False)
             else:
                 self._promised[key] += 1
-                loop.call_at(slot, self._grant, key, slot, float(interval_s))
+                loop.call_at(slot, self._grant, key, slot, interval)
         if float(next_s) > settings.defer_after_s:
             self._defer(key, float(next_s), keep=self._promised[key])
         # Asked again when its next slot comes within the horizon, as the script answered,
