@@ -363,9 +363,14 @@ class Scheduler:
     ) -> None:
         in_flight = self._in_flight.setdefault(tp, set())
         if offset in in_flight:
-            # Still running from before a rebalance gave this partition back to us.
+            # Still running from before a rebalance gave this partition back to us: the
+            # copy read again gives its host's place back, and the URLs that place lets
+            # start do start (dropped, they would never run, and their host would stay
+            # full for good).
             if key is not None:
-                self._queues.ended(key, self.share(), asyncio.get_running_loop().time())
+                now = asyncio.get_running_loop().time()
+                for entry in self._queues.ended(key, self.share(), now):
+                    self._launch(source, entry.partition, entry.offset, entry.value, key)
             return
         in_flight.add(offset)
         log.debug("task_started", source=source, partition=tp.partition, offset=offset)

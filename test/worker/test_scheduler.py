@@ -19,7 +19,7 @@ from prometheus_client import REGISTRY
 from structlog.testing import capture_logs
 
 from image_crawler.contract import INBOUND_SOURCES_SET, source_of_topic, urls_lost_key
-from worker.host_queues import HostQueueSettings
+from worker.host_queues import HostQueueSettings, slot_taken
 from worker.politeness.hosts import HostKey
 from worker.politeness.pacing import HostWaits
 from worker.scheduler import Scheduler, SchedulerSettings
@@ -778,3 +778,42 @@ async def test_a_partition_that_parks_all_it_reads_is_paused(fake_redis):
         await task
     # At most a read's worth (the share's free slots) past the pause's threshold.
     assert len(parked) < 10 + 32
+
+
+class SlotGate(HostHandler):
+    """Each URL waits for ``slot`` before its request has its slot (``slot_taken``), as
+    a request of a halted source waits in the pacer, then ends at once."""
+
+    def __init__(self, host_of):
+        super().__init__(host_of)
+        self.slot = asyncio.Event()
+
+    async def __call__(self, source, value, topic):
+        self.running[self.host_of(source, value).host] += 1
+        await self.slot.wait()
+        slot_taken()
+        await asyncio.sleep(0.001)
+        self.done.append(value)
+
+
+async def test_urls_read_again_while_their_first_run_waits_for_a_slot_all_run(fake_redis):
+    # Found by the fault campaign (chaos): a rebalance gave a worker back the partition of
+    # a source whose URLs were waiting in the pacer (an operator's halt). The URL still
+    # running was read again and queued behind itself; when its first run got its slot,
+    # the queue handed the copy over, which was dropped as a duplicate together with the
+    # next URL it let start: that one never ran, its host stayed full for good, and the
+    # partition's commit stopped there until the worker restarted.
+    consumer = FakeConsumer({tp("hq_again"): 6})
+    handler, parked, settings, hooks = hosted(consumer, lambda i: "h.org", {})
+    handler = SlotGate(handler.host_of)
+    hooks["interval_of"] = lambda key: 10.0  # one URL of the host waits for its slot
+    scheduler, stop, task = await run_hosted(fake_redis, consumer, handler, settings, hooks)
+    await wait(lambda: scheduler.in_flight == 1 and scheduler.waiting == 5)
+    consumer.subscribe(["urls.hq_again"], scheduler._listener)  # the same partition back
+    await wait(lambda: consumer.rebalance is None and scheduler.waiting == 6)
+    handler.slot.set()
+    await wait(lambda: consumer.commits.get(tp("hq_again")) == 6)
+    assert {f"urls.hq_again:{i}".encode() for i in range(6)} <= set(handler.done)
+    assert parked == []
+    stop.set()
+    await task
