@@ -10,10 +10,12 @@ hosts that start at their ceiling (``FAST_START``); the slow start has tests of 
 import asyncio
 import itertools
 import time
+from typing import Any
 
 import pytest
 from prometheus_client import REGISTRY
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 from structlog.testing import capture_logs
 
 from image_crawler import contract as c
@@ -155,6 +157,46 @@ async def test_a_slot_of_a_crawl_delay_reached_late_is_given_up(redis, pacers):
     assert REGISTRY.get_sample_value("crawler_pacing_slots_late_total") == late_before + 1
 
 
+class StallingRedis(FlakyRedis):
+    """Each script's answer is read ``stall_s`` late, the event loop blocked meanwhile (a
+    worker starved of CPU while Redis answered) while ``stalling``."""
+
+    def __init__(self, redis: Redis, stall_s: float) -> None:
+        super().__init__(redis)
+        self.away = False
+        self.stall_s = stall_s
+        self.stalling = True
+
+    async def evalsha(self, *args: Any) -> Any:
+        answer = await super().evalsha(*args)
+        if self.stalling:
+            time.sleep(self.stall_s)  # noqa: ASYNC251 (a blocked loop is the point)
+        return answer
+
+
+async def test_a_slot_already_past_when_its_answer_is_read_late_is_given_up(redis):
+    # Found by the fault campaign (chaos): workers whose loops stalled while their answers
+    # came started their past slots of a source at 10/s together, 3 requests in 36 ms.
+    stalling = StallingRedis(redis, stall_s=0.3)
+    pacer = RedisPacer(stalling, PacingSettings(no_rate_retry_s=0.05), FAST_START)  # type: ignore[arg-type]
+    task = asyncio.create_task(pacer.run())
+    try:
+        await redis.set(c.pace_rate_key(SOURCE), "10")
+        late_before = REGISTRY.get_sample_value("crawler_pacing_slots_late_total") or 0.0
+        waiting = pacer.acquire(KEY)
+        await wait_for(
+            lambda: REGISTRY.get_sample_value("crawler_pacing_slots_late_total") > late_before,
+            5,
+            what="a slot given up",
+        )
+        assert not waiting.done()
+        stalling.stalling = False
+        await asyncio.wait_for(waiting, 5)  # its request asked again and had a slot
+    finally:
+        await cancel_and_wait([task])
+        pacer.close()
+
+
 async def test_an_idle_source_starts_from_now_without_catching_up(redis, pacers):
     rate = 10.0
     pacer = pacers()
@@ -187,6 +229,32 @@ async def test_a_pause_holds_every_pacer_until_it_ends(redis, pacers):
     await redis.hset(host, "next", f"{await redis_now(redis) + 30:.6f}")
     await first.pause(KEY, 1.0)
     assert float(await redis.hget(host, "next")) > await redis_now(redis) + 25
+
+
+async def test_a_pause_redis_missed_reaches_it_when_it_is_back_before_any_other_slot(redis, pacers):
+    # Found by the fault campaign (chaos): a 429 answered while Redis was restarting was
+    # held by its own worker only, and the others sent requests inside its Retry-After.
+    flaky = FlakyRedis(redis)
+    heard = RedisPacer(flaky, PacingSettings(no_rate_retry_s=0.05), FAST_START)  # type: ignore[arg-type]
+    task = asyncio.create_task(heard.run())
+    try:
+        await redis.set(c.pace_rate_key(SOURCE), "50")
+        loop = asyncio.get_running_loop()
+        paused_at = loop.time()
+        with pytest.raises(RedisError):
+            await heard.pause(KEY, 2.0)
+        await asyncio.sleep(0.3)
+        flaky.away = False
+        host = c.pace_host_key(SOURCE, KEY.host)
+        await wait_for(lambda: redis.hget(host, "next"), 2, what="the pause in Redis")
+        other = pacers()
+        times = granted_at([granted := other.acquire(KEY)])
+        await asyncio.wait_for(granted, 5)
+        # What was left of the pause, from Redis' return: nothing before its end.
+        assert times[0] - paused_at >= 2.0 - PacingSettings().horizon_s - 0.01
+    finally:
+        await cancel_and_wait([task])
+        heard.close()
 
 
 async def test_a_cancelled_request_gives_its_slot_to_the_next(redis, pacers):

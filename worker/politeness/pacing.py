@@ -32,9 +32,12 @@ slower than that, gets its requests no closer than 95 % of its interval (and a
 Crawl-delay's interval is the delay over 0.95, hosts.py). Lateness under
 ``MIN_LATENESS_S`` is never a reason: above 250 requests/s the interval nears the event
 loop's own timing, and slots a few microseconds late would all be given up. Nor, for
-intervals under ``TIGHT_FROM_S``, is the time before the answer was read (a slot
-already past then is started at once, or a host whose interval is shorter than a round
-trip would never start a request); a longer interval's slot is judged by it too.
+intervals under ``PAST_JUDGED_FROM_S`` (50 requests/s and faster), is the time before
+the answer was read (a slot already past then is started at once, or a host whose
+interval is shorter than a round trip would never start a request); a longer
+interval's slot is judged by it too. A worker whose loop stalled while its answer came
+(measured in the fault campaign: three workers starved of CPU, each holding one slot
+of a source at 10/s) would otherwise start its past slots together with the others'.
 Slot times are placed on the worker's clock at the middle of the ask's round trip,
 which is within half of it of Redis' own clock.
 
@@ -74,6 +77,7 @@ from image_crawler.contract import (
     Status,
     pace_host_key,
 )
+from image_crawler.lifecycle import cancel_and_wait
 from image_crawler.logs import get_logger
 from image_crawler.lua import lua_script
 from image_crawler.retry import Backoff
@@ -109,6 +113,8 @@ INTERVALS_KEPT: Final = 100_000
 # docstring and ``late_limit``).
 MIN_LATENESS_S: Final = 0.002
 TIGHT_FROM_S: Final = 0.5
+# From this interval on, a slot already past when its answer is read is judged too.
+PAST_JUDGED_FROM_S: Final = 0.02
 LATE_SHARE: Final = 1 - DELAY_SHARE
 
 
@@ -224,6 +230,9 @@ class RedisPacer:
         self._timers: list[tuple[float, int, HostKey]] = []
         self._due_at: dict[HostKey, float] = {}
         self._sequence = itertools.count()
+        # Pauses (Retry-After) Redis was away for: host -> loop time they end.
+        self._unsent_pauses: dict[HostKey, float] = {}
+        self._pauses_unsent = asyncio.Event()
         # Answers seen since each host was last asked about, and since when some wait.
         self._reports: dict[HostKey, HostReport] = {}
         self._reports_since: float | None = None
@@ -289,13 +298,46 @@ class RedisPacer:
     async def pause(self, key: HostKey, delay_s: float) -> None:
         """Push ``key``'s next slot at least ``delay_s`` away, for every worker.
 
-        Raises ``RedisError`` when Redis is away; this worker holds the host back anyway.
+        Raises ``RedisError`` when Redis is away; this worker holds the host back anyway,
+        and sends what is left of the pause as soon as Redis answers again
+        (``_resend_pauses``): the other workers must not take the host's slots meanwhile.
         """
         self._hold(key, delay_s)
+        try:
+            await self._send_pause(key, delay_s)
+        except RedisError:
+            until = asyncio.get_running_loop().time() + delay_s
+            self._unsent_pauses[key] = max(until, self._unsent_pauses.get(key, until))
+            self._pauses_unsent.set()
+            raise
+
+    async def _send_pause(self, key: HostKey, delay_s: float) -> None:
         await self._note_script(
             keys=[pace_host_key(key.source, key.host)],
             args=[repr(float(delay_s)), "", "0", repr(self._hosts.idle_s)],
         )
+
+    async def _resend_pauses(self) -> None:
+        """Send the pauses Redis missed, what is left of each, retrying every
+        ``REDIS_RETRY_BASE_S`` (not the asks' backoff of up to ``REDIS_RETRY_CAP_S``), so
+        that this worker, which heard the server's Retry-After, is among the first to
+        reach Redis when it is back, before the others are granted the host's slots."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._pauses_unsent.wait()
+            for key, until in list(self._unsent_pauses.items()):
+                left_s = until - loop.time()
+                try:
+                    if left_s > 0:
+                        await self._send_pause(key, left_s)
+                except RedisError:
+                    await asyncio.sleep(REDIS_RETRY_BASE_S)
+                    break
+                if self._unsent_pauses.get(key) == until:
+                    del self._unsent_pauses[key]
+            else:
+                if not self._unsent_pauses:
+                    self._pauses_unsent.clear()
 
     async def note_crawl_delay(self, key: HostKey, delay_s: float, keep_s: float) -> None:
         """Raises ``RedisError`` when Redis is away."""
@@ -392,6 +434,13 @@ class RedisPacer:
 
     # --- the loop ------------------------------------------------------------------------
     async def run(self) -> None:
+        resender = asyncio.create_task(self._resend_pauses())
+        try:
+            await self._ask_for_slots()
+        finally:
+            await cancel_and_wait([resender])
+
+    async def _ask_for_slots(self) -> None:
         loop = asyncio.get_running_loop()
         retry = Backoff(base_s=REDIS_RETRY_BASE_S, cap_s=REDIS_RETRY_CAP_S)
         outage = Outage(
@@ -561,7 +610,7 @@ class RedisPacer:
         if promised and self._promised[key] > 0:
             self._promised[key] -= 1
         late_s = asyncio.get_running_loop().time() - slot
-        if late_s > late_limit(interval_s) and (promised or interval_s >= TIGHT_FROM_S):
+        if late_s > late_limit(interval_s) and (promised or interval_s >= PAST_JUDGED_FROM_S):
             SLOTS_LATE.inc()
             self._schedule(key)  # its request asks again
             return
