@@ -71,7 +71,7 @@ async def _ask_once(redis: Redis, source: str, hosts: list[str]) -> Any:
         "s": HostSettings().to_json_obj(),
     }
     asks = [[source, [[host, 1, NO_REPORT.to_list()] for host in hosts]]]
-    return json.loads(await redis.eval(SCRIPT, 0, json.dumps(config), json.dumps(asks)))
+    return json.loads(await redis.eval(SCRIPT, 0, json.dumps(config), json.dumps(asks)))["a"]
 
 
 async def seed_hosts(redis: Redis, source: str = SOURCE) -> None:

@@ -358,7 +358,7 @@ async def run_acquire(redis: Redis, cases: dict[str, SourceCase]) -> list[Any]:
         json.dumps(config),
         json.dumps(asks),
     )
-    answers = json.loads(raw)
+    answers = json.loads(raw)["a"]
     # cjson writes an empty array as {}.
     return [
         [[a[0], a[1] or [], *a[2:]] for a in answer] if isinstance(answer, list) else answer

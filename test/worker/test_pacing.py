@@ -24,7 +24,13 @@ from test.harness.fakes import FlakyRedis
 from test.harness.services import wait_for
 from test.harness.windows import max_in_window
 from worker.politeness.hosts import DELAY_SHARE, HostKey, HostSettings
-from worker.politeness.pacing import HostWaits, PacingSettings, RedisPacer
+from worker.politeness.pacing import (
+    HostWaits,
+    PacingSettings,
+    RedisPacer,
+    late_limit,
+    redis_loop_time,
+)
 
 SOURCE = "example"
 KEY = HostKey(SOURCE, "images.example.org")
@@ -400,3 +406,23 @@ async def test_a_deferrable_request_of_a_blocked_host_raises_host_waits(redis, p
     # Its interval, as answered, is known to the scheduler.
     assert pacer.interval_of(paused) is not None and pacer.interval_of(HostKey("x", "y")) is None
     waiting.cancel()
+
+
+def test_slots_are_placed_by_redis_clock_when_it_agrees_else_at_the_round_trip_s_middle():
+    # Asked at loop time 100.0, answered at 100.3 (a loop busy meanwhile); the loop's
+    # clock is the wall clock less 1,000,000 s.
+    offset = 1_000_000.0
+    assert redis_loop_time(100.0, 100.3, offset, offset + 100.01) == pytest.approx(100.01)
+    # Clocks that disagree by more than the round trip, or no clock: the middle.
+    assert redis_loop_time(100.0, 100.3, offset, offset + 101.0) == pytest.approx(100.15)
+    assert redis_loop_time(100.0, 100.3, offset, None) == pytest.approx(100.15)
+
+
+@pytest.mark.parametrize(
+    ("interval_s", "limit_s"),
+    [(2.0, 0.1), (0.5, 0.025), (0.125, 0.01), (0.02, 0.01), (0.005, 0.0025), (1e-5, 0.002)],
+)
+def test_a_slot_may_start_late_by_a_twentieth_of_its_interval_or_10_ms_at_most_half(
+    interval_s, limit_s
+):
+    assert late_limit(interval_s) == pytest.approx(limit_s)

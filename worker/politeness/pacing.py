@@ -26,20 +26,23 @@ what is due, not what waits.
 A slot is a time, not a token: one that the worker reaches late (its event loop was
 busy) by more than ``late_limit`` of its interval is given up, and its request asks
 again. Started late, it would land next to the following slot, granted to this worker
-or another, and two requests would go out together. The limit is half an interval up
-to ``TIGHT_FROM_S``, then ``LATE_SHARE`` of it: a host asking a Crawl-delay, or paced
-slower than that, gets its requests no closer than 95 % of its interval (and a
-Crawl-delay's interval is the delay over 0.95, hosts.py). Lateness under
-``MIN_LATENESS_S`` is never a reason: above 250 requests/s the interval nears the event
-loop's own timing, and slots a few microseconds late would all be given up. Nor, for
-intervals under ``PAST_JUDGED_FROM_S`` (50 requests/s and faster), is the time before
-the answer was read (a slot already past then is started at once, or a host whose
-interval is shorter than a round trip would never start a request); a longer
-interval's slot is judged by it too. A worker whose loop stalled while its answer came
-(measured in the fault campaign: three workers starved of CPU, each holding one slot
-of a source at 10/s) would otherwise start its past slots together with the others'.
-Slot times are placed on the worker's clock at the middle of the ask's round trip,
-which is within half of it of Redis' own clock.
+or another, and two requests would go out together. The limit is ``LATE_SHARE`` (5 %)
+of the interval or ``LATE_FLOOR_S`` (10 ms, a busy loop's ordinary lag) when that is
+more, never more than half the interval, and never under ``MIN_LATENESS_S``: above
+250 requests/s the interval nears the event loop's own timing, and slots a few
+microseconds late would all be given up. A host asking a Crawl-delay, or paced at 2/s
+or slower, thus gets its requests no closer than 95 % of its interval (and a
+Crawl-delay's interval is the delay over 0.95, hosts.py); one at 8/s no closer than
+115 ms. Half an interval, the limit before, let a host at 8/s get two requests 63 ms
+apart, and the fault campaign's windows of 0.1 s (a bound of one request at 8/s) saw it.
+Nor, for intervals under ``PAST_JUDGED_FROM_S`` (50 requests/s and faster), is the time
+before the answer was read (a slot already past then is started at once, or a host whose
+interval is shorter than a round trip would never start a request); a longer interval's
+slot is judged by it too. Otherwise workers whose loops stalled while their answers came
+start their past slots together: the fault campaign, on two cores starved by a dozen
+processes, saw three requests of a source at 10/s within 36 ms.
+Slot times are placed on the worker's clock by Redis' own clock when the two agree within
+the ask's round trip, else at the middle of the round trip (``redis_loop_time``).
 
 Fail closed: without a rate (no monitor: the key expired; a halted source: "0") nothing
 is granted, and the worker asks again after ``no_rate_retry_s``. A server's Retry-After
@@ -62,6 +65,7 @@ import heapq
 import itertools
 import json
 import math
+import time
 from collections import Counter, deque
 from collections.abc import Awaitable
 from typing import Any, Final, Protocol
@@ -108,11 +112,11 @@ DEFAULT_HOSTS: Final = HostSettings()
 # Hosts whose interval is remembered (about 100 bytes each).
 INTERVALS_KEPT: Final = 100_000
 
-# Slots this late or less are always started; from an interval of TIGHT_FROM_S on, a
-# slot later than LATE_SHARE of it is given up, before that half of it (see the module's
-# docstring and ``late_limit``).
+# Slots this late or less are always started; a slot later than LATE_SHARE of its
+# interval, or LATE_FLOOR_S when that is more, but at most half of it, is given up (see
+# the module's docstring and ``late_limit``).
 MIN_LATENESS_S: Final = 0.002
-TIGHT_FROM_S: Final = 0.5
+LATE_FLOOR_S: Final = 0.01
 # From this interval on, a slot already past when its answer is read is judged too.
 PAST_JUDGED_FROM_S: Final = 0.02
 LATE_SHARE: Final = 1 - DELAY_SHARE
@@ -120,8 +124,26 @@ LATE_SHARE: Final = 1 - DELAY_SHARE
 
 def late_limit(interval_s: float) -> float:
     """How late a slot of a host paced ``interval_s`` apart may still be started."""
-    share = LATE_SHARE if interval_s >= TIGHT_FROM_S else 0.5
-    return max(MIN_LATENESS_S, interval_s * share)
+    return max(MIN_LATENESS_S, min(interval_s / 2, max(interval_s * LATE_SHARE, LATE_FLOOR_S)))
+
+
+def redis_loop_time(
+    sent: float, received: float, wall_offset: float, redis_unix: float | None
+) -> float:
+    """The loop time at which Redis ran the script, asked at loop time ``sent`` and
+    answered at ``received``: Redis' own clock (``redis_unix``) on this loop's clock
+    (``time.time() - loop.time()`` is ``wall_offset``) when that falls within the round
+    trip, as it does when both clocks agree (one machine, or NTP's few milliseconds on
+    a round trip longer than that); else the round trip's middle, within half of it.
+
+    The middle alone errs by up to half the round trip: a worker whose loop was busy when
+    its answer came (a long round trip) placed its slots late while another placed the
+    neighbouring ones right."""
+    if redis_unix is not None:
+        on_loop = redis_unix - wall_offset
+        if sent <= on_loop <= received:
+            return on_loop
+    return (sent + received) / 2
 
 
 # Without Redis no request starts: asked again soon, as it is mostly a brief blip (a
@@ -460,7 +482,7 @@ class RedisPacer:
                 continue
             sent = loop.time()
             try:
-                answers = await self._ask(asks)
+                answers, redis_unix = await self._ask(asks)
             except RedisError as e:
                 # Fail closed: without Redis nobody gets a slot. The hosts asked about are
                 # asked about again, with their reports.
@@ -470,9 +492,9 @@ class RedisPacer:
                 continue
             retry.reset()
             outage.end()
-            # Redis' clock read "now" somewhere in the round trip: its middle is the best
-            # guess, within half the round trip.
-            self._apply(asks, answers, (sent + loop.time()) / 2)
+            received = loop.time()
+            wall_offset = time.time() - received
+            self._apply(asks, answers, redis_loop_time(sent, received, wall_offset, redis_unix))
 
     async def _sleep(self) -> None:
         self._wake.clear()
@@ -495,7 +517,11 @@ class RedisPacer:
         if self._reports and self._reports_since is None:
             self._reports_since = asyncio.get_running_loop().time()
 
-    async def _ask(self, asks: dict[str, dict[str, tuple[HostKey, int, HostReport]]]) -> list[Any]:
+    async def _ask(
+        self, asks: dict[str, dict[str, tuple[HostKey, int, HostReport]]]
+    ) -> tuple[list[Any], float | None]:
+        """The script's answers, one per source asked about, and Redis' clock then (Unix
+        s; None if unreadable)."""
         self.asks += 1
         document = [
             [
@@ -505,9 +531,14 @@ class RedisPacer:
             for source, hosts in asks.items()
         ]
         raw = await self._acquire_script(args=[self._config, json.dumps(document)])
-        answers = json.loads(raw)
+        reply = json.loads(raw)
+        answers = reply.get("a")
+        try:
+            redis_unix: float | None = float(reply.get("t"))
+        except (TypeError, ValueError):
+            redis_unix = None
         # cjson writes an empty array as {}: one answer per ask either way.
-        return answers if isinstance(answers, list) else []
+        return (answers if isinstance(answers, list) else []), redis_unix
 
     def _apply(
         self,

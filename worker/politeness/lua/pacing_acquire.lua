@@ -8,7 +8,8 @@
 -- "cp": host_rate prefix, "h": horizon (s), "s": the rule's parameters
 -- (HostSettings.to_json_obj, with the host index's key prefix "ix")}. ARGV[2]: JSON
 -- [[source, [[host, wanted, [clean, signals, refused, failed, last]], ...]], ...].
--- Answers JSON, one entry per source: false when the source has no rate (absent, not a
+-- Answers JSON {"t": Redis' TIME as "seconds.micros", "a": answers}, one answer per source:
+-- false when the source has no rate (absent, not a
 -- number, <= 0; its hosts are left as they are), else one entry per host: [seconds until it is worth asking again, [offset of each
 -- granted slot from now (s)], the host's interval (s), flag ("", "g", "h" or "m")]. An
 -- empty list may come back as {}. Keys of the wrong type read as absent; a source's
@@ -328,4 +329,6 @@ for i, ask in ipairs(cjson.decode(ARGV[2])) do
     answers[i] = answer
   end
 end
-return cjson.encode(answers)
+-- Redis' own clock beside the answers: a worker whose clock agrees with it places the slots
+-- by it, not by a guess within its round trip (pacing.py, redis_loop_time).
+return cjson.encode({t = clock[1] .. '.' .. string.format('%06d', tonumber(clock[2])), a = answers})
