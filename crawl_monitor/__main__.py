@@ -1,12 +1,13 @@
 """``python -m crawl_monitor``: the crawl monitor.
 
-Runs six loops concurrently: the source list refresher, the regulator (each source's
-rate and circuit breakers, every second, while this monitor holds the leader lease), the
-monitoring log, the backlog measurement (every ``LOG_FREQUENCY_S``, once Kafka's clients
-have started), the host counts (every ``LOG_FREQUENCY_S``, ``crawl_monitor.hosts``), and
-the splitter (in every monitor: the consumer group shares the
-partitions). Every client is built here, once, entered through one ``AsyncExitStack``
-and passed to the loops.
+Runs seven loops concurrently: the source list refresher, the pause watch
+(``crawl_monitor.pause``: the whole crawl is paused while ``crawl_paused`` exists), the
+regulator (each source's rate and circuit breakers, every second, while this monitor
+holds the leader lease), the monitoring log, the backlog measurement (every
+``LOG_FREQUENCY_S``, once Kafka's clients have started), the host counts (every
+``LOG_FREQUENCY_S``, ``crawl_monitor.hosts``), and the splitter (in every monitor: the
+consumer group shares the partitions). Every client is built here, once, entered through
+one ``AsyncExitStack`` and passed to the loops.
 
 With ``METRICS_PORT`` set, the monitor serves ``/metrics`` (``crawl_monitor.metrics``,
 read from the loops' latest state: a scrape costs no Redis or Kafka request), its
@@ -48,6 +49,7 @@ from crawl_monitor.metrics import (
     loop_histogram,
 )
 from crawl_monitor.monitoring import MonitoringLog
+from crawl_monitor.pause import PauseWatch
 from crawl_monitor.regulator import Regulator, RegulatorSettings
 from crawl_monitor.settings import MonitorSettings
 from crawl_monitor.sources import SourceCatalog
@@ -89,6 +91,7 @@ async def run(settings: MonitorSettings, stop: asyncio.Event) -> int:
                 "monitoring": loops.monitoring.run(stop),
                 "backlog": loops.backlog.run(stop, kafka_started),
                 "hosts": loops.hosts.run(stop),
+                "pause": loops.pause.run(stop),
                 "splitter": _split(clients, loops.splitter, stop, kafka_started),
             },
             stop,
@@ -148,12 +151,13 @@ class _Loops:
     backlog: BacklogMonitor
     hosts: HostCountsMonitor
     splitter: Splitter
+    pause: PauseWatch
 
 
 def _build_loops(
     settings: MonitorSettings, clients: _Clients, observe_loop: Callable[[float], None]
 ) -> _Loops:
-    """The six loops, on ``clients``; ``observe_loop`` gets each regulator loop's
+    """The seven loops, on ``clients``; ``observe_loop`` gets each regulator loop's
     duration (s)."""
     catalog = SourceCatalog(
         file=settings.sources_file,
@@ -162,6 +166,7 @@ def _build_loops(
         refresh_s=settings.sources_refresh_s,
     )
     lease = LeaderLease(token=new_lease_token(), ttl_ms=settings.leader_lease_ms)
+    pause = PauseWatch(clients.redis, period_s=settings.refill_period_s)
     regulator = Regulator(
         RedisRegulatorStore(clients.redis),
         lambda: catalog.rates,
@@ -172,6 +177,7 @@ def _build_loops(
         ),
         lease=lease,
         observe_loop=observe_loop,
+        paused=lambda: pause.current,
     )
     backlog = BacklogMonitor(KafkaOffsets(clients.admin), clients.redis, settings.log_frequency_s)
     hosts = HostCountsMonitor(clients.redis, lambda: catalog.rates.keys(), settings.log_frequency_s)
@@ -193,8 +199,9 @@ def _build_loops(
             retention_ms=settings.url_topic_retention_ms,
         ),
         batch_size=settings.splitter_batch_size,
+        paused=lambda: pause.paused,
     )
-    return _Loops(catalog, lease, regulator, monitoring, backlog, hosts, splitter)
+    return _Loops(catalog, lease, regulator, monitoring, backlog, hosts, splitter, pause)
 
 
 def _registry() -> CollectorRegistry:
@@ -214,6 +221,8 @@ def _view(loops: _Loops) -> MonitorView:
         counters=loops.monitoring.counters,
         leading=loops.regulator.leading,
         hosts=loops.hosts.latest,
+        pause=loops.pause.current,
+        pause_read=loops.pause.read,
     )
 
 

@@ -35,6 +35,9 @@ Totals: ``crawler_successes_total``, ``crawler_errors_total`` (``num_resized``,
 ``resize_errors``), ``crawler_split_total`` (``num_split``), ``crawler_backlog_urls``,
 ``crawler_eta_seconds`` (the largest ETA of the known sources being crawled, see
 ``image_crawler.contract.crawl_eta_s``), ``crawler_sources`` (known sources),
+``crawler_crawl_paused`` (1 while ``crawl_paused`` pauses the whole crawl; then also
+``crawler_crawl_pause_info`` with its reason, folder and sentence as labels, and for a
+full disk ``crawler_crawl_pause_free_bytes`` and ``crawler_crawl_pause_needed_bytes``),
 ``crawler_backlog_measured_timestamp_seconds``, ``crawler_monitor_leading`` (1 while this
 monitor holds the leader lease) and ``crawler_monitor_loop_seconds`` (a histogram of the
 regulator loop's duration, observed by the loop).
@@ -58,7 +61,7 @@ from prometheus_client.registry import Collector
 from crawl_monitor.backlog import Backlog
 from crawl_monitor.monitoring import Counters
 from crawl_monitor.policy.decision import RegulatorSnapshot
-from image_crawler.contract import crawl_eta_s, eta_s
+from image_crawler.contract import CrawlPause, crawl_eta_s, eta_s
 from image_crawler.host_index import HostCounts
 
 # The regulator loop takes tens of milliseconds with thousands of sources; its period is
@@ -78,6 +81,10 @@ class MonitorView:
     leading: bool
     # Each source's host counts (sources without a host index left out).
     hosts: Mapping[str, HostCounts] | None = None
+    # The pause of the whole crawl in force (crawl_paused), None while it runs; whether
+    # the key was read yet (``pause_read``).
+    pause: CrawlPause | None = None
+    pause_read: bool = False
 
 
 def monitor_metrics(view: MonitorView) -> list[Metric]:
@@ -102,7 +109,34 @@ def _totals(view: MonitorView) -> list[Metric]:
         "1 while this monitor holds the leader lease (sets rates, runs breakers), else 0.",
     )
     leading.add_metric([], 1.0 if view.leading else 0.0)
-    return [sources, leading]
+    return [sources, leading, *(_pause(view.pause) if view.pause_read else [])]
+
+
+def _pause(pause: CrawlPause | None) -> list[Metric]:
+    paused = GaugeMetricFamily(
+        "crawler_crawl_paused",
+        "1 while the whole crawl is paused (crawl_paused: a full disk, or an operator), else 0.",
+    )
+    paused.add_metric([], 0.0 if pause is None else 1.0)
+    if pause is None:
+        return [paused]
+    info = GaugeMetricFamily(
+        "crawler_crawl_pause_info",
+        "1, labelled with why the crawl is paused: reason (disk_full, operator), the "
+        "folder whose disk is short, and the operator's sentence.",
+        labels=["reason", "path", "message"],
+    )
+    info.add_metric([pause.reason, pause.path or "", pause.message], 1.0)
+    metrics: list[Metric] = [paused, info]
+    for name, value, text in (
+        ("crawler_crawl_pause_free_bytes", pause.free_bytes, "Free space on the short disk"),
+        ("crawler_crawl_pause_needed_bytes", pause.needed_bytes, "Space to free to resume"),
+    ):
+        if value is not None:
+            gauge = GaugeMetricFamily(name, f"{text} (bytes), while paused for a full disk.")
+            gauge.add_metric([], float(value))
+            metrics.append(gauge)
+    return metrics
 
 
 def _pacing(snapshot: RegulatorSnapshot) -> list[Metric]:

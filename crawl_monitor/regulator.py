@@ -37,6 +37,7 @@ from crawl_monitor.policy.decision import Decision, Memory, RegulatorSnapshot, d
 from crawl_monitor.policy.rates import next_tick_at
 from crawl_monitor.settings import MonitorSettings
 from crawl_monitor.store import LeaderLease, RegulatorStore
+from image_crawler.contract import CrawlPause
 from image_crawler.logs import get_logger
 from image_crawler.retry import Backoff, sleep_unless_stopped
 
@@ -80,6 +81,7 @@ class Regulator:
         lease: LeaderLease | None = None,
         clock: Callable[[], float] = time.time,
         observe_loop: Callable[[float], None] = lambda _: None,
+        paused: Callable[[], CrawlPause | None] = lambda: None,
     ) -> None:
         self._store = store
         # None: this regulator leads unconditionally (one monitor, tests, the bench).
@@ -93,6 +95,8 @@ class Regulator:
         self._memory = Memory()
         # Called with each loop's duration (s), failed or not (the metrics' histogram).
         self._observe_loop = observe_loop
+        # The pause of the whole crawl in force (crawl_paused), None while it runs.
+        self._paused = paused
         self.snapshot: RegulatorSnapshot | None = None
         # time.monotonic() when the last loop that raised nothing ended (None: none yet).
         self.completed_at: float | None = None
@@ -121,8 +125,15 @@ class Regulator:
             failure_counters=plan.failure_counters,
             published=plan.published,
         )
+        pause = self._paused()
         decision = decide(
-            observed, computed, self._memory, plan, now_s=now_s, adaptive=settings.adaptive
+            observed,
+            computed,
+            self._memory,
+            plan,
+            now_s=now_s,
+            adaptive=settings.adaptive,
+            paused_why=None if pause is None else f"crawl paused: {pause.message}",
         )
         written = await self._store.write(decision.writes, settings.pace_rate_ttl_ms, self._lease)
         if not written.applied:

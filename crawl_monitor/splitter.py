@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final
 
 import redis.asyncio as aioredis
@@ -222,8 +222,12 @@ class Splitter:
         *,
         batch_size: int = MonitorSettings().splitter_batch_size,
         poll_timeout_s: float = 0.5,
+        paused: Callable[[], bool] = lambda: False,
     ) -> None:
         self._consumer = consumer
+        # The whole crawl is paused (crawl_paused): inbound_images is left unread.
+        self._paused = paused
+        self._holding = False
         self._producer = producer
         self._redis = redis
         self._topics = topics
@@ -238,6 +242,7 @@ class Splitter:
         while not stop.is_set():
             batch: Mapping[TopicPartition, Sequence[Any]] = {}
             try:
+                self._hold_while_paused()
                 batch = await self._consumer.getmany(
                     timeout_ms=int(self._poll_timeout_s * 1000), max_records=self._batch_size
                 )
@@ -252,6 +257,18 @@ class Splitter:
                 log.exception("splitter_error")
                 self._rewind(batch)
                 await sleep_unless_stopped(stop, backoff.next_s())
+
+    def _hold_while_paused(self) -> None:
+        """While the crawl is paused, every assigned partition is paused (polling goes on,
+        so the consumer keeps its place in the group and reads nothing); resumed after."""
+        consumer = self._consumer
+        if self._paused():
+            # Again each poll: partitions assigned by a rebalance meanwhile start unpaused.
+            consumer.pause(*consumer.assignment())
+            self._holding = True
+        elif self._holding:
+            consumer.resume(*consumer.assignment())
+            self._holding = False
 
     async def split_batch(
         self, batch: Mapping[TopicPartition, Sequence[Any]], stop: asyncio.Event

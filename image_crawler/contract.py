@@ -156,6 +156,16 @@ BACKLOG_AT: Final = "backlog_measured_at"
 # committed offset was below the log start of urls.{source}), per source; the worker also
 # logs ``urls_lost``.
 URLS_LOST: Final = "urls_lost"
+# Beyond the original: the whole crawl is paused while this key exists, whatever its
+# source's state. Its value is a ``CrawlPause`` (JSON; any other text is an operator's
+# pause, its text the reason). ``image-crawler up`` SETs it when its data folder's disk
+# has less free space than DISK_RESERVE_MB and DELs it once space is back; the leading
+# monitor then paces every source at 0 (workers start no request) and no monitor splits
+# ``inbound_images``, until it is gone. Log events: ``disk_full``,
+# ``disk_space_recovered`` (``up``), ``crawl_paused``, ``crawl_pause_lifted`` (monitor).
+CRAWL_PAUSED_KEY: Final = "crawl_paused"
+PAUSE_DISK_FULL: Final = "disk_full"
+PAUSE_OPERATOR: Final = "operator"
 
 # Beyond the original (issue 30): re-checks ended, per source and LinkCheckMessage status,
 # a hash of "{source}:{status}" -> count that the workers' stats flush HINCRBYs. One hash,
@@ -1008,3 +1018,63 @@ class PacingInfo:
             )
         except (KeyError, TypeError, ValueError) as e:
             raise MalformedMessage(f"not a pacing record: {e!r}") from None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CrawlPause:
+    """Why the whole crawl is paused (the value of ``CRAWL_PAUSED_KEY``).
+
+    ``reason`` is ``PAUSE_DISK_FULL`` (written by ``image-crawler up``) or
+    ``PAUSE_OPERATOR``; ``message`` is a sentence for operators; ``since_s`` is when the
+    pause began (Unix s, None when unknown). For a full disk: the folder whose filesystem
+    is short (``path``), its free space, the reserve, how much more must be freed before
+    the crawl resumes (``needed_bytes``), and the biggest parts of the data folder
+    (``biggest``: (name, bytes) pairs, largest first).
+    """
+
+    reason: str
+    message: str
+    since_s: float | None = None
+    path: str | None = None
+    free_bytes: int | None = None
+    reserve_bytes: int | None = None
+    needed_bytes: int | None = None
+    biggest: tuple[tuple[str, int], ...] = ()
+
+    def to_json(self) -> bytes:
+        return _encode(
+            {
+                "reason": self.reason,
+                "message": self.message,
+                "since_s": self.since_s,
+                "path": self.path,
+                "free_bytes": self.free_bytes,
+                "reserve_bytes": self.reserve_bytes,
+                "needed_bytes": self.needed_bytes,
+                "biggest": [{"path": name, "bytes": size} for name, size in self.biggest],
+            }
+        )
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> CrawlPause:
+        """The pause ``raw`` says; text that is not a pause record (``redis-cli set
+        crawl_paused maintenance``) is an operator's pause with that text as its message."""
+        text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+        try:
+            obj = _decode_object(text)
+            return cls(
+                reason=str(obj["reason"]),
+                message=str(obj.get("message") or obj["reason"]),
+                since_s=_optional(obj.get("since_s"), float),
+                path=_optional(obj.get("path"), str),
+                free_bytes=_optional(obj.get("free_bytes"), int),
+                reserve_bytes=_optional(obj.get("reserve_bytes"), int),
+                needed_bytes=_optional(obj.get("needed_bytes"), int),
+                biggest=tuple((str(b["path"]), int(b["bytes"])) for b in obj.get("biggest", ())),
+            )
+        except (MalformedMessage, KeyError, TypeError, ValueError):
+            return cls(reason=PAUSE_OPERATOR, message=text.strip() or "paused by an operator")
+
+
+def _optional(value: Any, kind: type[Any]) -> Any:
+    return None if value is None else kind(value)

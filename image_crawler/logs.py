@@ -40,6 +40,30 @@ def _shared_processors() -> list[Any]:
     ]
 
 
+class _LineLogger(structlog.PrintLogger):
+    """Our events' writer: a line that cannot be written (the disk under a redirected
+    stdout is full, ENOSPC; a closed pipe) is dropped and counted in ``dropped_lines``,
+    never raised into the code that logs. A process handling a full disk would otherwise
+    die of the very event that reports it (seen: ``up``'s monitor and worker exited, their
+    logs cut mid-line, when a disk was filled to its last byte)."""
+
+    dropped_lines = 0
+
+    def msg(self, message: str) -> None:
+        try:
+            super().msg(message)
+        except OSError:
+            _LineLogger.dropped_lines += 1
+
+    log = debug = info = warn = warning = msg
+    fatal = failure = err = error = critical = exception = msg
+
+
+def dropped_lines() -> int:
+    """Log lines this process could not write (see ``_LineLogger``)."""
+    return _LineLogger.dropped_lines
+
+
 class _LibraryHandler(logging.StreamHandler[TextIO]):
     """The root logger's handler; a class of its own so that a second
     ``configure_logging`` replaces it instead of adding another."""
@@ -59,7 +83,7 @@ def configure_logging(level: str = "INFO") -> None:
             structlog.processors.JSONRenderer(),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stdout),
+        logger_factory=lambda *_: _LineLogger(sys.stdout),
         cache_logger_on_first_use=True,
     )
     handler = _LibraryHandler(sys.stdout)

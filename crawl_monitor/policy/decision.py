@@ -178,8 +178,12 @@ def decide(
     *,
     now_s: float,
     adaptive: AdaptiveSettings,
+    paused_why: str | None = None,
 ) -> Decision:
     """One loop's decision (see the module's docstring).
+
+    ``paused_why``: the whole crawl is paused (``crawl_paused``), for this reason: every
+    source not halted is paced at 0 with it as its why, its adaptive rate held.
 
     ``observed`` is what ``plan`` read, ``computed`` each known source's computed rate
     (requests/s) and ``now_s`` the time of the read (Unix s). At a term's first loop
@@ -190,6 +194,8 @@ def decide(
     key_errors = _report_key_errors(observed, memory.reported_key_errors, events)
     delays = _crawl_delays(observed, memory.reported_crawl_delays, events)
     loop = _Loop.begin(observed, memory, delays.in_force, events, now_s=now_s, adaptive=adaptive)
+    if paused_why is not None:
+        loop = dataclasses.replace(loop, paused_why=paused_why)
     # Each source: its configured rate, the breakers' verdict on it, its pace.
     tally = _Tally()
     for source in plan.sources:
@@ -249,6 +255,8 @@ class _Loop:
     # and what became of each known source's record, appended as it is decided.
     published: Mapping[str, str] | None = None
     inherited: list[Outcome] = dataclasses.field(default_factory=list)
+    # The whole crawl is paused, for this reason (None: it runs).
+    paused_why: str | None = None
 
     @classmethod
     def begin(
@@ -315,7 +323,7 @@ def _decide_source(loop: _Loop, tally: _Tally, source: str, computed_rps: float)
     verdict = _judge(loop, source, state, before, rate)
     if verdict is not None:
         tally.verdicts[source] = verdict
-    halt_why = _halt_why(source in observed.halted, verdict)
+    halt_why = _halt_why(source in observed.halted, verdict) or loop.paused_why
     if halt_why is not None:
         tally.paces[source] = hold(before, rate, signals, loop.now_s)
         tally.pace_rates[source] = 0.0

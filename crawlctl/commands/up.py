@@ -209,7 +209,8 @@ def describe(stack: LocalStack) -> None:
 
 
 def _supervise(stack: LocalStack) -> int:
-    """Wait until a process of the stack exits (EXIT_FAILED) or a signal interrupts."""
+    """Wait until a process of the stack exits (EXIT_FAILED) or a signal interrupts;
+    meanwhile, pause the crawl while the data folder's disk is short."""
     while True:
         exited = stack.exited()
         if exited:
@@ -219,4 +220,5 @@ def _supervise(stack: LocalStack) -> int:
                     f"the end of its log ({child.log_path}):\n{child.log_tail(2000)}"
                 )
             return EXIT_FAILED
+        stack.check_disk()
         time.sleep(SUPERVISE_INTERVAL_S)

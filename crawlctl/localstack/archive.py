@@ -15,6 +15,11 @@ between the two archives the last second's messages again at the next start: a m
 is archived at least once, and the crawl's own at-least-once duplicates stay, as in the
 topics. With a new broker (its storage was empty at the start), the positions are
 dropped: its topics start from offset 0 again.
+A full disk leaves no line half-written: each partition's records of a poll are
+appended in one write, whole or not at all (the file is cut back when the disk takes only
+part of it), and the records the disk refused are read again from the broker and written
+once it has room (``up`` pauses the crawl meanwhile, ``disk``); positions.json is written
+to a temporary file and renamed, so it stays as it was when there is no room for it.
 ``image-crawler recheck`` reads the archives of ``image_metadata_updates`` (the earlier
 crawl's validators) and ``link_checks`` (when each image was last checked).
 """
@@ -28,15 +33,16 @@ import json
 import os
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any, Final
+from typing import Any, Final
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
 from crawlctl.localstack import topics as topic_io
+from crawlctl.localstack.files import append_whole, cut_to_last_line
 from image_crawler.contract import (
     CRAWL_ERRORS_TOPIC,
     LINK_CHECKS_TOPIC,
@@ -73,15 +79,12 @@ def archive_line(value: bytes | None) -> str:
     return json.dumps({"raw": raw}, ensure_ascii=False) + "\n"
 
 
-def _open_for_append(path: Path) -> IO[str]:
-    f = path.open("a+", encoding="utf-8")
-    # A line cut short by a crash stays one bad line instead of swallowing the next one.
-    if f.tell() > 0:
-        f.seek(f.tell() - 1)
-        last = f.read(1)
-        if last != "\n":
-            f.write("\n")
-    return f
+def _open_for_append(path: Path) -> int:
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    # A line cut short (by a crash of an earlier version, or a power cut) is cut off: its
+    # message is past the saved positions, so it is archived again, whole.
+    cut_to_last_line(fd)
+    return fd
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -117,7 +120,8 @@ class OutputArchive:
         # The positions last written to positions.json, and when (monotonic).
         self._saved: dict[TopicPartition, int] = {}
         self._saved_at = 0.0
-        self._files: dict[str, IO[str]] = {}
+        # Each topic's file, open for appending (a file descriptor).
+        self._files: dict[str, int] = {}
         self._finish = threading.Event()
         self._to_end = True
         self._error: str | None = None
@@ -155,17 +159,17 @@ class OutputArchive:
         with contextlib.suppress(OSError):
             self._save_positions()
         files, self._files = self._files, {}
-        for f in files.values():
-            f.close()
+        for fd in files.values():
+            os.close(fd)
 
     def _save_positions(self) -> None:
-        """The lines to disk, then the positions past them (atomically)."""
+        """The lines to disk, then the positions past them (atomically). Raises
+        ``OSError`` (a full disk) with positions.json as it was."""
         self._saved_at = time.monotonic()
         if self._positions == self._saved:
             return
-        for f in self._files.values():
-            f.flush()
-            os.fsync(f.fileno())
+        for fd in self._files.values():
+            os.fsync(fd)
         write_positions(self.folder / POSITIONS_NAME, self._positions)
         self._saved = dict(self._positions)
 
@@ -203,6 +207,7 @@ class OutputArchive:
         loop = asyncio.get_running_loop()
         assigned: list[TopicPartition] = []
         refresh_at = 0.0
+        backoff = Backoff(base_s=0.1, cap_s=2.0)
         while not self._finish.is_set():
             if loop.time() >= refresh_at:
                 found = await topic_io.partitions(admin, self.topics)
@@ -218,8 +223,13 @@ class OutputArchive:
                 await asyncio.sleep(POLL_MS / 1000)
                 continue
             batch = await consumer.getmany(timeout_ms=POLL_MS)
-            for records in batch.values():
-                self._write(records)
+            refused = self._write_batch(consumer, batch)
+            if refused is not None:
+                # The disk is full: nothing half-written, the records read again later.
+                self._error = repr(refused)
+                await asyncio.to_thread(self._finish.wait, backoff.next_s())
+                continue
+            backoff.reset()
             self._flush()
 
     async def _read_to_end(self, consumer: AIOKafkaConsumer, admin: AIOKafkaAdminClient) -> None:
@@ -229,18 +239,40 @@ class OutputArchive:
             self._write([record])
         self._flush()
 
-    def _write(self, records: Iterable[Any]) -> None:
-        for record in records:
-            self._files[record.topic].write(archive_line(record.value))
-            self.counts[record.topic] += 1
-            self._positions[TopicPartition(record.topic, record.partition)] = record.offset + 1
+    def _write_batch(
+        self, consumer: AIOKafkaConsumer, batch: Mapping[TopicPartition, Sequence[Any]]
+    ) -> OSError | None:
+        """Append each partition's records; at the first the disk refuses, that partition
+        and the ones after it are read again from their first record, and the error is
+        returned (None: all written)."""
+        partitions = [(tp, records) for tp, records in batch.items() if records]
+        for i, (_, records) in enumerate(partitions):
+            try:
+                self._write(records)
+            except OSError as e:
+                for tp, unwritten in partitions[i:]:
+                    consumer.seek(tp, unwritten[0].offset)
+                return e
+        return None
+
+    def _write(self, records: Sequence[Any]) -> None:
+        """Append the lines of ``records`` (of one partition, in order) in one write, whole
+        or not at all (``files.append_whole``: raises ``OSError`` with none written). The
+        write puts them in the OS's hands at once: a SIGKILL of ``up`` right after loses
+        nothing."""
+        last = records[-1]
+        data = "".join(archive_line(record.value) for record in records).encode()
+        append_whole(self._files[last.topic], data)
+        self.counts[last.topic] += len(records)
+        self._positions[TopicPartition(last.topic, last.partition)] = last.offset + 1
 
     def _flush(self) -> None:
-        # Into the OS's hands at once: a SIGKILL of ``up`` right after loses nothing.
-        for f in self._files.values():
-            f.flush()
         if time.monotonic() - self._saved_at >= SAVE_EVERY_S:
-            self._save_positions()
+            try:
+                self._save_positions()
+            except OSError as e:
+                # A full disk: positions.json stays as it was, saved again next time.
+                self._error = repr(e)
 
 
 def read_positions(path: Path) -> dict[TopicPartition, int]:
@@ -262,8 +294,12 @@ def write_positions(path: Path, positions: Mapping[TopicPartition, int]) -> None
     for tp, offset in sorted(positions.items()):
         document.setdefault(tp.topic, {})[str(tp.partition)] = offset
     temporary = path.with_suffix(".tmp")
-    with temporary.open("w", encoding="utf-8") as f:
-        json.dump(document, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(temporary, path)
+    try:
+        with temporary.open("w", encoding="utf-8") as f:
+            json.dump(document, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, path)
+    except OSError:
+        temporary.unlink(missing_ok=True)
+        raise

@@ -28,9 +28,12 @@ from pathlib import Path
 from typing import Any, Final
 
 from aiokafka.errors import KafkaError
+from redis import Redis
 
 from crawlctl.localstack import spool
 from crawlctl.localstack.archive import Archived, OutputArchive
+from crawlctl.localstack.disk import DiskGuard, disk_reserve_bytes
+from crawlctl.localstack.events import UP_LOG_NAME, EventLog
 from crawlctl.localstack.lock import DataDirLock
 from crawlctl.localstack.objects import ObjectStore
 from crawlctl.localstack.processes import Child, ModuleProcess, ServiceError, wait_until
@@ -207,6 +210,9 @@ class LocalStack:
         # The broker's storage was empty at the start: its topics begin anew.
         self._new_broker = True
         self._lock = DataDirLock(settings.data_dir) if settings.persistent else None
+        # A persistent stack pauses its crawl while its disk is short (``disk``).
+        self.disk: DiskGuard | None = None
+        self._disk_redis: Redis | None = None
 
     @property
     def crawler_processes(self) -> list[ModuleProcess]:
@@ -229,6 +235,10 @@ class LocalStack:
         died meanwhile) after stopping whatever had started.
         """
         settings = self.settings
+        try:
+            reserve_bytes = disk_reserve_bytes(os.environ)
+        except ValueError as e:
+            raise ServiceError(str(e)) from e
         settings.log_dir.mkdir(parents=True, exist_ok=True)
         settings.thumbnails_dir.mkdir(parents=True, exist_ok=True)
         try:
@@ -245,6 +255,7 @@ class LocalStack:
             if settings.persistent:
                 self._restore()
                 self._start_archive()
+                self.disk = self._disk_guard(reserve_bytes)
             self.env = crawler_env(settings, self.broker.bootstrap, self.redis.url, os.environ)
             self.monitor = ModuleProcess(
                 "monitor",
@@ -289,6 +300,28 @@ class LocalStack:
         )
         self.archive.start()
 
+    def _disk_guard(self, reserve_bytes: int) -> DiskGuard:
+        settings = self.settings
+        self._disk_redis = Redis.from_url(
+            self.redis.url, socket_timeout=2.0, socket_connect_timeout=2.0
+        )
+        folders = [settings.data_dir]
+        if _device(settings.thumbnails_dir) != _device(settings.data_dir):
+            folders.append(settings.thumbnails_dir)
+        return DiskGuard(
+            folders,
+            reserve_bytes,
+            self._disk_redis,
+            EventLog(settings.log_dir / UP_LOG_NAME),
+            self.notify,
+        )
+
+    def check_disk(self) -> None:
+        """Pause the crawl while the data folder's disk is short, resume once it is not
+        (``crawlctl.localstack.disk``); call it often, it looks every second."""
+        if self.disk is not None:
+            self.disk.check()
+
     def _wait_started(self, process: ModuleProcess, event: str, offset: int) -> None:
         def started() -> bool:
             if not process.running:
@@ -331,6 +364,10 @@ class LocalStack:
         if self.objects is not None:
             self.objects.terminate()
             statuses[self.objects.name] = self.objects.wait()
+        if self._disk_redis is not None:
+            self._disk_redis.close()
+            self._disk_redis = None
+        self.disk = None
         if self._lock is not None:
             self._lock.release()
         return statuses
@@ -351,6 +388,13 @@ class LocalStack:
         self.notify(f"outputs of this run archived in {archived.folder}: {counts}")
         if archived.error is not None:
             self.notify(f"the outputs archive may miss the last messages: {archived.error}")
+
+
+def _device(path: Path) -> int | None:
+    try:
+        return path.stat().st_dev
+    except OSError:
+        return None
 
 
 def _log_size(path: Path) -> int:

@@ -6,6 +6,7 @@ docs/operating.md.
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any, Final
 
@@ -28,6 +29,7 @@ from crawlctl.status.model import (
     source_eta,
     totals,
 )
+from image_crawler.contract import CrawlPause
 
 JSON_VERSION: Final = 1
 
@@ -71,6 +73,12 @@ def source_json(source: SourceStatus) -> dict[str, Any]:
     }
 
 
+def _pause_json(pause: CrawlPause | None) -> dict[str, Any] | None:
+    """``crawl_paused`` as it is in Redis (``CrawlPause``'s fields), None while the crawl
+    runs."""
+    return None if pause is None else json.loads(pause.to_json())
+
+
 def status_json(
     status: CrawlStatus, *, sort: str = DEFAULT_SORT, top: int | None = None
 ) -> dict[str, Any]:
@@ -106,6 +114,7 @@ def status_json(
             "rechecks": dict(status.rechecks),
             "urls_lost": total.urls_lost,
             "hosts": hosts.counted() if hosts is not None else None,
+            "paused": _pause_json(status.paused),
         },
         "sources": [source_json(source) for source in shown],
     }

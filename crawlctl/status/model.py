@@ -36,6 +36,7 @@ from image_crawler.contract import (
     BACKLOG_AT,
     BACKLOG_HASH,
     CRAWL_DELAY_PREFIX,
+    CRAWL_PAUSED_KEY,
     HALTED_SET,
     INBOUND_SOURCES_SET,
     LAST_50_PREFIX,
@@ -54,6 +55,7 @@ from image_crawler.contract import (
     ROBOTS_EXEMPT_SET,
     TEMP_HALTED_SET,
     URLS_LOST,
+    CrawlPause,
     MalformedMessage,
     PacingInfo,
     Status,
@@ -86,6 +88,7 @@ _ARGV: Final = (
     URLS_LOST,
     Status.NO_INDEX,
     RECHECKS_HASH,
+    CRAWL_PAUSED_KEY,
 )
 # Every per-status error counter, resize_errors:{source}:{status}; source names and
 # statuses hold no ':'.
@@ -156,6 +159,8 @@ class CrawlStatus:
     errors_by_reason: Mapping[str, int] = dataclasses.field(default_factory=dict)
     # Every source's re-checks (``rechecks``) summed by status, in RECHECK_STATUSES order.
     rechecks: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    # The whole crawl is paused (``crawl_paused``: a full disk, an operator); None: not.
+    paused: CrawlPause | None = None
 
 
 def _int(value: Any) -> int | None:
@@ -339,7 +344,12 @@ def parse_status(payload: str | bytes, reason_keys: Sequence[str] = ()) -> Crawl
         backlog_age_s=None if measured_at is None or now is None else now - measured_at,
         errors_by_reason=_by_count(total_reasons),
         rechecks=_in_check_order(total_rechecks),
+        paused=_pause(data.get("paused")),
     )
+
+
+def _pause(value: Any) -> CrawlPause | None:
+    return CrawlPause.from_json(value) if isinstance(value, str) else None
 
 
 async def reason_keys(redis: aioredis.Redis) -> list[str]:

@@ -390,7 +390,7 @@ def status_table(
     without the ``hidden`` columns (by header); totals in the caption."""
     # No side borders and one space between columns: the pacing's reason gets the width.
     table = Table(
-        title="image-crawler status",
+        title=status_title(status),
         caption_justify="left",
         box=box.SIMPLE_HEAD,
         show_edge=False,
@@ -408,6 +408,16 @@ def status_table(
         table.add_row("(no source yet)", *[""] * (len(columns) - 1))
     table.caption = "\n".join(_caption(status, sort, len(shown), hidden, note))
     return table
+
+
+def status_title(status: CrawlStatus) -> Text | str:
+    """The table's title; while the whole crawl is paused (``crawl_paused``), why, first
+    and in red: no source gets a request until it is lifted."""
+    if status.paused is None:
+        return "image-crawler status"
+    title = Text("image-crawler status\n")
+    title.append(f"CRAWL PAUSED: {status.paused.message}", style="bold red")
+    return title
 
 
 def _caption(

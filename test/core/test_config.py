@@ -23,6 +23,7 @@ from structlog.testing import capture_logs
 from crawl_monitor.settings import MonitorSettings
 from crawlctl.commands import up
 from crawlctl.connections import kafka_settings, redis_settings
+from crawlctl.localstack.disk import disk_reserve_bytes
 from crawlctl.localstack.stack import StackSettings, crawler_env, monitor_metrics_port
 from image_crawler import healthcheck
 from image_crawler.config import (
@@ -374,8 +375,8 @@ def deprecated_table(text: str | None = None) -> dict[str, str]:
 def cli_names_read() -> set[str]:
     """The variables image-crawler reads: every subcommand's Kafka and Redis connection,
     from ``os.environ`` (here a recording), and what ``up`` reads before starting a local
-    crawl (``LocalStack.start`` hands ``os.environ`` to ``crawler_env`` and
-    ``monitor_metrics_port``)."""
+    crawl (``LocalStack.start`` hands ``os.environ`` to ``crawler_env``,
+    ``monitor_metrics_port`` and ``disk_reserve_bytes``)."""
     env = RecordingEnv()
     with mock.patch.object(os, "environ", env):
         kafka_settings(argparse.Namespace(kafka=None))
@@ -383,6 +384,7 @@ def cli_names_read() -> set[str]:
         up._sources_file(None)
     crawler_env(StackSettings(Path("data"), Path("thumbnails")), "kafka:9092", "redis://r", env)
     monitor_metrics_port(env)
+    disk_reserve_bytes(env)
     return env.read
 
 
@@ -418,6 +420,7 @@ ENVIRONMENT_USERS: dict[str, str | None] = {
     "crawlctl/localstack/stack.py:LocalStack.start": "image-crawler",
     "crawlctl/localstack/processes.py:ModuleProcess.start": None,
     "crawlctl/localstack/services.py:KafkaBroker._env": None,
+    "crawlctl/localstack/objects.py:ObjectStore._env": None,
 }
 PACKAGES = ("image_crawler", "worker", "crawl_monitor", "crawlctl")
 _ENVIRONMENT = {"environ", "environb", "getenv", "getenvb"}

@@ -136,3 +136,26 @@ def test_configuring_twice_does_not_repeat_lines() -> None:
         """
     )
     assert [event["event"] for event in events] == ["once"]
+
+
+def test_an_event_that_cannot_be_written_is_dropped_and_counted_not_raised():
+    # stdout on /dev/full: every write fails with ENOSPC, as on a full disk.
+    script = (
+        "from image_crawler.logs import configure_logging, dropped_lines, get_logger\n"
+        "configure_logging('INFO')\n"
+        "log = get_logger('t')\n"
+        "log.warning('disk_full', free_bytes=0)\n"
+        "log.info('still_here')\n"
+        "import sys; sys.stderr.write(f'dropped {dropped_lines()}')\n"
+    )
+    with open("/dev/full", "w") as full:
+        result = subprocess.run(
+            [sys.executable, "-c", script],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=RUN_TIMEOUT_S,
+            check=False,
+        )
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.endswith("dropped 2")

@@ -44,8 +44,9 @@ async def test_the_json_has_every_field_with_numbers_as_numbers(redis: Redis) ->
         "sources", "sources_shown", "sort", "successes", "errors", "split", "malformed",
         "effective_rps", "configured_rps", "backlog", "backlog_age_s", "backlog_stale",
         "eta_s", "eta_source", "stalled_sources", "stalled_backlog", "unknown_eta_sources",
-        "errors_by_reason", "rechecks", "urls_lost", "hosts",
+        "errors_by_reason", "rechecks", "urls_lost", "hosts", "paused",
     }  # fmt: skip
+    assert general["paused"] is None
     assert general["sources"] == general["sources_shown"] == 6 and general["sort"] == "backlog"
     assert (general["successes"], general["errors"], general["split"]) == (13224, 9, 20000)
     assert general["backlog"] == 2_105_712 and 7 <= general["backlog_age_s"] < 9

@@ -7,7 +7,7 @@
 -- Answers JSON {"sources": {name: {...}}, "halted": [...], "temp_halted": [...],
 -- "robots_exempt": [...], "reasons": [the count of each of KEYS, in order, or false],
 -- "rechecks": [field, count, ...] (HGETALL of the hash rechecks), "backlog_at": ...,
--- "totals": {...}, "now": [seconds, microseconds]}. A key of the wrong type reads as
+-- "totals": {...}, "now": [seconds, microseconds], "paused": crawl_paused or false}. A key of the wrong type reads as
 -- absent rather than failing the view. "now" is Redis's clock, not the operator's: the
 -- workers write pace_next from Redis's TIME, so only that clock compares with it.
 local inbound, halted_set, temp_set, rates_hash = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
@@ -16,6 +16,7 @@ local override_prefix, alias_prefix, split, malformed = ARGV[9], ARGV[10], ARGV[
 local pace_next_prefix, exempt_set, crawl_delay_prefix = ARGV[13], ARGV[14], ARGV[15]
 local disallowed_status, backlog_hash, backlog_at = ARGV[16], ARGV[17], ARGV[18]
 local lost_prefix, no_index_status, rechecks_hash = ARGV[19], ARGV[20], ARGV[21]
+local paused_key = ARGV[22]
 
 local function call(...)
   local reply = redis.pcall(...)
@@ -82,6 +83,7 @@ return cjson.encode({
   sources = sources, halted = halted, temp_halted = temp, robots_exempt = exempt,
   reasons = reasons, rechecks = call('HGETALL', rechecks_hash) or {},
   backlog_at = call('GET', backlog_at), now = redis.call('TIME'),
+  paused = call('GET', paused_key),
   totals = {
     num_resized = call('GET', resized), resize_errors = call('GET', errors),
     num_split = call('GET', split), num_malformed = call('GET', malformed),
