@@ -1,6 +1,7 @@
 # The few commands people type. CI (.ci/run) runs `make test`'s command, then lint,
-# typecheck and the documentation's strict build, then compose-check.
-.PHONY: install test lint format typecheck demo docs docs-build constraints compose-check
+# typecheck and the documentation's strict build, then two fault campaigns (chaos), then
+# compose-check.
+.PHONY: install test lint format typecheck demo docs docs-build constraints compose-check chaos
 
 install:
 	python3 -m venv .venv && . .venv/bin/activate && pip install -q -c constraints.txt -e '.[test]'
@@ -59,3 +60,11 @@ constraints:
 compose-check:
 	test -d .venv || $(MAKE) install
 	. .venv/bin/activate && python -m deploy.compose_check
+
+# The fault campaign (docs/guarantees.md#the-fault-campaign): the crawl on a local stack of
+# real services, faults drawn from a seed for CHAOS_MINUTES, then the ledger's checks;
+# CHAOS_SEED=N replays a campaign. One summary line, PASS or FAIL (the exit status).
+CHAOS_MINUTES ?= 5
+chaos:
+	test -d .venv || $(MAKE) install
+	. .venv/bin/activate && python -m chaos --minutes $(CHAOS_MINUTES) $(if $(CHAOS_SEED),--seed $(CHAOS_SEED))

@@ -19,7 +19,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 BASE = "image_crawler"
 ROOMS = ("worker", "crawl_monitor", "crawlctl")
-OURS = (BASE, *ROOMS, "test", "bench")
+OURS = (BASE, *ROOMS, "test", "bench", "chaos")
 MAX_FUNCTION_LINES = 60
 
 

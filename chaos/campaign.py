@@ -1,0 +1,239 @@
+"""One campaign: the stack up, the feed and the ledger running, faults for the set time,
+the halted source resumed, every uuid waited for, then the checks and one summary line."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from chaos import checks, plan
+from chaos.faults import Faults
+from chaos.ledger import OUTPUT_TOPICS, Ledger, feed, read_outputs
+from chaos.stack import BUCKET, Census, Stack
+from image_crawler import contract as c
+from image_crawler.lifecycle import cancel_and_wait
+from test.harness.services import create_topics, list_keys
+
+# The halted source is halted from this share of the fault period to its end.
+HALT_FROM: float = 0.3
+INBOUND_PARTITIONS = 4
+
+
+def say(message: str) -> None:
+    print(f"{time.strftime('%H:%M:%S')} {message}", flush=True)
+
+
+@dataclasses.dataclass(slots=True)
+class Halt:
+    """The operator's halt of ``plan.HALTED_SOURCE``, and every look at it meanwhile."""
+
+    start: float = 0.0
+    end: float = 0.0
+    looks: list[tuple[float, str, bool]] = dataclasses.field(default_factory=list)
+
+    @property
+    def spans(self) -> list[tuple[float, float]]:
+        return [(self.start, self.end)] if self.start else []
+
+    def held(self) -> bool:
+        return all(member for _, _, member in self.looks)
+
+
+class Campaign:
+    def __init__(self, run_dir: Path, seed: int, minutes: float, drain_timeout_s: float) -> None:
+        self.run_dir = run_dir
+        self.seed = seed
+        self.duration_s = minutes * 60
+        self.drain_timeout_s = drain_timeout_s
+        self.stack = Stack(run_dir)
+        self.census = Census()
+        self.ledger = Ledger(run_dir / "ledger.jsonl")
+        self.faults = Faults(self.stack, seed, say)
+        self.halt = Halt()
+        self.redis: Redis | None = None
+        self.drain_s: float | None = None
+
+    async def run(self) -> dict[str, Any]:
+        self.census.start()
+        try:
+            await asyncio.to_thread(self.stack.start_services)
+            assert self.stack.broker is not None and self.stack.origin is not None
+            bootstrap = self.stack.broker.bootstrap
+            await create_topics(bootstrap, [c.INBOUND_TOPIC], partitions=INBOUND_PARTITIONS)
+            await create_topics(bootstrap, OUTPUT_TOPICS)
+            self.redis = Redis.from_url(self.stack.redis.url, socket_timeout=5)
+            self.stack.start_crawlers()
+            say(f"stack up in {self.run_dir}; faults for {self.duration_s:.0f} s")
+            await self._crawl(bootstrap, self.stack.origin.port)
+            return await self._finish()
+        finally:
+            await asyncio.to_thread(self._stop)
+
+    async def _crawl(self, bootstrap: str, port: int) -> None:
+        urls: asyncio.Queue[plan.Url] = asyncio.Queue()
+        tasks = [
+            asyncio.create_task(feed(self.ledger, bootstrap, urls)),
+            asyncio.create_task(read_outputs(self.ledger, bootstrap)),
+        ]
+        start = time.time()
+        until = start + self.duration_s
+        self.faults.after_redis = self._look_at_halt
+        try:
+            await asyncio.gather(
+                self._feed(urls, port, until),
+                self.faults.run(until),
+                self._halt_during(start + HALT_FROM * self.duration_s, until),
+            )
+            await self._drain(urls)
+        finally:
+            await cancel_and_wait(tasks)
+
+    async def _feed(self, urls: asyncio.Queue[plan.Url], port: int, until: float) -> None:
+        source = plan.Feed(self.seed, port)
+        next_at = time.time()
+        while next_at < until:
+            for url in source.second():
+                urls.put_nowait(url)
+            next_at += 1.0
+            await asyncio.sleep(max(0.0, next_at - time.time()))
+
+    async def _halt_during(self, start: float, until: float) -> None:
+        await asyncio.sleep(max(0.0, start - time.time()))
+        await self._redis_retrying("SADD", c.HALTED_SET, plan.HALTED_SOURCE)
+        self.halt.start = time.time()
+        say(f"halted {plan.HALTED_SOURCE} (SADD halted)")
+        while time.time() < until:
+            await asyncio.sleep(5.0)
+            await self._look_at_halt("look")
+        await self.faults.finished.wait()  # faults still running past the fault period
+        await self._look_at_halt("end")
+        await self._redis_retrying("SREM", c.HALTED_SET, plan.HALTED_SOURCE)
+        self.halt.end = time.time()
+        say(f"resumed {plan.HALTED_SOURCE} (SREM halted)")
+
+    async def _look_at_halt(self, why: str) -> None:
+        if not self.halt.start or self.halt.end:
+            return
+        member = await self._redis_retrying("SISMEMBER", c.HALTED_SET, plan.HALTED_SOURCE)
+        self.halt.looks.append((time.time(), why, bool(member)))
+        if not member:
+            say(f"{plan.HALTED_SOURCE} is not in halted any more ({why})")
+
+    async def _redis_retrying(self, *command: str, timeout_s: float = 120.0) -> Any:
+        assert self.redis is not None
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                return await self.redis.execute_command(*command)
+            except (RedisError, OSError):
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.5)
+
+    async def _drain(self, urls: asyncio.Queue[plan.Url]) -> None:
+        last_fault = max((f.ended for f in self.faults.done), default=time.time())
+        say(f"faults over ({len(self.faults.done)}); waiting for every uuid to end")
+        deadline = time.monotonic() + self.drain_timeout_s
+        while time.monotonic() < deadline:
+            if urls.empty() and not self.ledger.unended():
+                self.drain_s = time.time() - last_fault
+                say(f"every uuid ended, {self.drain_s:.0f} s after the last fault")
+                return
+            await asyncio.sleep(1.0)
+        say(f"{len(self.ledger.unended())} uuids had not ended after {self.drain_timeout_s:.0f} s")
+
+    async def _finish(self) -> dict[str, Any]:
+        keys = await asyncio.to_thread(list_keys, self.stack.s3.endpoint_url, BUCKET)
+        missing = sorted(u for u in self.ledger.resolved if f"{u}.jpg" not in keys)
+        return {"thumbnails_missing": missing}
+
+    def _stop(self) -> None:
+        with contextlib.suppress(Exception):
+            self.exit_codes = self.stack.stop()
+        self.census.note()
+        self.census.stop()
+        self.ledger.close()
+
+
+def summarize(campaign: Campaign, extra: dict[str, Any]) -> tuple[str, dict[str, Any], bool]:
+    """The summary line, the summary's JSON, and whether every check passed."""
+    requests = campaign.stack.origin.requests() if campaign.stack.origin else []
+    ends = checks.check_ends(campaign.ledger.produced, campaign.ledger.ends)
+    windows = checks.pacing_windows(requests)
+    over = [str(w) for w in windows if w.seen > w.bound]
+    over_strict = [str(w) for w in windows if w.strict > w.bound]
+    worst = checks.worst_window(windows)
+    retry_after = checks.retry_after_broken(requests)
+    halted_requests = checks.requests_while_halted(
+        requests, plan.HALTED_SOURCE, campaign.halt.spans
+    )
+    leftovers = campaign.census.alive()
+    codes = getattr(campaign, "exit_codes", {})
+    bad_exits = {name: code for name, code in codes.items() if code not in (0,)}
+    faults = campaign.faults.counts()
+    passed = not (
+        ends.lost
+        or ends.wrong
+        or extra["thumbnails_missing"]
+        or over
+        or retry_after
+        or halted_requests
+        or not campaign.halt.held()
+        or leftovers
+        or bad_exits
+        or campaign.drain_s is None
+    )
+    worst_text = str(worst and dataclasses.replace(worst, gaps_ms=()))
+    kinds = " ".join(f"{k}={v}" for k, v in sorted(faults.items()))
+    drain = "NEVER" if campaign.drain_s is None else f"{campaign.drain_s:.0f}s"
+    line = (
+        f"chaos seed={campaign.seed} minutes={campaign.duration_s / 60:g} "
+        f"faults={sum(faults.values())} ({kinds}) "
+        f"uuids={len(campaign.ledger.produced)} lost={len(ends.lost)} wrong={len(ends.wrong)} "
+        f"duplicates={ends.duplicates} thumbnails_missing={len(extra['thumbnails_missing'])} "
+        f"worst_window='{worst_text}' over_bound={len(over)} (strict {len(over_strict)}) "
+        f"retry_after_broken={len(retry_after)} "
+        f"halted_held={'yes' if campaign.halt.held() else 'NO'}({len(campaign.halt.looks)} looks, "
+        f"{len(halted_requests)} requests) leftovers={len(leftovers)} bad_exits={len(bad_exits)} "
+        f"drain={drain}: "
+        f"{'PASS' if passed else 'FAIL'}"
+    )
+    summary = {
+        "seed": campaign.seed,
+        "minutes": campaign.duration_s / 60,
+        "passed": passed,
+        "faults": dict(faults),
+        "fault_log": [dataclasses.asdict(f) for f in campaign.faults.done],
+        "uuids": len(campaign.ledger.produced),
+        "produce_retries": campaign.ledger.produce_failures,
+        "ledger_consumer_restarts": campaign.ledger.consumer_restarts,
+        "lost": ends.lost[:100],
+        "wrong": ends.wrong[:100],
+        "duplicates": ends.duplicates,
+        "deliveries": ends.deliveries,
+        "thumbnails_missing": extra["thumbnails_missing"][:100],
+        "requests": len(requests),
+        "statuses": {str(k): v for k, v in sorted(checks.statuses(requests).items())},
+        "worst_window": str(worst),
+        "over_bound": over,
+        "over_bound_strict": over_strict,
+        "retry_after_broken": retry_after[:100],
+        "halt": dataclasses.asdict(campaign.halt),
+        "requests_while_halted": halted_requests[:100],
+        "leftovers": leftovers,
+        "exit_codes": codes,
+        "drain_s": campaign.drain_s,
+    }
+    return line, summary, passed
+
+
+def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
