@@ -485,14 +485,28 @@ class Pipeline:
             key = key_of(source, hop, self._pacing_key)
         except ValueError:
             return None  # the fetcher refuses what it cannot request
-        return await self._pacer.acquire(key)
+        while True:
+            granted = self._pacer.acquire(key)
+            status = await granted
+            if status is not None or not self._pacer.started_late(granted):
+                return status
 
     async def _take_slot(self, key: HostKey, task: SourceTask) -> str | None:
         """Wait for the host's slot; None, or the status the URL ends with instead."""
+        while True:
+            future = asyncio.ensure_future(self._pacer.acquire(key, defer=True))
+            status = await self._slot_or_status(key, task, future)
+            # A slot the loop resumed this request too late for is given up (the pacer's
+            # late limit): the request asks again.
+            if status is not None or not self._pacer.started_late(future):
+                return status
+
+    async def _slot_or_status(
+        self, key: HostKey, task: SourceTask, future: asyncio.Future[str | None]
+    ) -> str | None:
         source = key.source
         # Deferrable: a host that will not be served for long raises HostWaits, and the
         # URL waits in the scheduler's queue of its host, not in a task slot.
-        future = asyncio.ensure_future(self._pacer.acquire(key, defer=True))
         waited_s = 0.0
         try:
             # ``wait``, not ``wait_for``: it leaves the slot's future alone at the timeout

@@ -49,6 +49,9 @@ class FakePacer:
     def interval_of(self, key: HostKey) -> float | None:
         return None
 
+    def started_late(self, granted: Any) -> bool:
+        return False
+
     def acquire(self, key: HostKey, *, defer: bool = False) -> asyncio.Future[str | None]:
         future: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
         if defer and key.host in self.halted:
