@@ -1,4 +1,5 @@
-"""The local thumbnail store, the setting that chooses a store, and ``Stalls``."""
+"""The local thumbnail store, the setting that chooses a store, ``Stalls``, and which of the
+broker's errors a publish waits out."""
 
 from __future__ import annotations
 
@@ -6,8 +7,10 @@ import asyncio
 import os
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
+from aiokafka import errors as aiokafka_errors
 from botocore.exceptions import BotoCoreError
 from structlog.testing import capture_logs
 
@@ -15,6 +18,7 @@ from image_crawler.config import ConfigError
 from test.harness.services import wait_for
 from worker.settings import ThumbnailSettings, WorkerSettings
 from worker.sinks.base import DependencyError, Stalls
+from worker.sinks.kafka import KafkaSink
 from worker.sinks.local import LocalThumbnailStore
 
 
@@ -171,3 +175,32 @@ async def test_cancelling_the_watch_cancels_the_call() -> None:
     watch.cancel()
     await asyncio.wait_for(cancelled.wait(), 1)
     assert stalls.stuck == 0
+
+
+class FailingProducer:
+    """An AIOKafkaProducer whose every delivery fails with ``error``."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    async def send(self, topic: str, value: bytes, key: bytes | None = None) -> Any:
+        delivery = asyncio.get_running_loop().create_future()
+        delivery.set_exception(self.error)
+        return delivery
+
+
+@pytest.mark.parametrize(
+    ("error", "retriable"),
+    [
+        # tansu answers -1 to what was in flight when it is continued after a SIGSTOP
+        # (the fault campaign): published again, not a dead letter.
+        (aiokafka_errors.UnknownError(), True),
+        (aiokafka_errors.RequestTimedOutError(), True),
+        (aiokafka_errors.MessageSizeTooLargeError(), False),
+    ],
+)
+async def test_a_broker_s_unknown_error_is_published_again_a_final_one_is_not(error, retriable):
+    sink = KafkaSink(FailingProducer(error))  # type: ignore[arg-type]
+    with pytest.raises(DependencyError) as caught:
+        await sink.publish("image_metadata_updates", b"{}")
+    assert caught.value.retriable is retriable

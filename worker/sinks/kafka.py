@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from aiokafka import AIOKafkaProducer
-from aiokafka.errors import KafkaError
+from aiokafka.errors import KafkaError, UnknownError
 
 from worker.sinks.base import DependencyError, Stalls
 
@@ -17,9 +17,21 @@ class KafkaSink:
         try:
             await self._stalls.watch("publish", self._send(topic, value, key))
         except KafkaError as e:
-            raise DependencyError("kafka", e, retriable=getattr(e, "retriable", True)) from e
+            raise DependencyError("kafka", e, retriable=_retriable(e)) from e
 
     async def _send(self, topic: str, value: bytes, key: bytes | None) -> None:
         # send() itself waits while the producer's buffer is full (a broker that is away).
         delivery = await self._producer.send(topic, value, key=key)
         await delivery
+
+
+def _retriable(error: KafkaError) -> bool:
+    """Whether to publish again. aiokafka's own verdict, but for UNKNOWN_SERVER_ERROR (-1),
+    which it calls final: the broker failed inside, and may well not the next time. The
+    fault campaign saw tansu answer it to every produce in flight when it was continued
+    after 38 s stopped (SIGSTOP); called final, the URLs whose outputs were being
+    published ended in crawl_errors as InternalError, good images among them. A URL
+    whose output cannot be published waits, as for a broker that is away."""
+    if isinstance(error, UnknownError):
+        return True
+    return bool(getattr(error, "retriable", True))
