@@ -42,6 +42,8 @@ ACCESS_KEY: Final = "tansu"
 # is small (~50 MiB more live with 1,000,000). Collecting at 25 % growth: 231 MiB with
 # 300,000 queued, 254 MiB with 1,000,000 produced and read, at the same produce throughput.
 GO_RUNTIME_ENV: Final = {"GOGC": "25"}
+MIB: Final = 1024 * 1024
+DEFAULT_MIN_FREE_BYTES: Final = 64 * MIB
 
 
 def weed_binary() -> str:
@@ -78,6 +80,8 @@ class ObjectStore(Service):
         self.data_dir = Path(data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.ports: dict[str, int] = {}
+        # Below this free on its disk, its volumes turn read-only (see _command).
+        self.min_free_bytes = DEFAULT_MIN_FREE_BYTES
 
     @property
     def endpoint(self) -> str:
@@ -127,8 +131,9 @@ class ObjectStore(Service):
             "-volume.preStopSeconds=0",
             # Its volumes turn read-only below 1 % of the disk free by default, which on a
             # disk over 25 GiB is more than up's own reserve (DISK_RESERVE_MB, 256): the
-            # broker's writes would be refused before up pauses the crawl (disk.py).
-            "-volume.minFreeSpace=64MiB",
+            # broker's writes would be refused before up pauses the crawl (disk.py). So a
+            # quarter of the reserve (up sets it), and never more than the disk has.
+            f"-volume.minFreeSpace={max(1, self.min_free_bytes // MIB)}MiB",
         ]
 
     def _env(self) -> Mapping[str, str]:

@@ -248,6 +248,9 @@ class LocalStack:
                 service.pass_fds = self._lock_fds()
             if self.objects is not None:
                 self._new_broker = not any(self.objects.data_dir.iterdir())
+                # SeaweedFS refuses writes below this: well under the point where up
+                # pauses the crawl, so that what is in flight then still fits.
+                self.objects.min_free_bytes = reserve_bytes // 4
                 self.objects.start()
                 self.broker.storage_env = self.objects.client_env
             self.broker.start()
