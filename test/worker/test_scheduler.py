@@ -817,3 +817,36 @@ async def test_urls_read_again_while_their_first_run_waits_for_a_slot_all_run(fa
     assert parked == []
     stop.set()
     await task
+
+
+class SkippingConsumer(FakeConsumer):
+    """Answers its first fetch of a partition without the record at ``skip`` (as tansu on
+    S3 was seen to: a later batch than asked for), then as it should."""
+
+    def __init__(self, messages: dict[TopicPartition, int], skip: int) -> None:
+        super().__init__(messages)
+        self.skip = skip
+        self.skipped = 0
+
+    async def getmany(self, timeout_ms=0, max_records=None):
+        batches = await super().getmany(timeout_ms, max_records)
+        for tp, records in batches.items():
+            if not self.skipped and any(r.offset == self.skip for r in records):
+                self.skipped += 1
+                batches[tp] = [r for r in records if r.offset != self.skip]
+        return batches
+
+
+async def test_a_record_a_fetch_skipped_is_read_again_not_committed_past(fake_redis):
+    handler = Handler()
+    consumer = SkippingConsumer({tp("skip"): 10}, skip=4)
+    with capture_logs() as logs:
+        consumer, _scheduler, stop, task = await start(
+            fake_redis, {tp("skip"): 10}, handler, consumer=consumer
+        )
+        await wait(lambda: consumer.commits.get(tp("skip")) == 10)
+        stop.set()
+        await task
+    assert consumer.skipped == 1
+    assert b"urls.skip:4" in handler.done
+    assert [e["offset"] for e in logs if e["event"] == "fetch_skipped"] == [4]
