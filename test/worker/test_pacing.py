@@ -25,6 +25,7 @@ from test.harness.services import wait_for
 from test.harness.windows import max_in_window
 from worker.politeness.hosts import DELAY_SHARE, HostKey, HostSettings
 from worker.politeness.pacing import (
+    MAX_LATE_IN_ROW,
     HostWaits,
     PacingSettings,
     RedisPacer,
@@ -198,6 +199,24 @@ async def test_a_slot_already_past_when_its_answer_is_read_late_is_given_up(redi
         assert not waiting.done()
         stalling.stalling = False
         await asyncio.wait_for(waiting, 5)  # its request asked again and had a slot
+    finally:
+        await cancel_and_wait([task])
+        pacer.close()
+
+
+async def test_a_worker_always_late_still_starts_one_slot_in_four(redis):
+    # A loop that lags past the late limit at every answer (a worker starved of CPU):
+    # every slot comes due as it is read. Giving them all up, the host would get no
+    # request at all; after three in a row, the fourth starts.
+    stalling = StallingRedis(redis, stall_s=0.15)
+    pacer = RedisPacer(stalling, PacingSettings(no_rate_retry_s=0.05), FAST_START)  # type: ignore[arg-type]
+    task = asyncio.create_task(pacer.run())
+    try:
+        await redis.set(c.pace_rate_key(SOURCE), "10")
+        late_before = REGISTRY.get_sample_value("crawler_pacing_slots_late_total") or 0.0
+        await asyncio.wait_for(pacer.acquire(KEY), 10)
+        late = REGISTRY.get_sample_value("crawler_pacing_slots_late_total") - late_before
+        assert late == MAX_LATE_IN_ROW
     finally:
         await cancel_and_wait([task])
         pacer.close()

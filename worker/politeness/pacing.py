@@ -120,6 +120,8 @@ MIN_LATENESS_S: Final = 0.002
 LATE_FLOOR_S: Final = 0.01
 # From this interval on, a slot already past when its answer is read is judged too.
 PAST_JUDGED_FROM_S: Final = 0.02
+# After this many slots of a host given up in a row for lateness, the next starts late.
+MAX_LATE_IN_ROW: Final = 3
 LATE_SHARE: Final = 1 - DELAY_SHARE
 
 
@@ -260,8 +262,10 @@ class RedisPacer:
         self._sequence = itertools.count()
         # Requests started, until they resume: their slot's loop time and interval.
         self._slots_of: weakref.WeakKeyDictionary[
-            asyncio.Future[str | None], tuple[float, float]
+            asyncio.Future[str | None], tuple[float, float, HostKey]
         ] = weakref.WeakKeyDictionary()
+        # Slots given up for lateness in a row, per host (``_give_up``).
+        self._late_in_row: Counter[HostKey] = Counter()
         # Pauses (Retry-After) Redis was away for: host -> loop time they end.
         self._unsent_pauses: dict[HostKey, float] = {}
         self._pauses_unsent = asyncio.Event()
@@ -463,6 +467,7 @@ class RedisPacer:
             self._promised.pop(key, None)
             self._next_ask.pop(key, None)
             self._granted_at.pop(key, None)
+            self._late_in_row.pop(key, None)
 
     # --- the loop ------------------------------------------------------------------------
     async def run(self) -> None:
@@ -651,13 +656,29 @@ class RedisPacer:
         if promised and self._promised[key] > 0:
             self._promised[key] -= 1
         late_s = asyncio.get_running_loop().time() - slot
-        if late_s > late_limit(interval_s) and (promised or interval_s >= PAST_JUDGED_FROM_S):
-            SLOTS_LATE.inc()
-            self._schedule(key)  # its request asks again
-            return
+        judged = promised or interval_s >= PAST_JUDGED_FROM_S
+        if judged and late_s > late_limit(interval_s):
+            if self._give_up(key):
+                self._schedule(key)  # its request asks again
+                return
+        else:
+            self._late_in_row.pop(key, None)
         started = self._start_oldest(key)
         if started is not None:
-            self._slots_of[started] = (slot, interval_s)
+            self._slots_of[started] = (slot, interval_s, key)
+
+    def _give_up(self, key: HostKey) -> bool:
+        """Whether to give up a late slot of ``key``: yes, but for the slot after
+        ``MAX_LATE_IN_ROW`` given up in a row, which starts late. A worker whose loop lags
+        more than the late limit all the time (starved of CPU) would otherwise never
+        start a request of a host whose slots all come due as it asks (seen: a host at
+        1/s paced on for 18 minutes, its slots taken and given up, no request made)."""
+        if self._late_in_row[key] >= MAX_LATE_IN_ROW:
+            self._late_in_row.pop(key, None)
+            return False
+        self._late_in_row[key] += 1
+        SLOTS_LATE.inc()
+        return True
 
     def _start_oldest(self, key: HostKey) -> asyncio.Future[str | None] | None:
         """Start the oldest live request of ``key`` (a slot outlives a cancelled one)."""
@@ -675,13 +696,13 @@ class RedisPacer:
         round to it: a loop busy meanwhile (a batch of records read, an answer decoded)
         would send it late, next to the following slot. The fault campaign saw a worker's
         requests of two sources go out together, 19 and 24 ms apart at 5 and 10/s."""
-        slot_interval = self._slots_of.pop(granted, None)  # type: ignore[call-overload]
-        if slot_interval is None:
+        started = self._slots_of.pop(granted, None)  # type: ignore[call-overload]
+        if started is None:
             return False
-        slot, interval_s = slot_interval
+        slot, interval_s, key = started
         if asyncio.get_running_loop().time() - slot > late_limit(interval_s):
-            SLOTS_LATE.inc()
-            return True
+            return self._give_up(key)
+        self._late_in_row.pop(key, None)
         return False
 
     def _end_all(self, key: HostKey, status: str) -> None:
