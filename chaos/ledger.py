@@ -18,6 +18,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 
 from chaos import plan
+from deploy.compose_check.outcomes import HoleCheck
 from image_crawler import contract as c
 
 OUTPUT_TOPICS = (c.METADATA_TOPIC, c.LINK_ROT_TOPIC, c.CRAWL_ERRORS_TOPIC)
@@ -33,6 +34,8 @@ class Ledger:
         self.resolved: set[str] = set()
         self.positions: dict[TopicPartition, int] = {}
         self.consumer_restarts = 0
+        # Offsets a fetch skipped (read again): the broker's fault, not the crawler's.
+        self.reader_holes = 0
 
     def note_produced(self, url: plan.Url) -> None:
         self.produced[url.uuid] = url
@@ -121,12 +124,15 @@ async def read_outputs(ledger: Ledger, bootstrap: str) -> None:
         try:
             await consumer.start()
             await _assign(consumer, ledger)
+            reader = HoleCheck(consumer)
             while True:
                 batches = await consumer.getmany(timeout_ms=500)
                 for tp, records in batches.items():
-                    for r in records:
+                    for r in reader.contiguous(tp, records):
                         ledger.note_output(r.topic, r.partition, r.offset, r.value, r.timestamp)
                         ledger.positions[tp] = r.offset + 1
+                ledger.reader_holes += reader.holes
+                reader.holes = 0
         except KafkaError:
             ledger.consumer_restarts += 1
             await asyncio.sleep(1.0)

@@ -5,6 +5,7 @@ something."""
 from __future__ import annotations
 
 from chaos import checks, plan
+from deploy.compose_check.outcomes import HoleCheck
 from image_crawler import contract as c
 
 A1, A2 = plan.SOURCES[0].hosts[0].address, plan.SOURCES[0].hosts[1].address
@@ -102,3 +103,30 @@ def test_two_requests_closer_than_the_window_by_less_than_the_pacer_s_lateness_p
     assert (window.seen, window.strict, window.bound) == (1, 2, 1)
     closer = [(100.0, host, "/ok/1.jpg", 200, 0), (100.085, host, "/ok/2.jpg", 200, 0)]
     assert any(w.seen > w.bound for w in checks.pacing_windows(closer))
+
+
+class Seeking:
+    def __init__(self) -> None:
+        self.seeks: list[tuple[str, int]] = []
+
+    def seek(self, partition: str, offset: int) -> None:
+        self.seeks.append((partition, offset))
+
+
+class Record:
+    def __init__(self, offset: int) -> None:
+        self.offset = offset
+
+
+def test_a_reader_reads_again_once_what_a_fetch_skipped():
+    # The outputs' reader (chaos' ledger and the compose check's): the stand-in broker
+    # once answered a fetch past a record, which then looked lost.
+    consumer = Seeking()
+    reader = HoleCheck(consumer)
+    offsets = [r.offset for r in reader.contiguous("p", [Record(0), Record(1), Record(3)])]
+    assert offsets == [0, 1] and consumer.seeks == [("p", 2)] and reader.holes == 1
+    assert [r.offset for r in reader.contiguous("p", [Record(2), Record(3)])] == [2, 3]
+    # A hole read again is taken as it is the second time (records really gone).
+    assert [r.offset for r in reader.contiguous("p", [Record(6)])] == []
+    assert [r.offset for r in reader.contiguous("p", [Record(6)])] == [6]
+    assert consumer.seeks == [("p", 2), ("p", 4)]
