@@ -170,6 +170,8 @@ def summarize(campaign: Campaign, extra: dict[str, Any]) -> tuple[str, dict[str,
     windows = checks.pacing_windows(requests)
     over = [str(w) for w in windows if w.seen > w.bound]
     over_strict = [str(w) for w in windows if w.strict > w.bound]
+    # A window one request over is reported; more fail the campaign (checks.REPORTED_OVER).
+    burst = [str(w) for w in windows if w.seen > w.bound + checks.REPORTED_OVER]
     worst = checks.worst_window(windows)
     retry_after = checks.retry_after_broken(requests)
     halted_requests = checks.requests_while_halted(
@@ -183,7 +185,7 @@ def summarize(campaign: Campaign, extra: dict[str, Any]) -> tuple[str, dict[str,
         ends.lost
         or ends.wrong
         or extra["thumbnails_missing"]
-        or over
+        or burst
         or retry_after
         or halted_requests
         or not campaign.halt.held()
@@ -199,7 +201,8 @@ def summarize(campaign: Campaign, extra: dict[str, Any]) -> tuple[str, dict[str,
         f"faults={sum(faults.values())} ({kinds}) "
         f"uuids={len(campaign.ledger.produced)} lost={len(ends.lost)} wrong={len(ends.wrong)} "
         f"duplicates={ends.duplicates} thumbnails_missing={len(extra['thumbnails_missing'])} "
-        f"worst_window='{worst_text}' over_bound={len(over)} (strict {len(over_strict)}) "
+        f"worst_window='{worst_text}' over_bound={len(over)} (strict {len(over_strict)}, "
+        f"2+ over {len(burst)}) "
         f"retry_after_broken={len(retry_after)} "
         f"halted_held={'yes' if campaign.halt.held() else 'NO'}({len(campaign.halt.looks)} looks, "
         f"{len(halted_requests)} requests) leftovers={len(leftovers)} bad_exits={len(bad_exits)} "
@@ -226,6 +229,7 @@ def summarize(campaign: Campaign, extra: dict[str, Any]) -> tuple[str, dict[str,
         "worst_window": str(worst),
         "over_bound": over,
         "over_bound_strict": over_strict,
+        "over_bound_by_2_or_more": burst,
         "retry_after_broken": retry_after[:100],
         "halt": dataclasses.asdict(campaign.halt),
         "requests_while_halted": halted_requests[:100],
