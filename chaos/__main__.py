@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import secrets
 import sys
@@ -19,6 +20,18 @@ from pathlib import Path
 from chaos.campaign import Campaign, say, summarize, write_summary
 
 DEFAULT_ROOT = Path.home() / ".cache" / "image-crawler" / "chaos"
+FAILURE_FIELDS = (
+    "lost",
+    "wrong",
+    "thumbnails_missing",
+    "over_bound_by_2_or_more",
+    "over_bound",
+    "retry_after_broken",
+    "requests_while_halted",
+    "halt",
+    "leftovers",
+    "exit_codes",
+)
 
 
 def main() -> int:
@@ -45,6 +58,10 @@ def main() -> int:
     line, summary, passed = summarize(campaign, extra)
     write_summary(run_dir, summary)
     print(line, flush=True)
+    if not passed:  # what failed, in the output (CI keeps no run folder)
+        for name in FAILURE_FIELDS:
+            if summary.get(name):
+                print(f"  {name}: {json.dumps(summary[name])[:2000]}", flush=True)
     return 0 if passed else 1
 
 
