@@ -169,7 +169,9 @@ def summarize(campaign: Campaign, extra: dict[str, Any]) -> tuple[str, dict[str,
     ends = checks.check_ends(campaign.ledger.produced, campaign.ledger.ends)
     windows = checks.pacing_windows(requests)
     over = [str(w) for w in windows if w.seen > w.bound]
-    over_strict = [str(w) for w in windows if w.strict > w.bound]
+    over_strict = [
+        f"{w.who} {w.strict}/{w.bound} in {w.width_s:g} s" for w in windows if w.strict > w.bound
+    ]
     # A window one request over is reported; more fail the campaign (checks.REPORTED_OVER).
     burst = [str(w) for w in windows if w.seen > w.bound + checks.REPORTED_OVER]
     worst = checks.worst_window(windows)
