@@ -195,6 +195,8 @@ class FailingProducer:
         # tansu answers -1 to what was in flight when it is continued after a SIGSTOP
         # (the fault campaign): published again, not a dead letter.
         (aiokafka_errors.UnknownError(), True),
+        # send() when the producer's buffer stayed full (a broker away): the same.
+        (aiokafka_errors.KafkaTimeoutError(), True),
         (aiokafka_errors.RequestTimedOutError(), True),
         (aiokafka_errors.MessageSizeTooLargeError(), False),
     ],
