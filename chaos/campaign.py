@@ -60,6 +60,7 @@ class Campaign:
         self.halt = Halt()
         self.redis: Redis | None = None
         self.drain_s: float | None = None
+        self.exit_codes: dict[str, int | None] = {}
 
     async def run(self) -> dict[str, Any]:
         self.census.start()
@@ -165,81 +166,83 @@ class Campaign:
 
 def summarize(campaign: Campaign, extra: dict[str, Any]) -> tuple[str, dict[str, Any], bool]:
     """The summary line, the summary's JSON, and whether every check passed."""
+    summary = _findings(campaign, extra)
+    passed = not (
+        summary["lost"]
+        or summary["wrong"]
+        or summary["thumbnails_missing"]
+        # A window one request over is reported; more fail (checks.REPORTED_OVER).
+        or summary["over_bound_by_2_or_more"]
+        or summary["retry_after_broken"]
+        or summary["requests_while_halted"]
+        or not campaign.halt.held()
+        or summary["leftovers"]
+        or any(code != 0 for code in campaign.exit_codes.values())
+        or campaign.drain_s is None
+    )
+    summary["passed"] = passed
+    return _line(campaign, summary, passed), summary, passed
+
+
+def _findings(campaign: Campaign, extra: dict[str, Any]) -> dict[str, Any]:
     requests = campaign.stack.origin.requests() if campaign.stack.origin else []
     ends = checks.check_ends(campaign.ledger.produced, campaign.ledger.ends)
     windows = checks.pacing_windows(requests)
-    over = [str(w) for w in windows if w.seen > w.bound]
-    over_strict = [
-        f"{w.who} {w.strict}/{w.bound} in {w.width_s:g} s" for w in windows if w.strict > w.bound
-    ]
-    # A window one request over is reported; more fail the campaign (checks.REPORTED_OVER).
-    burst = [str(w) for w in windows if w.seen > w.bound + checks.REPORTED_OVER]
     worst = checks.worst_window(windows)
-    retry_after = checks.retry_after_broken(requests)
-    halted_requests = checks.requests_while_halted(
-        requests, plan.HALTED_SOURCE, campaign.halt.spans
-    )
-    leftovers = campaign.census.alive()
-    codes = getattr(campaign, "exit_codes", {})
-    bad_exits = {name: code for name, code in codes.items() if code not in (0,)}
-    faults = campaign.faults.counts()
-    passed = not (
-        ends.lost
-        or ends.wrong
-        or extra["thumbnails_missing"]
-        or burst
-        or retry_after
-        or halted_requests
-        or not campaign.halt.held()
-        or leftovers
-        or bad_exits
-        or campaign.drain_s is None
-    )
-    worst_text = str(worst and dataclasses.replace(worst, gaps_ms=()))
-    kinds = " ".join(f"{k}={v}" for k, v in sorted(faults.items()))
-    drain = "NEVER" if campaign.drain_s is None else f"{campaign.drain_s:.0f}s"
-    line = (
-        f"chaos seed={campaign.seed} minutes={campaign.duration_s / 60:g} "
-        f"faults={sum(faults.values())} ({kinds}) "
-        f"uuids={len(campaign.ledger.produced)} lost={len(ends.lost)} wrong={len(ends.wrong)} "
-        f"duplicates={ends.duplicates} thumbnails_missing={len(extra['thumbnails_missing'])} "
-        f"worst_window='{worst_text}' over_bound={len(over)} (strict {len(over_strict)}, "
-        f"2+ over {len(burst)}) "
-        f"retry_after_broken={len(retry_after)} "
-        f"halted_held={'yes' if campaign.halt.held() else 'NO'}({len(campaign.halt.looks)} looks, "
-        f"{len(halted_requests)} requests) leftovers={len(leftovers)} bad_exits={len(bad_exits)} "
-        f"drain={drain}: "
-        f"{'PASS' if passed else 'FAIL'}"
-    )
-    summary = {
+    return {
         "seed": campaign.seed,
         "minutes": campaign.duration_s / 60,
-        "passed": passed,
-        "faults": dict(faults),
+        "faults": dict(campaign.faults.counts()),
         "fault_log": [dataclasses.asdict(f) for f in campaign.faults.done],
         "uuids": len(campaign.ledger.produced),
         "produce_retries": campaign.ledger.produce_failures,
         "ledger_consumer_restarts": campaign.ledger.consumer_restarts,
         "ledger_reader_holes": campaign.ledger.reader_holes,
-        "lost": ends.lost[:100],
-        "wrong": ends.wrong[:100],
+        "lost": ends.lost,
+        "wrong": ends.wrong,
         "duplicates": ends.duplicates,
         "deliveries": ends.deliveries,
-        "thumbnails_missing": extra["thumbnails_missing"][:100],
+        "thumbnails_missing": extra["thumbnails_missing"],
         "requests": len(requests),
         "statuses": {str(k): v for k, v in sorted(checks.statuses(requests).items())},
-        "worst_window": str(worst),
-        "over_bound": over,
-        "over_bound_strict": over_strict,
-        "over_bound_by_2_or_more": burst,
-        "retry_after_broken": retry_after[:100],
+        "worst_window": str(worst and dataclasses.replace(worst, gaps_ms=())),
+        "over_bound": [str(w) for w in windows if w.seen > w.bound],
+        "over_bound_strict": [
+            f"{w.who} {w.strict}/{w.bound} in {w.width_s:g} s"
+            for w in windows
+            if w.strict > w.bound
+        ],
+        "over_bound_by_2_or_more": [
+            str(w) for w in windows if w.seen > w.bound + checks.REPORTED_OVER
+        ],
+        "retry_after_broken": checks.retry_after_broken(requests),
         "halt": dataclasses.asdict(campaign.halt),
-        "requests_while_halted": halted_requests[:100],
-        "leftovers": leftovers,
-        "exit_codes": codes,
+        "requests_while_halted": checks.requests_while_halted(
+            requests, plan.HALTED_SOURCE, campaign.halt.spans
+        ),
+        "leftovers": campaign.census.alive(),
+        "exit_codes": campaign.exit_codes,
         "drain_s": campaign.drain_s,
     }
-    return line, summary, passed
+
+
+def _line(campaign: Campaign, s: dict[str, Any], passed: bool) -> str:
+    kinds = " ".join(f"{k}={v}" for k, v in sorted(s["faults"].items()))
+    drain = "NEVER" if s["drain_s"] is None else f"{s['drain_s']:.0f}s"
+    held = "yes" if campaign.halt.held() else "NO"
+    bad_exits = sum(code != 0 for code in s["exit_codes"].values())
+    return (
+        f"chaos seed={s['seed']} minutes={s['minutes']:g} "
+        f"faults={sum(s['faults'].values())} ({kinds}) uuids={s['uuids']} "
+        f"lost={len(s['lost'])} wrong={len(s['wrong'])} duplicates={s['duplicates']} "
+        f"thumbnails_missing={len(s['thumbnails_missing'])} "
+        f"worst_window='{s['worst_window']}' over_bound={len(s['over_bound'])} "
+        f"(strict {len(s['over_bound_strict'])}, 2+ over {len(s['over_bound_by_2_or_more'])}) "
+        f"retry_after_broken={len(s['retry_after_broken'])} "
+        f"halted_held={held}({len(campaign.halt.looks)} looks, "
+        f"{len(s['requests_while_halted'])} requests) leftovers={len(s['leftovers'])} "
+        f"bad_exits={bad_exits} drain={drain}: {'PASS' if passed else 'FAIL'}"
+    )
 
 
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:

@@ -268,7 +268,8 @@ async def test_a_pause_redis_missed_reaches_it_when_it_is_back_before_any_other_
         paused_at = loop.time()
         with pytest.raises(RedisError):
             await heard.pause(KEY, 2.0)
-        await asyncio.sleep(0.3)
+        refused = flaky.refused
+        await wait_for(lambda: flaky.refused >= refused + 2, 5, what="the pause sent again")
         flaky.away = False
         host = c.pace_host_key(SOURCE, KEY.host)
         await wait_for(lambda: redis.hget(host, "next"), 2, what="the pause in Redis")
