@@ -42,7 +42,10 @@ def main() -> int:
     )
     parser.add_argument("--dir", type=Path, default=None, help="the run folder")
     parser.add_argument(
-        "--drain-timeout", type=float, default=900.0, help="seconds to wait for every uuid"
+        "--drain-timeout",
+        type=float,
+        default=300.0,
+        help="after the faults, give up when no uuid has ended for this many seconds",
     )
     args = parser.parse_args()
     # The campaign's own Kafka clients meet every broker fault: their complaints are

@@ -140,16 +140,23 @@ class Campaign:
                 await asyncio.sleep(0.5)
 
     async def _drain(self, urls: asyncio.Queue[plan.Url]) -> None:
+        """Wait for every uuid to end while the crawl still ends some: a backlog the faults
+        left takes as long as it takes, a uuid that is never answered gives up after
+        ``drain_timeout_s`` without progress."""
         last_fault = max((f.ended for f in self.faults.done), default=time.time())
         say(f"faults over ({len(self.faults.done)}); waiting for every uuid to end")
-        deadline = time.monotonic() + self.drain_timeout_s
-        while time.monotonic() < deadline:
-            if urls.empty() and not self.ledger.unended():
+        left = len(self.ledger.unended()) + urls.qsize()
+        stalled_at = time.monotonic() + self.drain_timeout_s
+        while time.monotonic() < stalled_at:
+            now_left = len(self.ledger.unended()) + urls.qsize()
+            if not now_left:
                 self.drain_s = time.time() - last_fault
                 say(f"every uuid ended, {self.drain_s:.0f} s after the last fault")
                 return
+            if now_left < left:
+                left, stalled_at = now_left, time.monotonic() + self.drain_timeout_s
             await asyncio.sleep(1.0)
-        say(f"{len(self.ledger.unended())} uuids had not ended after {self.drain_timeout_s:.0f} s")
+        say(f"{left} uuids had not ended, none for {self.drain_timeout_s:.0f} s")
 
     async def _finish(self) -> dict[str, Any]:
         keys = await asyncio.to_thread(list_keys, self.stack.s3.endpoint_url, BUCKET)
