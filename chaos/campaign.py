@@ -60,6 +60,7 @@ class Campaign:
         self.halt = Halt()
         self.redis: Redis | None = None
         self.drain_s: float | None = None
+        self.backlog_at_drain = 0  # uuids not ended when the faults ended
         self.exit_codes: dict[str, int | None] = {}
 
     async def run(self) -> dict[str, Any]:
@@ -145,7 +146,7 @@ class Campaign:
         ``drain_timeout_s`` without progress."""
         last_fault = max((f.ended for f in self.faults.done), default=time.time())
         say(f"faults over ({len(self.faults.done)}); waiting for every uuid to end")
-        left = len(self.ledger.unended()) + urls.qsize()
+        left = self.backlog_at_drain = len(self.ledger.unended()) + urls.qsize()
         stalled_at = time.monotonic() + self.drain_timeout_s
         while time.monotonic() < stalled_at:
             now_left = len(self.ledger.unended()) + urls.qsize()
@@ -211,6 +212,8 @@ def _findings(campaign: Campaign, extra: dict[str, Any]) -> dict[str, Any]:
         "deliveries": ends.deliveries,
         "thumbnails_missing": extra["thumbnails_missing"],
         "requests": len(requests),
+        "fetches_per_image": dict(sorted(checks.fetches_per_image(requests).items())),
+        "backlog_at_drain": campaign.backlog_at_drain,
         "statuses": {str(k): v for k, v in sorted(checks.statuses(requests).items())},
         "worst_window": str(worst and dataclasses.replace(worst, gaps_ms=())),
         "over_bound": [str(w) for w in windows if w.seen > w.bound],
@@ -248,7 +251,7 @@ def _line(campaign: Campaign, s: dict[str, Any], passed: bool) -> str:
         f"retry_after_broken={len(s['retry_after_broken'])} "
         f"halted_held={held}({len(campaign.halt.looks)} looks, "
         f"{len(s['requests_while_halted'])} requests) leftovers={len(s['leftovers'])} "
-        f"bad_exits={bad_exits} drain={drain}: {'PASS' if passed else 'FAIL'}"
+        f"bad_exits={bad_exits} backlog_at_drain={s['backlog_at_drain']} drain={drain}: {'PASS' if passed else 'FAIL'}"
     )
 
 

@@ -147,3 +147,10 @@ def requests_while_halted(
 
 def statuses(requests: Iterable[Request]) -> Counter[int]:
     return Counter(status for _, _, _, status, _ in requests)
+
+
+def fetches_per_image(requests: Iterable[Request]) -> Counter[int]:
+    """How many images were requested once, twice, ...: what the crawl did again after
+    its faults (a rebalance runs again what was not committed), a 429 or 503 included."""
+    per_path = Counter(path for _, _, path, _, _ in requests if plan.kind_of(path))
+    return Counter(per_path.values())

@@ -130,3 +130,14 @@ def test_a_reader_reads_again_once_what_a_fetch_skipped():
     assert [r.offset for r in reader.contiguous("p", [Record(6)])] == []
     assert [r.offset for r in reader.contiguous("p", [Record(6)])] == [6]
     assert consumer.seeks == [("p", 2), ("p", 4)]
+
+
+def test_images_fetched_again_are_counted_by_how_often():
+    requests = [
+        (0.0, "127.0.3.1", "/robots.txt", 200, 0),
+        (0.1, "127.0.3.1", "/ok/a.jpg", 200, 0),
+        (0.2, "127.0.3.1", "/ok/b.jpg", 429, 3),
+        (3.5, "127.0.3.1", "/ok/b.jpg", 200, 0),
+        (4.0, "127.0.3.2", "/missing/c.jpg", 404, 0),
+    ]
+    assert checks.fetches_per_image(requests) == {1: 2, 2: 1}
