@@ -251,7 +251,8 @@ def _line(campaign: Campaign, s: dict[str, Any], passed: bool) -> str:
         f"retry_after_broken={len(s['retry_after_broken'])} "
         f"halted_held={held}({len(campaign.halt.looks)} looks, "
         f"{len(s['requests_while_halted'])} requests) leftovers={len(s['leftovers'])} "
-        f"bad_exits={bad_exits} backlog_at_drain={s['backlog_at_drain']} drain={drain}: {'PASS' if passed else 'FAIL'}"
+        f"bad_exits={bad_exits} backlog_at_drain={s['backlog_at_drain']} drain={drain}: "
+        f"{'PASS' if passed else 'FAIL'}"
     )
 
 
