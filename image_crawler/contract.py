@@ -105,6 +105,8 @@ MONITOR_LEADER_KEY: Final = "monitor_leader"
 # most ROBOTS_MAX_BYTES) after a 2xx, "allow everything" after a 4xx, or "unavailable,
 # ask again at ..." after a 5xx, 429, timeout or network error. Expires after
 # ROBOTS_CACHE_S (or, unavailable, ROBOTS_UNAVAILABLE_MAX_S after the first failure).
+# A host whose name did not resolve (status DnsError) is asked again after
+# DNS_NEGATIVE_TTL_S, and its entry expires a minute after that.
 # Its "tdmrep" is the host's /.well-known/tdmrep.json (TDMREP_PATH), fetched right after
 # the file when it is available, under the same limits: its text after a 2xx with rules,
 # else null (no reservation known).
@@ -392,6 +394,10 @@ class Status(enum.StrEnum):
     SERVER_DISCONNECTED = "ServerDisconnected"
     CONNECTION_ERROR = "ConnectionError"
     BLOCKED = "Blocked"  # a non-public address, refused before connecting
+    # The host's name did not resolve: NXDOMAIN or no address, or no answer after the
+    # resolver's tries (worker/download/dns.py). Never a request; final, as a 404 is (to
+    # crawl_errors), and never a breaker error: a host never halts its source.
+    DNS_ERROR = "DnsError"
     INVALID_URL = "InvalidURL"
     TOO_LARGE = "TooLarge"
     TOO_MANY_REDIRECTS = "TooManyRedirects"
@@ -460,6 +466,7 @@ EXPECTED_STATUSES: Final[frozenset[str]] = frozenset(
         Status.ROBOTS_UNAVAILABLE,
         Status.NO_INDEX,
         Status.HOST_UNAVAILABLE,
+        Status.DNS_ERROR,
         Status.LEGACY_NO_RATE_TOKEN,
     }
 )

@@ -179,7 +179,7 @@ def _build_pipeline(
 ) -> _Parts:
     """A URL's way from its slot to its results; each part closed when ``stack`` closes."""
     policy = settings.fetch.address_policy
-    http = new_session(settings.fetch, policy)
+    http = new_session(settings.fetch, policy, settings.dns)
     stack.push_async_callback(close_session, http)
     processor = PoolProcessor(settings.image_processes)
     stack.callback(processor.close)
@@ -277,6 +277,7 @@ def _log_started(settings: WorkerSettings, destination: str) -> None:
         max_attempts=settings.max_attempts,
         robots_policy=settings.robots.policy,
         robots_user_agent=settings.robots.token,
+        dns_servers=list(settings.dns.servers) or "resolv.conf",
     )
 
 

@@ -4,8 +4,9 @@ Names follow Prometheus's conventions: counters end in ``_total``, units are bas
 (``_bytes``, ``_seconds``). The only unbounded label is ``source``, which the crawl
 has a known, configured set of; ``status`` takes the contract's statuses (HTTP codes and
 error names; for ``crawler_rechecks_total``, a re-check's verdict, one of
-``RECHECK_STATUSES``) and ``dependency`` one of ``DEPENDENCIES`` (``local_store`` is the
-thumbnail folder of THUMBNAIL_STORE=local). Each worker process exports its own counts;
+``RECHECK_STATUSES``), ``dependency`` one of ``DEPENDENCIES`` (``local_store`` is the
+thumbnail folder of THUMBNAIL_STORE=local) and ``kind`` one of the resolver's
+``FAILURE_KINDS`` (worker/download/dns.py). Each worker process exports its own counts;
 Prometheus sums them over the workers.
 """
 
@@ -73,4 +74,21 @@ SLOTS_LATE = Counter(
     "crawler_pacing_slots_late",
     "Pacing slots given up because this worker reached them too late (its event loop "
     "was busy): their requests asked for another slot.",
+)
+# The worker's resolver (worker/download/dns.py): one process's counts.
+DNS_QUERIES = Counter(
+    "crawler_dns_queries",
+    "Names looked up (one lookup of a name, its A and AAAA queries, however many requests "
+    "asked for it at once).",
+)
+DNS_CACHE_HITS = Counter(
+    "crawler_dns_cache_hits",
+    "Lookups answered without a query of their own: from the cache (a cached failure "
+    "included), or by a query of the same name already in flight.",
+)
+DNS_FAILURES = Counter(
+    "crawler_dns_failures",
+    "Lookups that failed, by kind: nxdomain, nodata (the name has no address), servfail, "
+    "timeout (no answer after the resolver's tries), refused, other.",
+    ["kind"],
 )

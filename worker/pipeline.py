@@ -17,8 +17,9 @@ cut on those, and its breaker counts its server's failures. A URL of a host give
 its breaker ends as ``HostUnavailable``, without a request.
 
 Before any of that, the URL's host's robots.txt is asked (``RobotsGuard``; so is each
-redirect hop's): a URL it disallows ends as ``RobotsDisallowed`` without a request, and
-a URL whose host's robots.txt cannot be fetched waits for it.
+redirect hop's): a URL it disallows ends as ``RobotsDisallowed`` without a request, a URL
+whose host's name does not resolve as ``DnsError`` (in ``crawl_errors``, not retried),
+and a URL whose host's robots.txt cannot be fetched waits for it.
 
 What the server says of the image's use (worker.politeness.signals) is obeyed and
 published: a URL whose host's robots.txt says ``Content-Signal: search=no``, or whose
@@ -97,7 +98,7 @@ UNCHANGED = "unchanged"  # a re-check that found the file as it was: link_checks
 
 # A fetch that ended before any request: nothing to report of the host.
 _NOT_ASKED: Final = frozenset(
-    {Status.BLOCKED, Status.INVALID_URL, Status.ROBOTS_DISALLOWED, ROBOTS_PENDING}
+    {Status.BLOCKED, Status.INVALID_URL, Status.DNS_ERROR, Status.ROBOTS_DISALLOWED, ROBOTS_PENDING}
 )
 
 # A store or broker that fails (rather than hangs: see worker.sinks.base) is tried again

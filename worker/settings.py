@@ -25,6 +25,7 @@ from image_crawler.config import (
     env_name,
     env_str,
 )
+from worker.download.dns import DnsSettings, parse_servers
 from worker.download.netguard import AddressPolicy, IPNetwork, parse_networks
 from worker.host_queues import HostQueueSettings
 from worker.politeness.hosts import PACING_KEYS, HostSettings
@@ -98,6 +99,12 @@ class RobotsSettings:
     # The longest one fetch of a robots.txt may take, its redirects included; also how
     # long a fetcher's lock lives, should it die while fetching.
     fetch_timeout_s: float = 120.0
+    # A host whose name did not resolve is asked again after this: once the resolver's
+    # cached failure has expired (DNS_NEGATIVE_TTL_S, and a second more). Its URLs end as
+    # DnsError at an NXDOMAIN (or a name without an address), or once it failed to get
+    # an answer (SERVFAIL, a timeout, a refusal) dns_tries times in a row.
+    dns_retry_s: float = 61.0
+    dns_tries: int = 2
 
 
 ThumbnailStoreKind = Literal["s3", "local"]
@@ -134,6 +141,8 @@ class WorkerSettings:
     thumbnails: ThumbnailSettings = dataclasses.field(default_factory=ThumbnailSettings)
     fetch: FetchSettings = dataclasses.field(default_factory=FetchSettings)
     robots: RobotsSettings = dataclasses.field(default_factory=RobotsSettings)
+    # The resolver (worker/download/dns.py): DNS_SERVERS, DNS_*_TTL_S, ...
+    dns: DnsSettings = dataclasses.field(default_factory=DnsSettings)
     # Politeness per host: PACING_KEY, MAX_HOST_RATE, HOST_GIVE_UP_S.
     hosts: HostSettings = dataclasses.field(default_factory=HostSettings)
     # URLs waiting for their host (worker.host_queues): MAX_WAITING_URLS, PARK_AFTER_S.
@@ -191,8 +200,10 @@ class WorkerSettings:
             user_agent=_user_agent(env, "USER_AGENT"),
         )
         max_retry_after_s = _positive_seconds(env, "MAX_RETRY_AFTER_S", default.max_retry_after_s)
+        dns = _dns(env)
         settings = cls(
-            robots=_robots(env, fetch, max_retry_after_s),
+            robots=_robots(env, fetch, max_retry_after_s, dns),
+            dns=dns,
             hosts=_hosts(env),
             waiting=_waiting(env),
             kafka=KafkaSettings.from_env(env),
@@ -237,7 +248,7 @@ def _check_grace(env: Mapping[str, str], settings: WorkerSettings) -> None:
 
 
 def _robots(
-    env: Mapping[str, str], fetch: FetchSettings, max_retry_after_s: float
+    env: Mapping[str, str], fetch: FetchSettings, max_retry_after_s: float, dns: DnsSettings
 ) -> RobotsSettings:
     default = RobotsSettings()
     policy = env_str(env, "ROBOTS_POLICY", default.policy).lower()
@@ -262,6 +273,33 @@ def _robots(
         retry_base_s=_positive_seconds(env, "ROBOTS_RETRY_S", default.retry_base_s),
         max_retry_after_s=max_retry_after_s,
         fetch_timeout_s=fetch.total_timeout_s,
+        dns_retry_s=dns.negative_ttl_s + 1.0,
+    )
+
+
+def _dns(env: Mapping[str, str]) -> DnsSettings:
+    default = DnsSettings()
+    try:
+        servers = parse_servers(env.get("DNS_SERVERS", ""))
+    except ValueError as e:
+        raise ConfigError(
+            f"DNS_SERVERS: {e} (expected addresses with an optional port, such as "
+            "10.0.0.53 or 127.0.0.1:5353, comma separated)"
+        ) from None
+    min_ttl_s = env_float(env, "DNS_MIN_TTL_S", default.min_ttl_s)
+    max_ttl_s = _positive_seconds(env, "DNS_MAX_TTL_S", default.max_ttl_s)
+    if min_ttl_s > max_ttl_s:
+        raise ConfigError(
+            f"DNS_MIN_TTL_S ({min_ttl_s:g}) must not be above DNS_MAX_TTL_S ({max_ttl_s:g})"
+        )
+    return dataclasses.replace(
+        default,
+        servers=servers,
+        min_ttl_s=min_ttl_s,
+        max_ttl_s=max_ttl_s,
+        negative_ttl_s=_positive_seconds(env, "DNS_NEGATIVE_TTL_S", default.negative_ttl_s),
+        max_in_flight=env_int(env, "DNS_MAX_IN_FLIGHT", default.max_in_flight, minimum=1),
+        cache_entries=env_int(env, "DNS_CACHE_ENTRIES", default.cache_entries, minimum=1),
     )
 
 

@@ -255,6 +255,8 @@ def test_every_status_the_sets_name_is_a_member_and_equals_its_string():
         ("410", False, False, False),
         ("RobotsDisallowed", True, False, False),
         ("RobotsUnavailable", True, False, False),
+        # Final, like a 404, and a host's: never a breaker error, never tried again.
+        ("DnsError", True, False, False),
         ("NoRateToken", True, False, False),  # the original's, still in old windows
         ("429", False, True, True),
         ("503", False, True, True),

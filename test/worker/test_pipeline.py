@@ -199,7 +199,7 @@ async def test_a_response_much_slower_than_usual_is_a_backoff_signal():
     assert signals(p) == [("example", "200")]  # the last one only
 
 
-@pytest.mark.parametrize("status", ["410", "Timeout", "TooLarge", "Blocked"])
+@pytest.mark.parametrize("status", ["410", "Timeout", "TooLarge", "Blocked", "DnsError"])
 async def test_other_failures_go_straight_to_crawl_errors(status):
     pipeline, p = make({"http://origin.test/a.jpg": FetchResult(status)})
     ending = await pipeline.handle("example", task(), TOPIC)
@@ -210,6 +210,10 @@ async def test_other_failures_go_straight_to_crawl_errors(status):
     assert c.INBOUND_TOPIC not in p["sink"].messages
     # A timeout is a backoff signal too, though it is not tried again.
     assert signals(p) == ([("example", status)] if status == "Timeout" else [])
+    # A fetch that reached no server (an address refused, a name that did not resolve)
+    # says nothing of the host's server: nothing reported.
+    reported = [status for _, status, _ in p["pacer"].reports]
+    assert reported == ([] if status in {"Blocked", "DnsError"} else [status])
 
 
 async def test_a_body_pillow_cannot_identify_is_counted_and_dead_lettered():

@@ -15,10 +15,10 @@ from yarl import URL
 
 from image_crawler import contract as c
 from image_crawler.config import ConfigError
-from test.harness.fakes import FakePacer, FakeSink, FakeStats, FakeStore
+from test.harness.fakes import FakeFetcher, FakePacer, FakeSink, FakeStats, FakeStore
 from test.harness.origin import DISCONNECT, Reply
 from test.harness.services import wait_for
-from worker.download.fetch import Fetcher, new_session
+from worker.download.fetch import Fetcher, FetchResult, new_session
 from worker.download.netguard import AddressPolicy, parse_networks
 from worker.images.pool import InlineProcessor
 from worker.pipeline import DEAD_LETTERED, Ending, Pipeline
@@ -412,6 +412,120 @@ async def test_a_disallowed_url_is_dead_lettered_counted_and_never_requested(
     )
     assert stats.outcomes == [(SOURCE, c.Status.ROBOTS_DISALLOWED)]
     assert origin.requests("/secret/a.jpg") == 0
+
+
+# --- a host whose name does not resolve -----------------------------------------------------
+class FilesFetcher:
+    """A fetcher of hosts' files that answers ``results`` in turn (the last one again once
+    they run out), and records what it was asked."""
+
+    def __init__(self, *results: FetchResult) -> None:
+        self.results = list(results)
+        self.fetched: list[str] = []
+
+    async def fetch_text(self, url: str, max_bytes: int, max_redirects: int) -> FetchResult:
+        self.fetched.append(url)
+        return self.results.pop(0) if len(self.results) > 1 else self.results[0]
+
+
+def unresolved(kind: str) -> FetchResult:
+    return FetchResult(c.Status.DNS_ERROR, detail=f"gone.example: {kind} (...)", dns_failure=kind)
+
+
+GONE = [f"http://gone.example/{i}.jpg" for i in range(30)]
+GONE_ROBOTS = "http://gone.example/robots.txt"
+
+
+def dns_guard(redis, fetcher, pacer=None, **changes) -> RobotsGuard:
+    settings = RobotsSettings(**{**_fields(FAST), **changes})
+    return RobotsGuard(redis, fetcher, pacer or FakePacer(), settings)
+
+
+@pytest.mark.parametrize("kind", ["nxdomain", "nodata"])
+async def test_urls_of_a_name_that_does_not_exist_end_as_dns_error_at_once(redis, kind):
+    fetcher, pacer = FilesFetcher(unresolved(kind)), FakePacer()
+    guard = dns_guard(redis, fetcher, pacer)
+    started = time.monotonic()
+    with capture_logs() as logs:
+        verdicts = await asyncio.wait_for(
+            asyncio.gather(*(guard.verdict(SOURCE, url) for url in GONE)), 10
+        )
+    assert set(verdicts) == {c.Status.DNS_ERROR}
+    assert time.monotonic() - started < 2.0
+    # One lookup for all its URLs, no request reached the host: nothing told its pace.
+    assert fetcher.fetched == [GONE_ROBOTS]
+    assert pacer.reports == []
+    (logged,) = [e for e in logs if e["event"] == "robots_unresolved"]
+    assert (logged["kind"], logged["tries"], logged["ends_urls"]) == (kind, 2, True)
+    # Remembered until it is asked again, not for the day a robots.txt is waited for.
+    key = c.robots_key("http://gone.example:80")
+    entry = RobotsEntry.from_json(await redis.get(key))
+    assert entry is not None and entry.status == c.Status.DNS_ERROR
+    assert 0 < await redis.pttl(key) <= (FAST.dns_retry_s + 60) * 1000
+    # Another worker ends the host's URLs from that entry, without a lookup of its own.
+    other = FilesFetcher(unresolved(kind))
+    assert await dns_guard(redis, other).verdict(SOURCE, GONE[0]) == c.Status.DNS_ERROR
+    assert other.fetched == []
+
+
+@pytest.mark.parametrize("kind", ["servfail", "timeout", "refused", "other"])
+async def test_a_name_that_got_no_answer_is_asked_once_more_before_its_urls_end(redis, kind):
+    fetcher = FilesFetcher(unresolved(kind))
+    guard = dns_guard(redis, fetcher, dns_retry_s=0.3)
+    assert await guard.check(SOURCE, GONE[0]) is Robots.UNAVAILABLE
+    started = time.monotonic()
+    verdicts = await asyncio.wait_for(
+        asyncio.gather(*(guard.verdict(SOURCE, url) for url in GONE)), 10
+    )
+    assert set(verdicts) == {c.Status.DNS_ERROR}
+    assert 0.2 <= time.monotonic() - started < 5
+    assert fetcher.fetched == [GONE_ROBOTS] * 2
+
+
+async def test_a_name_that_answers_at_its_second_try_is_crawled(redis):
+    fetcher = FilesFetcher(unresolved("servfail"), FetchResult("200", body=ROBOTS.encode()))
+    guard = dns_guard(redis, fetcher, dns_retry_s=0.2)
+    verdict = await asyncio.wait_for(guard.verdict(SOURCE, "http://gone.example/secret/a"), 10)
+    assert verdict == c.Status.ROBOTS_DISALLOWED
+    assert await guard.verdict(SOURCE, GONE[0]) is None
+    assert fetcher.fetched[:2] == [GONE_ROBOTS] * 2
+
+
+async def test_a_name_that_did_not_resolve_is_asked_again_after_the_retry_time(redis):
+    now = [1000.0]
+    fetcher = FilesFetcher(unresolved("nxdomain"))
+    settings = RobotsSettings(**_fields(FAST))
+    guard = RobotsGuard(redis, fetcher, FakePacer(), settings, clock=lambda: now[0])
+    assert await guard.verdict(SOURCE, GONE[0]) == c.Status.DNS_ERROR
+    now[0] += settings.dns_retry_s - 0.1
+    assert await guard.verdict(SOURCE, GONE[1]) == c.Status.DNS_ERROR
+    assert len(fetcher.fetched) == 1
+    now[0] += 0.1
+    assert await guard.verdict(SOURCE, GONE[2]) == c.Status.DNS_ERROR
+    assert len(fetcher.fetched) == 2
+
+
+async def test_urls_of_a_host_that_does_not_resolve_go_to_crawl_errors(redis):
+    sink, stats, images = FakeSink(), FakeStats(), FakeFetcher({})
+    pipeline = Pipeline(
+        pacer=FakePacer(),
+        fetcher=images,
+        processor=InlineProcessor(),
+        store=FakeStore(),
+        sink=sink,
+        stats=stats,
+        robots=dns_guard(redis, FilesFetcher(unresolved("nxdomain"))),
+    )
+    messages = [c.SourceTask(url=url, uuid=f"u-{i}").to_json() for i, url in enumerate(GONE)]
+    endings = await asyncio.wait_for(
+        asyncio.gather(*(pipeline.handle(SOURCE, m, "urls.example") for m in messages)), 10
+    )
+    assert set(endings) == {Ending(c.Status.DNS_ERROR, DEAD_LETTERED, 0)}
+    errors = sink.messages[c.CRAWL_ERRORS_TOPIC]
+    assert sorted(e["identifier"] for e in errors) == sorted(f"u-{i}" for i in range(30))
+    assert {e["status"] for e in errors} == {c.Status.DNS_ERROR}
+    assert stats.outcomes == [(SOURCE, c.Status.DNS_ERROR)] * 30
+    assert images.requests == []
 
 
 def test_entries_round_trip_and_bad_ones_are_none():

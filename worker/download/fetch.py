@@ -16,10 +16,12 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Protocol
 
 import aiohttp
+from aiohttp.abc import AbstractResolver
 from yarl import URL
 
 from image_crawler.contract import Status, is_validator
 from worker.download.budget import ByteBudget
+from worker.download.dns import CachingResolver, DnsLookupError, DnsSettings
 from worker.download.netguard import AddressPolicy, BlockedAddressError, GuardedResolver
 from worker.images.pool import Body, body_size
 from worker.politeness.robots_rules import DEFAULT_PRODUCT_TOKEN
@@ -39,7 +41,7 @@ RETRY_AFTER_MAX_CHARS = 200
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class FetchResult:
-    status: str  # "200", "404", "Timeout", "ServerDisconnected", "TooLarge", "Blocked", ...
+    status: str  # "200", "404", "Timeout", "TooLarge", "Blocked", "DnsError", ...
     # As it arrived: pieces are not joined, the image pool copies them where it needs them.
     body: Body | None = None
     detail: str = ""
@@ -62,6 +64,8 @@ class FetchResult:
     # (or with one no request header could carry back: see contract.is_validator).
     etag: str | None = None
     last_modified: str | None = None
+    # For a DnsError: what failed (one of worker.download.dns.FAILURE_KINDS).
+    dns_failure: str = ""
 
     @property
     def ok(self) -> bool:
@@ -101,19 +105,23 @@ class UrlFetcher(Protocol):
         ...
 
 
-def new_session(settings: FetchSettings, policy: AddressPolicy) -> aiohttp.ClientSession:
-    """The one HTTP client of a worker process.
+def new_session(
+    settings: FetchSettings, policy: AddressPolicy, dns: DnsSettings | None = None
+) -> aiohttp.ClientSession:
+    """The one HTTP client of a worker process (within a running event loop).
 
-    Names are resolved once, through ``policy``, and the connector connects to the checked
-    addresses only. Proxy variables are ignored on purpose: a proxy would resolve again.
+    Names are resolved once, by a ``CachingResolver`` of ``dns`` (defaults when None) that
+    the session closes with itself, through ``policy``, and the connector connects to the
+    checked addresses only. Proxy variables are ignored on purpose: a proxy would resolve
+    again.
     """
     timeout = aiohttp.ClientTimeout(
         total=settings.total_timeout_s,
         connect=settings.connect_timeout_s,
         sock_read=settings.read_timeout_s,
     )
-    connector = aiohttp.TCPConnector(
-        limit=settings.max_connections, ttl_dns_cache=300, resolver=GuardedResolver(policy)
+    connector = _Connector(
+        GuardedResolver(policy, CachingResolver(dns)), limit=settings.max_connections
     )
     # Marks when each request's headers are written: the response time the fetcher reports
     # starts there, not before a wait for a free connection (our queue, not the server's).
@@ -141,6 +149,23 @@ def new_session(settings: FetchSettings, policy: AddressPolicy) -> aiohttp.Clien
     # way), hence aiohttp>=3.11. test_fetch pins one request per fetch.
     session._retry_connection = False
     return session
+
+
+class _Connector(aiohttp.TCPConnector):
+    """A connector of at most ``limit`` connections that closes its resolver with
+    itself: aiohttp closes only a resolver it made."""
+
+    def __init__(self, resolver: AbstractResolver, *, limit: int) -> None:
+        # No cache of aiohttp's: the resolver caches (each answer by its TTL, failures
+        # too), and aiohttp's would keep every answer a fixed time on top of it.
+        super().__init__(resolver=resolver, limit=limit, use_dns_cache=False)
+        self._own_resolver = resolver
+
+    async def close(self, *, abort_ssl: bool = False) -> None:
+        try:
+            await super().close(abort_ssl=abort_ssl)
+        finally:
+            await self._own_resolver.close()
 
 
 class _Timing:
@@ -358,9 +383,7 @@ class Fetcher:
         except (aiohttp.InvalidURL, aiohttp.NonHttpUrlClientError, ValueError) as e:
             return FetchResult(Status.INVALID_URL, detail=str(e))
         except aiohttp.ClientConnectorError as e:
-            if isinstance(e.os_error, BlockedAddressError):
-                return FetchResult(Status.BLOCKED, detail=str(e.os_error))
-            return FetchResult(Status.CONNECTION_ERROR, detail=str(e))
+            return _not_connected(e)
         except aiohttp.ClientPayloadError as e:
             return FetchResult(Status.PAYLOAD_ERROR, detail=str(e))
         except aiohttp.ClientResponseError as e:
@@ -399,6 +422,17 @@ class Fetcher:
         return FetchResult(
             Status.OK, body=body, detail=detail, release=hold.keep(size), response_s=response_s
         )
+
+
+def _not_connected(error: aiohttp.ClientConnectorError) -> FetchResult:
+    """No connection: the address check refused every address (``Blocked``), the name
+    did not resolve (``DnsError``), or connecting failed."""
+    cause = error.os_error
+    if isinstance(cause, BlockedAddressError):
+        return FetchResult(Status.BLOCKED, detail=str(cause))
+    if isinstance(cause, DnsLookupError):
+        return FetchResult(Status.DNS_ERROR, detail=str(cause), dns_failure=cause.kind)
+    return FetchResult(Status.CONNECTION_ERROR, detail=str(error))
 
 
 def _with_validators(

@@ -110,7 +110,7 @@ class GuardedResolver(AbstractResolver):
 
     def __init__(self, policy: AddressPolicy, inner: AbstractResolver | None = None) -> None:
         self._policy = policy
-        self._inner = inner or ThreadedResolver()
+        self._inner = inner if inner is not None else ThreadedResolver()
 
     async def resolve(
         self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET

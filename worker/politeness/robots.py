@@ -24,6 +24,18 @@ longer file is cut at its last whole line. What its answer means (RFC 9309 2.3.1
   for every worker). Its URLs wait, neither lost nor requested; once the host has been
   unreachable for ``unavailable_max_s`` they end as ``RobotsUnavailable``.
 
+A host whose name does not resolve (the fetch ends as ``DnsError``: worker/download/
+dns.py) is not unreachable in that sense: waiting a day for it would only hold its URLs
+back. Its entry says so (status ``DnsError``), and is asked again after ``dns_retry_s``
+(the resolver's cached failure has expired by then), not kept for a day. Its URLs end as
+``DnsError``, without a request, at once when the answer was that the name (or any
+address of it) does not exist, and once it has failed to get an answer ``dns_tries``
+times in a row (a SERVFAIL, a timeout or a refusal may be the resolver's moment, not the
+name's: asked once more a minute later, such a name's URLs end after about a minute).
+Every URL of the host shares that verdict: one lookup per ``dns_retry_s`` for
+the cluster, not one per URL. Only the host's own name counts: a robots.txt redirected
+to a name that does not resolve is unreachable, as for any other network error.
+
 A disallowed URL ends as ``RobotsDisallowed``, never requested. A ``Crawl-delay`` (not in
 the RFC, widely used) is the shortest interval between requests to that host only: it
 goes into the host's pacing state (``RedisPacer.note_crawl_delay``), which the pacing
@@ -71,6 +83,7 @@ from image_crawler.contract import (
 )
 from image_crawler.logs import get_logger
 from image_crawler.retry import Backoff, backoff_delay
+from worker.download.dns import FINAL_KINDS
 from worker.download.fetch import FetchResult
 from worker.images.pool import Body
 from worker.politeness.hosts import HostKey, host_of
@@ -253,7 +266,8 @@ class RobotsGuard:
         """None when ``url`` may be requested; else the status it ends with
         (``RobotsDisallowed``, ``NoIndex`` under a Content-Signal ``search=no``, or
         ``RobotsUnavailable`` once its host has been unreachable for
-        ``unavailable_max_s``). Waits while the host is unreachable."""
+        ``unavailable_max_s``, ``DnsError`` once its host's name did not resolve). Waits
+        while the host is unreachable."""
         status, _ = await self.consult(source, url)
         return status
 
@@ -273,6 +287,8 @@ class RobotsGuard:
             if known.gone:
                 return Status.HOST_UNAVAILABLE, NO_SIGNALS
             entry, now = known.entry, self._clock()
+            if entry.status == Status.DNS_ERROR and entry.failures >= self._settings.dns_tries:
+                return Status.DNS_ERROR, NO_SIGNALS
             since = now if entry.unavailable_since is None else entry.unavailable_since
             give_up_at = since + self._settings.unavailable_max_s
             if now >= give_up_at:
@@ -451,7 +467,9 @@ class RobotsGuard:
         """How long Redis keeps an entry: while fresh, and while unavailable as long as
         the outage may still end its URLs (its start must be remembered)."""
         until = entry.expires_at
-        if entry.unavailable_since is not None:
+        # A name that did not resolve is no outage to remember for a day: its tries are
+        # counted only while it is asked again.
+        if entry.unavailable_since is not None and entry.status != Status.DNS_ERROR:
             until = max(until, entry.unavailable_since + self._settings.unavailable_max_s)
         return max(1000, int((until - self._clock()) * 1000) + 60_000)
 
@@ -462,8 +480,11 @@ class RobotsGuard:
         settings = self._settings
         started = time.monotonic()
         result = await self._get(robots_url)
-        self._pacer.report(key, result.status)
         now, status = self._clock(), result.status
+        if status == Status.DNS_ERROR and not result.redirects:
+            # No request reached the host: nothing to tell its pace.
+            return self._unresolved(origin, result, previous, now)
+        self._pacer.report(key, status)
         took_s = round(time.monotonic() - started, 3)
         if status.isdigit() and 200 <= int(status) < 300:
             text = decode_robots(result.body, truncated=bool(result.detail))
@@ -568,6 +589,29 @@ class RobotsGuard:
             unavailable_s=round(now - since, 1),
         )
         return RobotsEntry(result.status, None, now, now + wait_s, since, failures)
+
+    def _unresolved(
+        self, origin: str, result: FetchResult, previous: RobotsEntry | None, now: float
+    ) -> RobotsEntry:
+        """The entry of a host whose name did not resolve, its tries counted on from the
+        previous entry's; an answer that the name does not exist counts as every try."""
+        settings = self._settings
+        since, tries = now, 1
+        if previous is not None and previous.status == Status.DNS_ERROR:
+            since = now if previous.unavailable_since is None else previous.unavailable_since
+            tries = previous.failures + 1
+        if result.dns_failure in FINAL_KINDS:
+            tries = max(tries, settings.dns_tries)
+        log.warning(
+            "robots_unresolved",
+            origin=origin,
+            kind=result.dns_failure,
+            detail=result.detail[:200],
+            tries=tries,
+            ends_urls=tries >= settings.dns_tries,
+            retry_in_s=settings.dns_retry_s,
+        )
+        return RobotsEntry(Status.DNS_ERROR, None, now, now + settings.dns_retry_s, since, tries)
 
     # --- Crawl-delay ---------------------------------------------------------------------
     async def _note_crawl_delay(self, source: str, origin: str, known: _Known) -> None:
