@@ -1,12 +1,14 @@
 """``python -m crawl_monitor``: the crawl monitor.
 
-Runs seven loops concurrently: the source list refresher, the pause watch
+Runs eight loops concurrently: the source list refresher, the pause watch
 (``crawl_monitor.pause``: the whole crawl is paused while ``crawl_paused`` exists), the
 regulator (each source's rate and circuit breakers, every second, while this monitor
 holds the leader lease), the monitoring log, the backlog measurement (every
-``LOG_FREQUENCY_S``, once Kafka's clients have started), the host counts (every
-``LOG_FREQUENCY_S``, ``crawl_monitor.hosts``), and the splitter (in every monitor: the
-consumer group shares the partitions). Every client is built here, once, entered through
+``LOG_FREQUENCY_S``, once Kafka's clients have started), the host counts and the
+workers' DNS figures (every ``LOG_FREQUENCY_S``, ``crawl_monitor.hosts`` and
+``crawl_monitor.dns``), and the splitter (in every monitor: the consumer group shares the
+partitions); and once, at the start, makes the index of the error counters whole
+(``crawl_monitor.reasons``). Every client is built here, once, entered through
 one ``AsyncExitStack`` and passed to the loops.
 
 With ``METRICS_PORT`` set, the monitor serves ``/metrics`` (``crawl_monitor.metrics``,
@@ -40,6 +42,7 @@ from prometheus_client import CollectorRegistry, PlatformCollector, ProcessColle
 
 from crawl_monitor import dashboard
 from crawl_monitor.backlog import BacklogMonitor, KafkaOffsets
+from crawl_monitor.dns import DnsReportsMonitor
 from crawl_monitor.hosts import HostCountsMonitor
 from crawl_monitor.metrics import (
     HealthLimits,
@@ -50,6 +53,7 @@ from crawl_monitor.metrics import (
 )
 from crawl_monitor.monitoring import MonitoringLog
 from crawl_monitor.pause import PauseWatch
+from crawl_monitor.reasons import index_error_reasons
 from crawl_monitor.regulator import Regulator, RegulatorSettings
 from crawl_monitor.settings import MonitorSettings
 from crawl_monitor.sources import SourceCatalog
@@ -91,6 +95,8 @@ async def run(settings: MonitorSettings, stop: asyncio.Event) -> int:
                 "monitoring": loops.monitoring.run(stop),
                 "backlog": loops.backlog.run(stop, kafka_started),
                 "hosts": loops.hosts.run(stop),
+                "dns": loops.dns.run(stop),
+                "error_reasons": index_error_reasons(clients.redis, stop),
                 "pause": loops.pause.run(stop),
                 "splitter": _split(clients, loops.splitter, stop, kafka_started),
             },
@@ -152,12 +158,13 @@ class _Loops:
     hosts: HostCountsMonitor
     splitter: Splitter
     pause: PauseWatch
+    dns: DnsReportsMonitor
 
 
 def _build_loops(
     settings: MonitorSettings, clients: _Clients, observe_loop: Callable[[float], None]
 ) -> _Loops:
-    """The seven loops, on ``clients``; ``observe_loop`` gets each regulator loop's
+    """The eight loops, on ``clients``; ``observe_loop`` gets each regulator loop's
     duration (s)."""
     catalog = SourceCatalog(
         file=settings.sources_file,
@@ -201,7 +208,8 @@ def _build_loops(
         batch_size=settings.splitter_batch_size,
         paused=lambda: pause.paused,
     )
-    return _Loops(catalog, lease, regulator, monitoring, backlog, hosts, splitter, pause)
+    dns = DnsReportsMonitor(clients.redis, settings.log_frequency_s)
+    return _Loops(catalog, lease, regulator, monitoring, backlog, hosts, splitter, pause, dns)
 
 
 def _registry() -> CollectorRegistry:
@@ -223,6 +231,8 @@ def _view(loops: _Loops) -> MonitorView:
         hosts=loops.hosts.latest,
         pause=loops.pause.current,
         pause_read=loops.pause.read,
+        dns=loops.dns.latest,
+        now_s=time.time(),
     )
 
 

@@ -29,7 +29,19 @@ with a ``urls.{source}`` topic for the backlog):
   minute, and of them how many were paced below the source's rate, backed off and halted
   (``image_crawler.host_index``; read every ``LOG_FREQUENCY_S``), for the sources with a
   host index. No metric has a host label: the series stay four a source, whatever its
-  number of hosts.
+  number of hosts;
+- ``crawler_source_dns_errors_total``: of its errors, URLs whose host's name did not
+  resolve (``resize_errors:{source}:DnsError``).
+
+Per worker (label ``worker``, its name in ``dns_workers``: host name and process id), its
+resolver as it last reported it (``image_crawler.dns_stats``, read every
+``LOG_FREQUENCY_S``; a worker that stops deletes its report, one killed leaves it to go
+stale): ``crawler_worker_dns_queries_total``, ``crawler_worker_dns_cache_hits_total``,
+``crawler_worker_dns_failures_total`` (label ``kind``, the kinds it has had),
+``crawler_worker_dns_names_cached`` and ``crawler_worker_dns_report_age_seconds`` (older
+than ``DNS_STALE_S``: it stopped reporting). The workers' own ``/metrics`` have the same
+counts as ``crawler_dns_*``; these are named apart so that a sum over both never counts
+twice.
 
 Totals: ``crawler_successes_total``, ``crawler_errors_total`` (``num_resized``,
 ``resize_errors``), ``crawler_split_total`` (``num_split``), ``crawler_backlog_urls``,
@@ -62,6 +74,7 @@ from crawl_monitor.backlog import Backlog
 from crawl_monitor.monitoring import Counters
 from crawl_monitor.policy.decision import RegulatorSnapshot
 from image_crawler.contract import CrawlPause, crawl_eta_s, eta_s
+from image_crawler.dns_stats import DnsReport
 from image_crawler.host_index import HostCounts
 
 # The regulator loop takes tens of milliseconds with thousands of sources; its period is
@@ -85,6 +98,10 @@ class MonitorView:
     # the key was read yet (``pause_read``).
     pause: CrawlPause | None = None
     pause_read: bool = False
+    # The workers' DNS reports (None: not read yet), and the Unix time of the scrape,
+    # which their ages are told by.
+    dns: Sequence[DnsReport] | None = None
+    now_s: float = 0.0
 
 
 def monitor_metrics(view: MonitorView) -> list[Metric]:
@@ -98,6 +115,8 @@ def monitor_metrics(view: MonitorView) -> list[Metric]:
         metrics += _counters(view.counters, view.known)
     if view.hosts is not None:
         metrics.append(_hosts(view.hosts))
+    if view.dns is not None:
+        metrics += _dns(view.dns, view.now_s)
     return metrics
 
 
@@ -226,6 +245,12 @@ def _counters(counters: Counters, known: Collection[str]) -> list[Metric]:
         "URLs of a source that failed for good (resize_errors:{source}).",
         labels=["source"],
     )
+    dns_errors = CounterMetricFamily(
+        "crawler_source_dns_errors",
+        "URLs of a source that ended because their host's name did not resolve "
+        "(resize_errors:{source}:DnsError).",
+        labels=["source"],
+    )
     no_index = CounterMetricFamily(
         "crawler_source_no_index",
         "URLs of a source whose server asked that the image not be indexed "
@@ -236,6 +261,7 @@ def _counters(counters: Counters, known: Collection[str]) -> list[Metric]:
         successes.add_metric([source], counters.successful.get(source, 0))
         errors.add_metric([source], counters.errors.get(source, 0))
         no_index.add_metric([source], counters.no_index.get(source, 0))
+        dns_errors.add_metric([source], counters.dns_errors.get(source, 0))
     total_successes = CounterMetricFamily(
         "crawler_successes", "Images crawled and stored, all sources (num_resized)."
     )
@@ -248,7 +274,8 @@ def _counters(counters: Counters, known: Collection[str]) -> list[Metric]:
         "crawler_split", "Messages split from inbound_images into urls.{source} (num_split)."
     )
     split.add_metric([], counters.num_split)
-    return [successes, errors, no_index, _rechecks(counters), total_successes, total_errors, split]
+    rechecks = _rechecks(counters)
+    return [successes, errors, no_index, dns_errors, rechecks, total_successes, total_errors, split]
 
 
 def _rechecks(counters: Counters) -> Metric:
@@ -275,6 +302,42 @@ def _hosts(hosts: Mapping[str, HostCounts]) -> Metric:
         for state, count in counts.counted().items():
             gauge.add_metric([source, state], count)
     return gauge
+
+
+def _dns(reports: Sequence[DnsReport], now_s: float) -> list[Metric]:
+    labels = ["worker"]
+    queries = CounterMetricFamily(
+        "crawler_worker_dns_queries", "Names a worker's resolver looked up.", labels=labels
+    )
+    hits = CounterMetricFamily(
+        "crawler_worker_dns_cache_hits",
+        "Lookups a worker's resolver answered without a query of its own (its cache, or a "
+        "query in flight).",
+        labels=labels,
+    )
+    failures = CounterMetricFamily(
+        "crawler_worker_dns_failures",
+        "Lookups of a worker's resolver that failed, by kind (nxdomain, nodata, servfail, "
+        "timeout, refused, other).",
+        labels=["worker", "kind"],
+    )
+    cached = GaugeMetricFamily(
+        "crawler_worker_dns_names_cached", "Names in a worker's resolver cache.", labels=labels
+    )
+    age = GaugeMetricFamily(
+        "crawler_worker_dns_report_age_seconds",
+        "Seconds since a worker last reported its resolver (dns_workers).",
+        labels=labels,
+    )
+    for report in reports:
+        worker, figures = [report.worker], report.figures
+        queries.add_metric(worker, figures.queries)
+        hits.add_metric(worker, figures.hits)
+        for kind, count in figures.failures.items():
+            failures.add_metric([report.worker, kind], count)
+        cached.add_metric(worker, figures.cached)
+        age.add_metric(worker, report.age_s(now_s))
+    return [queries, hits, failures, cached, age]
 
 
 class MonitorCollector(Collector):

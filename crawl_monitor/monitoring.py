@@ -92,6 +92,8 @@ class Counters:
     # Of the errors, images their servers asked us not to index
     # (resize_errors:{source}:NoIndex).
     no_index: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    # Of the errors, URLs whose host's name did not resolve (resize_errors:{source}:DnsError).
+    dns_errors: Mapping[str, int] = dataclasses.field(default_factory=dict)
     # Re-checks ended, by status in the order of RECHECK_STATUSES, of the sources that
     # have any (the hash rechecks, field {source}:{status}; a status with none is left out).
     rechecks: Mapping[str, Mapping[str, int]] = dataclasses.field(default_factory=dict)
@@ -271,7 +273,12 @@ def _in_check_order(counts: Mapping[str, int]) -> dict[str, int]:
 
 
 # Where read_counters's pipeline answers the rechecks hash.
-_RECHECKS_REPLY: Final = 6
+_RECHECKS_REPLY: Final = 7
+
+
+def _counts(sources: list[str], values: list[Any]) -> dict[str, int]:
+    # MGET's values by source, those with a count.
+    return {s: n for s, v in zip(sources, values, strict=True) if (n := _int(v))}
 
 
 async def read_counters(redis: aioredis.Redis, sources: list[str]) -> Counters:
@@ -288,6 +295,7 @@ async def read_counters(redis: aioredis.Redis, sources: list[str]) -> Counters:
             pipe.mget([num_resized_key(s) for s in sources])
             pipe.mget([resize_errors_key(s) for s in sources])
             pipe.mget([resize_errors_key(s, Status.NO_INDEX) for s in sources])
+            pipe.mget([resize_errors_key(s, Status.DNS_ERROR) for s in sources])
             pipe.hgetall(RECHECKS_HASH)
         replies = await pipe.execute(raise_on_error=False)
     for reply in replies[:_RECHECKS_REPLY]:
@@ -296,11 +304,13 @@ async def read_counters(redis: aioredis.Redis, sources: list[str]) -> Counters:
     successful: dict[str, int] = {}
     errors: dict[str, int] = {}
     no_index: dict[str, int] = {}
+    dns_errors: dict[str, int] = {}
     rechecks: dict[str, dict[str, int]] = {}
     if sources:
-        successful = {s: n for s, v in zip(sources, replies[3], strict=True) if (n := _int(v))}
-        errors = {s: n for s, v in zip(sources, replies[4], strict=True) if (n := _int(v))}
-        no_index = {s: n for s, v in zip(sources, replies[5], strict=True) if (n := _int(v))}
+        successful = _counts(sources, replies[3])
+        errors = _counts(sources, replies[4])
+        no_index = _counts(sources, replies[5])
+        dns_errors = _counts(sources, replies[6])
         fields = replies[_RECHECKS_REPLY]
         rechecks = _rechecks(sources, fields if isinstance(fields, Mapping) else {})
     return Counters(
@@ -310,6 +320,7 @@ async def read_counters(redis: aioredis.Redis, sources: list[str]) -> Counters:
         successful=successful,
         errors=errors,
         no_index=no_index,
+        dns_errors=dns_errors,
         rechecks=rechecks,
     )
 

@@ -18,20 +18,43 @@ stderr. Exit statuses: 0 done; 1 failed (bad rows, URLs not done, a process died
 arguments or configuration; 3 Kafka or Redis unreachable; 130 interrupted (``demo``).
 
 This module is the parser and the dispatch: each module of ``crawlctl.commands``
-registers its subcommand(s), with a ``run(args) -> int`` as the parser's default.
+registers its subcommand(s), with a ``run(args) -> int`` as the parser's default. A
+command line that names a subcommand imports that subcommand's module alone: the others
+bring the broker's, S3's and the local stack's code, a third of a second of imports that
+``image-crawler status`` (meant to answer within a second) has no use for.
 """
 
 from __future__ import annotations
 
+import importlib
 import sys
+from collections.abc import Sequence
 from importlib import metadata
 from typing import Final
 
-from crawlctl.commands import controls, demo, produce, recheck, status, up
 from crawlctl.console import EXIT_INTERRUPTED, EXIT_USAGE, PROG, Parser, UsageError, error, note
 
-# In the order ``--help`` lists them.
-COMMANDS: Final = (up, demo, produce, recheck, status, controls)
+# Each subcommand's module in crawlctl.commands, in the order ``--help`` lists them.
+COMMANDS: Final = {
+    "up": "up",
+    "demo": "demo",
+    "produce": "produce",
+    "recheck": "recheck",
+    "status": "status",
+    "halt": "controls",
+    "resume": "controls",
+    "override": "controls",
+    "robots-exempt": "controls",
+}
+
+
+def modules_for(argv: Sequence[str] | None) -> list[str]:
+    """The modules whose subcommands the parser of ``argv`` needs: the named
+    subcommand's alone, else all (``--help``, ``--version``, a typo: they list them)."""
+    named = next((arg for arg in argv or () if not arg.startswith("-")), None)
+    if named in COMMANDS:
+        return [COMMANDS[named]]
+    return list(dict.fromkeys(COMMANDS.values()))
 
 
 def _version() -> str:
@@ -41,7 +64,8 @@ def _version() -> str:
         return "unknown"
 
 
-def build_parser() -> Parser:
+def build_parser(argv: Sequence[str] | None = None) -> Parser:
+    """The command line's parser, with the subcommands ``argv`` needs (None: all)."""
     parser = Parser(
         prog=PROG,
         description="Run a polite image crawl on this machine, feed it, watch it, operate it.",
@@ -54,14 +78,15 @@ def build_parser() -> Parser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     subcommands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     subcommands.required = True
-    for command in COMMANDS:
-        command.register(subcommands)
+    for module in modules_for(argv):
+        importlib.import_module(f"crawlctl.commands.{module}").register(subcommands)
     return parser
 
 
 def run(argv: list[str] | None = None) -> int:
     """Parse ``argv`` and run the subcommand; returns the exit status."""
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(argv).parse_args(argv)
     try:
         return int(args.run(args))
     except UsageError as e:

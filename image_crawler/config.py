@@ -16,12 +16,8 @@ from typing import Any, Final
 from urllib.parse import urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
-from aiokafka.helpers import create_ssl_context
 
-from image_crawler.logs import get_logger
 from image_crawler.ports import parse_ports
-
-log = get_logger(__name__)
 
 
 class ConfigError(ValueError):
@@ -73,6 +69,11 @@ def deprecated_settings(env: Mapping[str, str]) -> tuple[DeprecatedSetting, ...]
 
 def log_deprecated(deprecated: Iterable[DeprecatedSetting]) -> None:
     """Log ``deprecated_setting`` (``name``, ``use``, and ``ignored`` when set) for each."""
+    # Imported here: structlog (and the rich traceback it loads) take a tenth of a second
+    # to import, which `image-crawler status` would otherwise pay at every start.
+    from image_crawler.logs import get_logger
+
+    log = get_logger(__name__)
     for setting in deprecated:
         fields: dict[str, Any] = {"name": setting.name, "use": setting.use}
         if setting.ignored:
@@ -192,6 +193,10 @@ class KafkaSettings:
             "security_protocol": self.security_protocol,
         }
         if self.security_protocol.endswith("SSL"):
+            # Imported here: aiokafka takes a tenth of a second to import, which the
+            # commands that use Redis alone (image-crawler status) need not pay.
+            from aiokafka.helpers import create_ssl_context
+
             options["ssl_context"] = create_ssl_context(
                 cafile=self.ssl_cafile, certfile=self.ssl_certfile, keyfile=self.ssl_keyfile
             )

@@ -176,6 +176,25 @@ PAUSE_OPERATOR: Final = "operator"
 # replies every LOG_FREQUENCY_S (measured: the monitor's counters read went from 73 to
 # 142 ms). A source name never holds ":", so the field splits at its last one.
 RECHECKS_HASH: Final = "rechecks"
+# Beyond the original (issue 38): which per-status error counters exist, a set of their
+# names (resize_errors:{source}:{status}) that the workers' stats flush SADDs in the same
+# call as it INCRs them. `image-crawler status` reads the counters it names instead of
+# SCANning the keyspace for them: with a million hosts' keys a SCAN took 9 s.
+# ERROR_REASONS_COMPLETE exists once the set names every counter, those written before it
+# was kept included (image_crawler/error_reasons.py fills it in: the monitor at its
+# start, `status` when it has to SCAN); without it readers SCAN, as before.
+ERROR_REASONS_SET: Final = "error_reasons"
+ERROR_REASONS_COMPLETE: Final = "error_reasons_complete"
+# Beyond the original (issue 38): each worker's resolver figures (queries, cache hits,
+# failures by kind, names cached), a hash of worker name -> JSON written by the worker
+# every DNS_REPORT_EVERY_S and deleted when it stops (image_crawler/dns_stats.py), for
+# `image-crawler status` and the monitor's dashboard. A field older than DNS_STALE_S is a
+# worker that stopped reporting; the next report of any worker deletes those older than
+# DNS_FORGET_S, so that workers gone without a goodbye do not pile up.
+DNS_WORKERS_HASH: Final = "dns_workers"
+DNS_REPORT_EVERY_S: Final = 5.0
+DNS_STALE_S: Final = 60.0
+DNS_FORGET_S: Final = 3600.0
 
 LAST_N_STATUSES: Final = 50
 # (key prefix, window length in seconds) of the time-based sliding windows.

@@ -33,10 +33,12 @@ from image_crawler.logs import get_logger
 from image_crawler.metrics import serving
 from image_crawler.retry import sleep_unless_stopped
 from worker.download.budget import ByteBudget
+from worker.download.dns import CachingResolver
+from worker.download.dns_report import DnsReporter
 from worker.download.fetch import Fetcher, close_session, new_session
 from worker.health import WorkerHealth
 from worker.images.pool import PoolProcessor
-from worker.metrics import IMAGE_POOL_QUEUE, TASK_SLOTS, TASKS_IN_FLIGHT
+from worker.metrics import DNS_NAMES_CACHED, IMAGE_POOL_QUEUE, TASK_SLOTS, TASKS_IN_FLIGHT
 from worker.pipeline import Pipeline, RetryPolicy
 from worker.politeness.pacing import PacingSettings, RedisPacer
 from worker.politeness.robots import RobotsGuard
@@ -118,10 +120,11 @@ async def run(settings: WorkerSettings, stop: asyncio.Event) -> None:
         store, destination = await _thumbnail_store(settings, stack)
         parts = _build_pipeline(settings, stack, redis, producer, store)
         scheduler = _build_scheduler(settings, consumer, redis, parts)
-        _export_gauges(settings, scheduler, parts.processor)
+        _export_gauges(settings, scheduler, parts)
         _log_started(settings, destination)
         health.running()
-        async with _background(parts.pacer.run(), parts.stats.run(), _report(scheduler, stop)):
+        background = (parts.pacer.run(), parts.stats.run(), parts.dns.run())
+        async with _background(*background, _report(scheduler, stop)):
             await scheduler.run(stop)
     log.info("worker_stopped", finished=scheduler.finished)
 
@@ -168,6 +171,7 @@ class _Parts:
     pacer: RedisPacer
     stats: RedisStats
     processor: PoolProcessor
+    dns: DnsReporter
 
 
 def _build_pipeline(
@@ -179,8 +183,12 @@ def _build_pipeline(
 ) -> _Parts:
     """A URL's way from its slot to its results; each part closed when ``stack`` closes."""
     policy = settings.fetch.address_policy
-    http = new_session(settings.fetch, policy, settings.dns)
+    resolver = CachingResolver(settings.dns)
+    http = new_session(settings.fetch, policy, resolver=resolver)
     stack.push_async_callback(close_session, http)
+    # Its figures for operators; deleted as the worker stops, before Redis closes.
+    dns = DnsReporter(redis, resolver)
+    stack.push_async_callback(dns.close)
     processor = PoolProcessor(settings.image_processes)
     stack.callback(processor.close)
     pacer = RedisPacer(
@@ -213,7 +221,7 @@ def _build_pipeline(
         robots=robots,
         pacing_key=settings.hosts.pacing_key,
     )
-    return _Parts(pipeline, pacer, stats, processor)
+    return _Parts(pipeline, pacer, stats, processor, dns)
 
 
 def _build_scheduler(
@@ -249,14 +257,14 @@ def _build_scheduler(
     )
 
 
-def _export_gauges(
-    settings: WorkerSettings, scheduler: Scheduler, processor: PoolProcessor
-) -> None:
+def _export_gauges(settings: WorkerSettings, scheduler: Scheduler, parts: _Parts) -> None:
     """The gauges read from the parts at scrape time (nothing to keep up to date), and
     the dependencies exported as up before any outage."""
     TASK_SLOTS.set(settings.max_tasks)
     TASKS_IN_FLIGHT.set_function(lambda: scheduler.in_flight)
+    processor = parts.processor
     IMAGE_POOL_QUEUE.set_function(lambda: processor.queued)
+    DNS_NAMES_CACHED.set_function(lambda: parts.dns.figures().cached)
     store = "local_store" if settings.thumbnails.store == "local" else "s3"
     DEPENDENCY_STATES.known("kafka", "redis", store)
 

@@ -92,3 +92,8 @@ DNS_FAILURES = Counter(
     "timeout (no answer after the resolver's tries), refused, other.",
     ["kind"],
 )
+DNS_NAMES_CACHED = Gauge(
+    "crawler_dns_names_cached",
+    "Names (with their address family) in the resolver's cache, answers and remembered "
+    "failures, expired ones not yet dropped included.",
+)

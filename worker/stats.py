@@ -10,12 +10,14 @@ Writes cost CPU per Redis command (redis-py packs each command and reads each re
 Python), so outcomes queue and are flushed together, at most every ``min_interval_s`` (at
 once when nothing was flushed for longer), and a flush is one call of a Lua script
 (``lua/stats_flush.lua``) that writes per key, not per outcome: one trim and one ZADD per
-window, one RPUSH and LTRIM per last-N list, one INCRBY per counter, the batch going as
-one JSON argument. Redis ends up as if each outcome had been written on its own, one
-command at a time: ``flush_commands`` states that rule, and test/worker/test_lua_twins.py
-holds the script to it. The script also makes each flush atomic. The breakers read the
-windows about once a second, so a flush that comes up to ``min_interval_s`` later is
-soon enough; a message is committed up to that much later too.
+window, one RPUSH and LTRIM per last-N list, one INCRBY per counter, one SADD of the
+per-status error counters' names to their index (image_crawler/error_reasons.py), the
+batch going as one JSON argument. Redis ends up as if each outcome had been written on
+its own, one command at a time: ``flush_commands`` states that rule, and
+test/worker/test_lua_twins.py holds the script to it. The script also makes each flush
+atomic. The breakers read the windows about once a second, so a flush that comes up to
+``min_interval_s`` later is soon enough; a message is committed up to that much later
+too.
 
 Counting is at least once. A write that timed out (Redis stopped answering) may still be
 run by Redis when it comes back, before or after the retry: the counters and the last-50
@@ -40,6 +42,7 @@ from redis.exceptions import RedisError
 
 from image_crawler.contract import (
     BACKOFF_STATUSES,
+    ERROR_REASONS_SET,
     EXPECTED_STATUSES,
     LAST_N_STATUSES,
     NUM_MALFORMED,
@@ -118,6 +121,14 @@ def host_error(status: str) -> bool:
     return status not in EXPECTED_STATUSES and status not in BACKOFF_STATUSES
 
 
+def reason_key(source: str | None, status: str) -> str | None:
+    """The per-status error counter one outcome adds 1 to, which goes into the index of
+    those counters (ERROR_REASONS_SET, image_crawler/error_reasons.py); None: none."""
+    if source is None or status in _SUCCESSES:
+        return None
+    return resize_errors_key(source, status)
+
+
 def spread_keys(source: str, status: str, host: str | None) -> tuple[str, ...]:
     """The sorted sets of hosts one outcome with a known ``host`` goes into."""
     if host is None:
@@ -137,8 +148,9 @@ def flush_commands(
     source's windows and its status to the source's last-N list (trimmed to the newest
     ``last_n``), its host (when known) to its source's sets of hosts (``spread_keys``:
     scored by its time, trimmed like a window of ``SPREAD_WINDOW_S`` and to the newest
-    ``SPREAD_HOSTS_KEPT``, expiring ``SPREAD_KEYS_TTL_S`` later), and adds 1 to each of
-    its counters (``counted_keys``); a re-check's
+    ``SPREAD_HOSTS_KEPT``, expiring ``SPREAD_KEYS_TTL_S`` later), adds 1 to each of
+    its counters (``counted_keys``) and its per-status error counter's name to
+    ERROR_REASONS_SET (``reason_key``); a re-check's
     verdict (``check``) only adds 1 to its field of RECHECKS_HASH. A window drops
     what fell out of it once a flush, just before the flush's first outcome of that
     window is added, by that outcome's time: a batch queued while Redis was away may span
@@ -170,6 +182,9 @@ def flush_commands(
                     ("EXPIRE", key, str(SPREAD_KEYS_TTL_S)),
                 ]
         commands += [("INCR", key) for key in counted_keys(source, status, backoff)]
+        reason = reason_key(source, status)
+        if reason is not None:
+            commands.append(("SADD", ERROR_REASONS_SET, reason))
     return commands
 
 
@@ -292,6 +307,7 @@ class RedisStats:
         hosts: dict[str, list[Any]] = {}  # the same, for the sets of hosts
         statuses: defaultdict[str, list[str]] = defaultdict(list)
         counts: Counter[str] = Counter()
+        reasons: set[str] = set()
         checks: Counter[str] = Counter()
         for source, status, backoff, now, _, check, host in batch:
             if check:
@@ -299,6 +315,9 @@ class RedisStats:
                 checks[rechecks_field(source, status)] += 1
                 continue
             counts.update(counted_keys(source, status, backoff))
+            reason = reason_key(source, status)
+            if reason is not None:
+                reasons.add(reason)
             if source is None:
                 continue
             score = repr(now)
@@ -321,6 +340,7 @@ class RedisStats:
                 "z": list(hosts.values()),
                 "l": [[last50_key(source), values] for source, values in statuses.items()],
                 "c": counts,
+                "r": [ERROR_REASONS_SET, sorted(reasons)],
                 "h": [[RECHECKS_HASH, checks]] if checks else [],
             }
         )

@@ -30,6 +30,7 @@ from crawlctl.status.model import (
     totals,
 )
 from image_crawler.contract import CrawlPause
+from image_crawler.dns_stats import DnsFigures, DnsReport
 
 JSON_VERSION: Final = 1
 
@@ -70,6 +71,36 @@ def source_json(source: SourceStatus) -> dict[str, Any]:
         "robots_exempt": source.robots_exempt,
         "crawl_delay_s": source.crawl_delay_s,
         "hosts": source.hosts.counted() if source.hosts is not None else None,
+    }
+
+
+def dns_json(figures: DnsFigures) -> dict[str, Any]:
+    """DNS figures (a worker's, or their sum) for ``--json``."""
+    return {
+        "queries": figures.queries,
+        "cache_hits": figures.hits,
+        "lookups": figures.lookups,
+        "hit_ratio": figures.hit_ratio,
+        "failures": dict(figures.failures),
+        "failed": figures.failed,
+        "names_cached": figures.cached,
+    }
+
+
+def _crawl_dns_json(status: CrawlStatus) -> dict[str, Any] | None:
+    figures = status.dns
+    if figures is None or status.now_s is None:
+        return None
+    reporting = [r for r in status.dns_reports if not r.stale(status.now_s)]
+    return {"workers": len(reporting), **dns_json(figures)}
+
+
+def _report_json(report: DnsReport, now_s: float | None) -> dict[str, Any]:
+    return {
+        "worker": report.worker,
+        "age_s": None if now_s is None else report.age_s(now_s),
+        "stale": None if now_s is None else report.stale(now_s),
+        **dns_json(report.figures),
     }
 
 
@@ -115,8 +146,11 @@ def status_json(
             "urls_lost": total.urls_lost,
             "hosts": hosts.counted() if hosts is not None else None,
             "paused": _pause_json(status.paused),
+            "dns": _crawl_dns_json(status),
+            "dns_errors": status.dns_errors,
         },
         "sources": [source_json(source) for source in shown],
+        "dns_workers": [_report_json(report, status.now_s) for report in status.dns_reports],
     }
 
 

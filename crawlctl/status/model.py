@@ -14,11 +14,14 @@ the Crawl-delay that caps the source's rate (``crawl_delay:``) and whether an op
 exempted the source (``robots_exempt``). Its backlog, the URLs split but not yet taken by
 the workers, as the monitor last measured it (the hash ``backlog``, with the time of the
 measurement in ``backlog_measured_at``), and from it the ETA at the effective rate; its
-errors by reason (``resize_errors:{source}:{status}``, found with SCAN), its re-checks of
+errors by reason (``resize_errors:{source}:{status}``, named by their index, or found
+with SCAN until it is whole: image_crawler/error_reasons.py), its re-checks of
 earlier crawls by status (the hash ``rechecks``, field ``{source}:{status}``) and the URLs
 found deleted unread (``urls_lost:``). Its hosts: how many were asked about in the last
 minute, and of them how many are paced below its rate, backed off and halted, counted
 from its host index (``host_index:``, ``image_crawler.host_index``) in a second call.
+The workers' DNS figures (``dns_workers``, ``image_crawler.dns_stats``), each worker's and
+their sum, are read in the first call: a few fields a worker, nothing per host.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from image_crawler.contract import (
     BACKLOG_HASH,
     CRAWL_DELAY_PREFIX,
     CRAWL_PAUSED_KEY,
+    DNS_WORKERS_HASH,
     HALTED_SET,
     INBOUND_SOURCES_SET,
     LAST_50_PREFIX,
@@ -62,6 +66,8 @@ from image_crawler.contract import (
     eta_s,
     source_and_check,
 )
+from image_crawler.dns_stats import DnsFigures, DnsReport, crawl_dns, parse_reports
+from image_crawler.error_reasons import reason_keys
 from image_crawler.host_index import HostCounts, read_host_counts
 from image_crawler.lua import lua_script
 
@@ -89,13 +95,11 @@ _ARGV: Final = (
     Status.NO_INDEX,
     RECHECKS_HASH,
     CRAWL_PAUSED_KEY,
+    DNS_WORKERS_HASH,
 )
 # Every per-status error counter, resize_errors:{source}:{status}; source names and
 # statuses hold no ':'.
 _REASON_PREFIX: Final = f"{RESIZE_ERRORS}:"
-REASON_KEYS_MATCH: Final = f"{RESIZE_ERRORS}:*:*"
-# Keys SCAN looks at per call: each call holds Redis for about that many keys' walk.
-SCAN_COUNT: Final = 1000
 
 # The monitor rewrites the backlog every LOG_FREQUENCY_S; a figure older than this is from
 # a monitor that stopped measuring (or is not running), and the view says so.
@@ -161,6 +165,21 @@ class CrawlStatus:
     rechecks: Mapping[str, int] = dataclasses.field(default_factory=dict)
     # The whole crawl is paused (``crawl_paused``: a full disk, an operator); None: not.
     paused: CrawlPause | None = None
+    # Each worker's DNS figures as it last reported them (``dns_workers``), by name.
+    dns_reports: tuple[DnsReport, ...] = ()
+    # Redis's clock at the read (Unix s), by which the reports' ages are told; None:
+    # unreadable. The moment of a read, not part of the state: left out of ``==``.
+    now_s: float | None = dataclasses.field(default=None, compare=False)
+
+    @property
+    def dns(self) -> DnsFigures | None:
+        """The DNS figures of the workers reporting now, summed; None when none is."""
+        return None if self.now_s is None else crawl_dns(self.dns_reports, self.now_s)
+
+    @property
+    def dns_errors(self) -> int:
+        """URLs ended as ``DnsError`` (``resize_errors:{source}:DnsError``, summed)."""
+        return self.errors_by_reason.get(Status.DNS_ERROR, 0)
 
 
 def _int(value: Any) -> int | None:
@@ -345,6 +364,8 @@ def parse_status(payload: str | bytes, reason_keys: Sequence[str] = ()) -> Crawl
         errors_by_reason=_by_count(total_reasons),
         rechecks=_in_check_order(total_rechecks),
         paused=_pause(data.get("paused")),
+        dns_reports=parse_reports(_pairs(data.get("dns"))),
+        now_s=now,
     )
 
 
@@ -352,17 +373,11 @@ def _pause(value: Any) -> CrawlPause | None:
     return CrawlPause.from_json(value) if isinstance(value, str) else None
 
 
-async def reason_keys(redis: aioredis.Redis) -> list[str]:
-    """Every ``resize_errors:{source}:{status}`` key, found with SCAN (a step of
-    ``SCAN_COUNT`` keys a call, so that Redis serves others between steps)."""
-    keys = [key async for key in redis.scan_iter(match=REASON_KEYS_MATCH, count=SCAN_COUNT)]
-    return list(dict.fromkeys(keys))  # SCAN may return a key twice
-
-
 async def read_status(redis: aioredis.Redis) -> CrawlStatus:
-    """Everything ``status_table`` shows: the error counters' keys found with SCAN, then
-    every value read in one round trip (one script, one moment of Redis's clock), the
-    re-checks' hash included; then the sources' host counts (one more script)."""
+    """Everything ``status_table`` shows: the error counters' keys (from their index, or
+    found with SCAN while it is not whole: ``reason_keys``), then every value read in one
+    round trip (one script, one moment of Redis's clock), the re-checks' hash and the
+    workers' DNS figures included; then the sources' host counts (one more script)."""
     keys = await reason_keys(redis)
     payload = await redis.eval(_SCRIPT, len(keys), *keys, *_ARGV)
     status = parse_status(payload, keys)

@@ -47,6 +47,7 @@ from crawlctl.status.model import (
 )
 from image_crawler.contract import (
     BACKLOG_AT,
+    DNS_STALE_S,
     HOST_AT_PACE,
     HOST_BACKED_OFF,
     HOST_HALTED,
@@ -59,6 +60,7 @@ from image_crawler.contract import (
     PACE_STOPPED,
     URLS_LOST,
 )
+from image_crawler.dns_stats import DnsFigures
 
 # A next slot closer than this is ordinary pacing at any rate above 1/s: not worth a line.
 NEXT_SLOT_SHOWN_S: Final = 1.0
@@ -68,6 +70,8 @@ NEXT_SLOT_SHOWN_S: Final = 1.0
 PAUSE_MARGIN_S: Final = 1.0
 # Reasons shown in a source's row; the caption and --json have them all.
 ROW_REASONS: Final = 3
+# Workers whose DNS figures the caption shows a line each; --json has them all.
+DNS_WORKERS_SHOWN: Final = 8
 
 
 def _grain_s(seconds: float) -> int:
@@ -444,6 +448,7 @@ def _caption(
             f"their source's rate, {hosts.backed_off} backed off, {hosts.halted} halted "
             "(image-crawler status --hosts SOURCE lists them)"
         )
+    lines += dns_lines(status)
     if total.urls_lost:
         lines.append(
             f"lost: {total.urls_lost} URLs deleted from urls.* topics before a worker read "
@@ -468,6 +473,43 @@ def _caption(
         )
     if note:
         lines.append(note)
+    return lines
+
+
+def dns_text(figures: DnsFigures) -> str:
+    """``"12500 queries, 91.2% of 142000 lookups from cache, 5210 names cached, 61 failed
+    (nxdomain 50, timeout 11)"``."""
+    ratio = figures.hit_ratio
+    cache = "no lookup yet" if ratio is None else f"{ratio:.1%} of {figures.lookups} lookups"
+    failed = ", ".join(f"{kind} {n}" for kind, n in figures.failures.items())
+    return f"{figures.queries} queries, {cache} from cache, {figures.cached} names cached, " + (
+        f"{figures.failed} failed ({failed})" if failed else "none failed"
+    )
+
+
+def dns_lines(status: CrawlStatus) -> list[str]:
+    """The workers' resolvers, summed over those reporting (``dns_workers``), and the URLs
+    ended as DnsError; then each worker on a line of its own when there are several (or
+    one stopped reporting), the first ``DNS_WORKERS_SHOWN``. None without either."""
+    reports, now_s = status.dns_reports, status.now_s
+    ended = f"; {status.dns_errors} URLs ended as DnsError" if status.dns_errors else ""
+    if (not reports and not ended) or now_s is None:
+        return []
+    total = status.dns
+    if total is None:
+        gone = f" ({len(reports)} stopped reporting)" if reports else ""
+        return [f"dns: no worker reported in the last {DNS_STALE_S:g} s{gone}{ended}"]
+    reporting = sum(not report.stale(now_s) for report in reports)
+    lines = [f"dns: {reporting} worker(s) reporting: {dns_text(total)}{ended}"]
+    if len(reports) == 1 and reporting == 1:
+        return lines
+    for report in reports[:DNS_WORKERS_SHOWN]:
+        age_s = report.age_s(now_s)
+        when = f"stale: last report {eta_text(age_s)} ago" if report.stale(now_s) else ""
+        when = when or f"{age_s:.0f} s ago"
+        lines.append(f"  {report.worker}: {dns_text(report.figures)} ({when})")
+    if len(reports) > DNS_WORKERS_SHOWN:
+        lines.append(f"  and {len(reports) - DNS_WORKERS_SHOWN} more workers (--json has them)")
     return lines
 
 

@@ -313,19 +313,21 @@ async def test_a_seeded_redis_is_reported(redis):
     }
 
 
-async def test_the_counters_are_three_gets_three_mgets_and_one_hgetall(redis):
+async def test_the_counters_are_three_gets_four_mgets_and_one_hgetall(redis):
     """Whatever the number of sources: the re-checks cost one HGETALL, not a key each."""
     await redis.hset(c.RECHECKS_HASH, c.rechecks_field("source0007", c.CHECK_GONE), 3)
+    await redis.set(c.resize_errors_key("source0009", c.Status.DNS_ERROR), 4)
     await redis.config_resetstat()
     counters = await read_counters(redis, [f"source{i:04}" for i in range(1000)])
     stats = await redis.info("commandstats")
     calls = {name.removeprefix("cmdstat_"): stat["calls"] for name, stat in stats.items()}
     assert {name: calls.get(name) for name in ("get", "mget", "hgetall")} == {
         "get": 3,
-        "mget": 3,
+        "mget": 4,
         "hgetall": 1,
     }
     assert counters.rechecks == {"source0007": {"gone": 3}}
+    assert counters.dns_errors == {"source0009": 4}
 
 
 async def test_without_known_sources_the_rechecks_are_not_read(redis):

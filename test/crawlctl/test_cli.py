@@ -136,6 +136,28 @@ def test_the_console_script_is_installed_and_lists_every_subcommand() -> None:
     assert result.stderr == ""
 
 
+def test_a_subcommand_imports_its_own_module_alone() -> None:
+    """``image-crawler status`` is meant to answer within a second: it does not import the
+    broker's, S3's or the local stack's code (nor structlog), which the other subcommands
+    bring. In a new interpreter, so that nothing imported by the tests counts."""
+    assert cli.modules_for(["status", "--once"]) == ["status"]
+    assert cli.modules_for(["halt", "flickr"]) == ["controls"]
+    assert cli.modules_for(["--help"]) == cli.modules_for(["fly"]) == cli.modules_for(None)
+    assert set(cli.modules_for(None)) == set(cli.COMMANDS.values())
+    script = (
+        "import sys\n"
+        "from crawlctl import cli\n"
+        "cli.build_parser(['status', '--once'])\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('aiokafka', 'aiohttp', 'aiobotocore', 'structlog', 'pyarrow') "
+        "or m.startswith(('crawlctl.commands.', 'crawlctl.localstack'))))\n"
+    )
+    found = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True
+    ).stdout
+    assert found.strip() == "['crawlctl.commands.controls', 'crawlctl.commands.status']"
+
+
 @pytest.mark.parametrize("subcommand", SUBCOMMANDS)
 def test_every_subcommand_has_help(subcommand: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as caught:

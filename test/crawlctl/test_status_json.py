@@ -44,8 +44,12 @@ async def test_the_json_has_every_field_with_numbers_as_numbers(redis: Redis) ->
         "sources", "sources_shown", "sort", "successes", "errors", "split", "malformed",
         "effective_rps", "configured_rps", "backlog", "backlog_age_s", "backlog_stale",
         "eta_s", "eta_source", "stalled_sources", "stalled_backlog", "unknown_eta_sources",
-        "errors_by_reason", "rechecks", "urls_lost", "hosts", "paused",
+        "errors_by_reason", "rechecks", "urls_lost", "hosts", "paused", "dns", "dns_errors",
     }  # fmt: skip
+    assert set(document) == {"version", "general", "sources", "dns_workers"}
+    # No worker reports its resolver: no figures, not zeros.
+    assert general["dns"] is None and document["dns_workers"] == []
+    assert general["dns_errors"] == 0
     assert general["paused"] is None
     assert general["sources"] == general["sources_shown"] == 6 and general["sort"] == "backlog"
     assert (general["successes"], general["errors"], general["split"]) == (13224, 9, 20000)

@@ -12,9 +12,14 @@ when it is missing) is driven through the DevTools protocol (test/harness/dashbo
   than the page reads, 0 once they stop; sorting by a click on a header, the filter box;
   the "cannot reach the monitor" state when the server goes away, and a standby monitor
   when it is back.
+- The DNS panel, against a made-up monitor: a row per worker as ``/metrics`` says (one
+  that stopped reporting dimmed and said stale), the sum of those reporting, the URLs
+  ended as DnsError; the empty state before any report.
 - During a real crawl (the monitor, a worker, a local origin, one source halted by its
-  breaker, re-check counters written into Redis): the sources and their values as the
-  monitor's ``/metrics`` says, sorting, no console error, no request to another origin;
+  breaker, one on ``localhost`` so that its worker's resolver has a name to look up,
+  re-check counters written into Redis): the sources and their values, and the worker's
+  DNS row, as the monitor's ``/metrics`` says, the row gone once the worker has stopped;
+  sorting, no console error, no request to another origin;
   the screenshot is saved to the test's directory, and to ``DASHBOARD_SCREENSHOT``
   when that is set (how ``docs/dashboard.png`` is made; the crawl then runs longer so
   that the chart has more to show).
@@ -31,6 +36,7 @@ import math
 import os
 import re
 import signal
+import socket
 import time
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from decimal import ROUND_HALF_UP, Decimal
@@ -99,6 +105,9 @@ READ_PAGE = """(() => {
       .map((tr) => [...tr.cells].map((td) => td.textContent)),
     shown: text("shown"),
     chartLines: document.querySelectorAll("#chart path.total").length,
+    dns: [...document.querySelectorAll("#dns-rows tr")]
+      .map((tr) => [tr.className, ...[...tr.cells].map((td) => td.textContent)]),
+    dnsNote: text("dns-note"),
   };
 })()""".replace("TOTALS", json.dumps(TOTALS))
 
@@ -247,6 +256,7 @@ PER_SOURCE = {
     "crawler_source_successes_total": "successes",
     "crawler_source_errors_total": "errors",
     "crawler_source_no_index_total": "no_index",
+    "crawler_source_dns_errors_total": "dns_errors",
 }
 
 
@@ -275,6 +285,87 @@ def per_source(text: str) -> tuple[dict[str, dict[str, float]], dict[str, float]
 def expected_rows(text: str) -> dict[str, list[str]]:
     sources, _ = per_source(text)
     return {name: expected_row(name, values) for name, values in sources.items()}
+
+
+# The page's DNS_STALE_S (the monitor's): a worker whose report is older is stale.
+DNS_KINDS = ("nxdomain", "nodata", "servfail", "timeout", "refused", "other")
+WORKER_DNS = {
+    "crawler_worker_dns_queries_total": "queries",
+    "crawler_worker_dns_cache_hits_total": "hits",
+    "crawler_worker_dns_names_cached": "cached",
+    "crawler_worker_dns_report_age_seconds": "age",
+}
+NO_DNS_YET = [["empty-row", "No worker has reported its resolver yet."]]
+
+
+def fmt_failures(failures: Mapping[str, float]) -> str:
+    """``"50 nxdomain · 11 timeout"``, the resolver's kinds first; "none" for none."""
+    order = [*DNS_KINDS, *sorted(set(failures) - set(DNS_KINDS))]
+    shown = [f"{fmt_int(failures[k])} {k}" for k in order if failures.get(k, 0) > 0]
+    return " · ".join(shown) or "none"
+
+
+def fmt_ratio(hits: float, queries: float) -> str:
+    lookups = hits + queries
+    return f"{half_up(100 * hits / lookups, 1)} %" if lookups else NONE
+
+
+def workers_dns(text: str) -> dict[str, dict[str, Any]]:
+    """Each worker's DNS values in a ``/metrics`` text (failures by kind under
+    ``failures``)."""
+    workers: dict[str, dict[str, Any]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            worker = sample.labels.get("worker")
+            if worker is None:
+                continue
+            values = workers.setdefault(worker, {"failures": {}})
+            if sample.name == "crawler_worker_dns_failures_total":
+                values["failures"][sample.labels["kind"]] = sample.value
+            elif sample.name in WORKER_DNS:
+                values[WORKER_DNS[sample.name]] = sample.value
+    return workers
+
+
+def dns_cells(name: str, values: Mapping[str, Any]) -> list[str]:
+    queries, hits = values.get("queries", 0), values.get("hits", 0)
+    return [
+        name,
+        fmt_int(values.get("queries")),
+        fmt_int(values.get("hits")),
+        fmt_ratio(hits, queries),
+        fmt_int(values.get("cached")),
+        fmt_failures(values["failures"]),
+    ]
+
+
+def expected_dns(text: str) -> tuple[list[list[str]], str]:
+    """The DNS panel's rows (class first, then the cells) and note for a ``/metrics``
+    text: a row per worker by name, then the workers reporting now summed."""
+    rows: list[list[str]] = []
+    total: dict[str, Any] = {"queries": 0.0, "hits": 0.0, "cached": 0.0, "failures": {}}
+    reporting = 0
+    for worker, values in sorted(workers_dns(text).items()):
+        stale = not values.get("age", math.inf) <= c.DNS_STALE_S
+        when = f"{fmt_duration(values.get('age'))} ago"
+        rows.append(["stale" if stale else "", *dns_cells(worker, values)])
+        rows[-1].append(f"stale · {when}" if stale else when)
+        if not stale:
+            reporting += 1
+            for key in ("queries", "hits", "cached"):
+                total[key] += values.get(key, 0)
+            for kind, n in values["failures"].items():
+                total["failures"][kind] = total["failures"].get(kind, 0) + n
+    if reporting:
+        rows.append(["total", *dns_cells(f"all workers ({reporting} reporting)", total), ""])
+    sources, _ = per_source(text)
+    ended = (
+        f"{fmt_int(sum(v.get('dns_errors', 0) for v in sources.values()))} URLs ended as DnsError"
+    )
+    note = (
+        f"{fmt_ratio(total['hits'], total['queries'])} from cache · {ended}" if reporting else ended
+    )
+    return (rows or NO_DNS_YET), note
 
 
 # --- the page as served ------------------------------------------------------------------
@@ -335,6 +426,7 @@ class SourceState:
     successes: int = 0
     errors: int = 0
     no_index: int = 0
+    dns_errors: int = 0
     # status -> count, a sample each (the monitor's has none for a status never seen).
     rechecks: dict[str, int] = dataclasses.field(default_factory=dict)
     # state -> count (active, paced, backed_off, halted); empty: no host index.
@@ -346,6 +438,8 @@ class MadeUpMonitor:
 
     def __init__(self, sources: Mapping[str, SourceState]) -> None:
         self.sources = dict(sources)
+        # worker -> its DNS figures (queries, hits, cached, age, failures by kind).
+        self.dns: dict[str, dict[str, Any]] = {}
         self.split = 0
         self.measured_at = time.time()
         self.leading = True
@@ -373,6 +467,8 @@ class MadeUpMonitor:
         yield family(CounterMetricFamily, "crawler_source_successes", "successes")
         yield family(CounterMetricFamily, "crawler_source_errors", "errors")
         yield family(CounterMetricFamily, "crawler_source_no_index", "no_index")
+        yield family(CounterMetricFamily, "crawler_source_dns_errors", "dns_errors")
+        yield from self._dns()
         rechecks = CounterMetricFamily(
             RECHECKS.removesuffix("_total"), "made up: rechecks", labels=["source", "status"]
         )
@@ -398,6 +494,21 @@ class MadeUpMonitor:
             "crawler_backlog_measured_timestamp_seconds", "", value=self.measured_at
         )
         yield GaugeMetricFamily("crawler_monitor_leading", "", value=int(self.leading))
+
+    def _dns(self) -> Iterable[Metric]:
+        for name, field in WORKER_DNS.items():
+            kind = CounterMetricFamily if name.endswith("_total") else GaugeMetricFamily
+            metric = kind(name.removesuffix("_total"), f"made up: {field}", labels=["worker"])
+            for worker, values in self.dns.items():
+                metric.add_metric([worker], values[field])
+            yield metric
+        failures = CounterMetricFamily(
+            "crawler_worker_dns_failures", "made up: failures", labels=["worker", "kind"]
+        )
+        for worker, values in self.dns.items():
+            for kind_of, count in values["failures"].items():
+                failures.add_metric([worker, kind_of], count)
+        yield failures
 
 
 @contextlib.asynccontextmanager
@@ -694,6 +805,76 @@ async def test_a_click_on_a_header_sorts_and_the_filter_box_narrows(tab: Tab) ->
         assert_clean(tab, origin)
 
 
+async def test_the_dns_panel_shows_each_worker_and_the_sum_of_those_reporting(
+    tab: Tab,
+) -> None:
+    monitor = MadeUpMonitor({"web": SourceState(dns_errors=40), "met": SourceState(dns_errors=8)})
+    async with made_up_monitor(monitor) as port:
+        origin = await open_dashboard(tab, port)
+        page = await read_page(tab)
+        assert page["dns"] == NO_DNS_YET
+        assert page["dnsNote"] == "48 URLs ended as DnsError"
+
+        monitor.dns = {
+            "worker-b:31": {
+                "queries": 2500,
+                "hits": 27500,
+                "cached": 2600,
+                "age": 2.2,
+                # A kind the page does not know yet comes after the resolver's.
+                "failures": {"timeout": 3, "nxdomain": 40, "brand-new": 1},
+            },
+            "worker-a:12": {
+                "queries": 1500, "hits": 8500, "cached": 1400, "age": 4.0, "failures": {}},
+            # Stopped reporting 5 minutes ago: shown, dimmed, and left out of the sum.
+            "worker-c:77": {
+                "queries": 900, "hits": 100, "cached": 800, "age": 300.0,
+                "failures": {"servfail": 9},
+            },
+            # Not an actual worker name; the page must show it as text.
+            '<b onmouseover="window.owned=1">': {
+                "queries": 10, "hits": 0, "cached": 10, "age": 0.4, "failures": {}},
+        }  # fmt: skip
+        page = await tab.wait_until(
+            f"(() => {{ const p = {READ_PAGE}; return p.dns.length === 5 && p; }})()",
+            10,
+            "a row per worker and their sum",
+        )
+        rows, note = expected_dns(await scrape(port))
+        assert page["dns"] == rows
+        assert page["dnsNote"] == note == "90.0 % from cache · 48 URLs ended as DnsError"
+        # What that reads as, once in plain words.
+        assert rows[1:] == [
+            ["", "worker-a:12", "1,500", "8,500", "85.0 %", "1,400", "none", "4 s ago"],
+            [
+                "", "worker-b:31", "2,500", "27,500", "91.7 %", "2,600",
+                "40 nxdomain · 3 timeout · 1 brand-new", "2 s ago",
+            ],
+            [
+                "stale", "worker-c:77", "900", "100", "10.0 %", "800", "9 servfail",
+                "stale · 5 min ago",
+            ],
+            [
+                "total", "all workers (3 reporting)", "4,010", "36,000", "90.0 %", "4,010",
+                "40 nxdomain · 3 timeout · 1 brand-new", "",
+            ],
+        ]  # fmt: skip
+        assert rows[0][1] == '<b onmouseover="window.owned=1">'
+        assert await tab.evaluate("window.owned === undefined")
+
+        # A worker that stops deletes its report: its row goes, the sum follows.
+        del monitor.dns["worker-b:31"]
+        page = await tab.wait_until(
+            f"(() => {{ const p = {READ_PAGE}; return p.dns.length === 4 && p; }})()",
+            10,
+            "the stopped worker's row gone",
+        )
+        rows, note = expected_dns(await scrape(port))
+        assert page["dns"] == rows and page["dnsNote"] == note
+        assert rows[-1][:3] == ["total", "all workers (2 reporting)", "1,510"]
+        assert_clean(tab, origin)
+
+
 async def test_an_unreachable_monitor_is_shown_as_such_and_the_page_recovers(tab: Tab) -> None:
     monitor = MadeUpMonitor({"flickr": SourceState(successes=10)})
     async with made_up_monitor(monitor) as port:
@@ -802,6 +983,8 @@ class CrawledSource:
     images: int  # URLs that answer an image
     missing: int = 0  # URLs that answer 404 (link rot: an error)
     failing: bool = False  # every URL answers 500: the breaker halts the source
+    # Its URLs name the origin "localhost": the worker's resolver has a name to look up.
+    by_name: bool = False
 
 
 # Named after some of Openverse's providers, so that the screenshot reads like a crawl.
@@ -813,7 +996,7 @@ CRAWL = {
     "brooklynmuseum": CrawledSource(5.0, 90, missing=10),
     "met": CrawledSource(4.0, 140),
     "europeana": CrawledSource(2.0, 60),
-    "nappy": CrawledSource(1.0, 20),
+    "nappy": CrawledSource(1.0, 20, by_name=True),
     "rawpixel": CrawledSource(5.0, 0, failing=True),
 }
 FAILING_URLS = 40
@@ -864,6 +1047,17 @@ async def _page_matches(tab: Tab, port: int) -> dict[str, Any] | None:
     return {"page": page, "metrics": text}
 
 
+async def _dns_matches(tab: Tab, port: int, workers: int = 1) -> dict[str, Any] | None:
+    """The page when its DNS panel is what ``/metrics`` says now, of ``workers``
+    workers, else None."""
+    text = await scrape(port)
+    page = await read_page(tab)
+    rows, note = expected_dns(text)
+    if len(workers_dns(text)) != workers or (page["dns"], page["dnsNote"]) != (rows, note):
+        return None
+    return page
+
+
 async def test_during_a_real_crawl_the_page_shows_what_the_monitor_measures(
     kafka, redis, redis_url, origin, tab: Tab, tmp_path: Path
 ) -> None:
@@ -882,6 +1076,8 @@ async def test_during_a_real_crawl_the_page_shows_what_the_monitor_measures(
                 urls += [
                     origin.add_status(f"/{name}/broken-{i}.jpg", 500) for i in range(FAILING_URLS)
                 ]
+            if source.by_name:
+                urls = [url.replace(f"//{LOOPBACK}:", "//localhost:") for url in urls]
             # Half straight into the source's queue, half through the splitter.
             half = len(urls) // 2
             await crawl.queue(redis, name, source.rate_rps, urls[:half])
@@ -952,6 +1148,15 @@ async def test_during_a_real_crawl_the_page_shows_what_the_monitor_measures(
         # script indexed: one active host, as /metrics says.
         assert sources["flickr"][f"{HOST_KEY}active"] == 1
         assert rows["flickr"][COLUMNS.index("hosts")].startswith("1 active")
+        # The worker's resolver, as it reported it to Redis and the monitor exports it.
+        page = await wait_for(
+            lambda: _dns_matches(tab, port), 30, interval_s=0.5, what="the DNS panel as /metrics"
+        )
+        (worker,) = crawl.workers
+        assert page["dns"][0][1] == f"{socket.gethostname()}:{worker.pid}"
+        ((values),) = workers_dns(await scrape(port)).values()
+        assert values["queries"] >= 1 and values["cached"] >= 1  # localhost, looked up
+        assert page["dns"][-1][0] == "total"
         screenshot = await tab.screenshot()
         await asyncio.to_thread((tmp_path / "dashboard.png").write_bytes, screenshot)
         if keep:
@@ -984,6 +1189,10 @@ async def test_during_a_real_crawl_the_page_shows_what_the_monitor_measures(
 
         matched = await wait_for(
             matches_after_stop, 30, interval_s=0.5, what="page == /metrics, measured after the stop"
+        )
+        # The worker deleted its DNS report as it stopped: its row is gone.
+        await wait_for(
+            lambda: _dns_matches(tab, port, workers=0), 30, interval_s=0.5, what="no DNS row"
         )
         sources, totals = per_source(matched["metrics"])
         for name, source in CRAWL.items():

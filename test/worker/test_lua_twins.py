@@ -577,6 +577,8 @@ async def dump(redis: Redis) -> dict[str, tuple[str, Any]]:
             value = await redis.zrange(key, 0, -1, withscores=True)
         elif kind == "hash":
             value = await redis.hgetall(key)
+        elif kind == "set":
+            value = sorted(await redis.smembers(key))
         else:
             raise AssertionError(f"unexpected {kind} at {key}")
         state[key] = (kind, value)
@@ -637,6 +639,21 @@ async def test_a_flush_leaves_redis_as_flush_commands_one_at_a_time_do(redis, re
         },
     )
     assert state[c.num_resized_key("a")] == ("string", "37")  # 200s and 304s
+    # Every per-status error counter is in their index; no success, no re-check is.
+    assert state[c.ERROR_REASONS_SET] == (
+        "set",
+        sorted(
+            c.resize_errors_key(source, status)
+            for source, status in [
+                ("a", "404"),
+                ("a", "500"),
+                ("a", "429"),
+                ("b", "UnidentifiedImageError"),
+                ("c", "500"),
+                ("c", "503"),
+            ]
+        ),
+    )
     # The first batch's hosts left the minute; a 503 tells nothing against its host.
     assert state[c.hosts60s_key("a")][1] == [("h1.example", ANY), ("h2.example", ANY)]
     assert state[c.error_hosts60s_key("a")][1] == [("h2.example", ANY)]

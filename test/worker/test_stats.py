@@ -116,6 +116,7 @@ _STATS_COMMANDS = {
     "ltrim",
     "incrby",
     "incr",
+    "sadd",
 }
 
 
@@ -137,7 +138,8 @@ async def test_a_flush_is_one_script_call_that_writes_per_key_not_per_outcome(re
     finally:
         await cancel_and_wait([task])
     # One round trip; inside it, per window a trim and a ZADD, the last-50 RPUSH and
-    # LTRIM, five INCRBYs (two success and three failure counters).
+    # LTRIM, five INCRBYs (two success and three failure counters), and one SADD of the
+    # per-status error counter's name to their index.
     run = {k: v for k, v in (await commands_run(redis)).items() if k in _STATS_COMMANDS}
     assert run == {
         "evalsha": 1,
@@ -146,6 +148,7 @@ async def test_a_flush_is_one_script_call_that_writes_per_key_not_per_outcome(re
         "rpush": 1,
         "ltrim": 1,
         "incrby": 5,
+        "sadd": 1,
     }
     assert await redis.zcard("status60s:a") == 20
     assert await redis.llen(c.last50_key("a")) == 20

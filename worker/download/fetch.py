@@ -106,23 +106,26 @@ class UrlFetcher(Protocol):
 
 
 def new_session(
-    settings: FetchSettings, policy: AddressPolicy, dns: DnsSettings | None = None
+    settings: FetchSettings,
+    policy: AddressPolicy,
+    dns: DnsSettings | None = None,
+    *,
+    resolver: CachingResolver | None = None,
 ) -> aiohttp.ClientSession:
     """The one HTTP client of a worker process (within a running event loop).
 
-    Names are resolved once, by a ``CachingResolver`` of ``dns`` (defaults when None) that
-    the session closes with itself, through ``policy``, and the connector connects to the
-    checked addresses only. Proxy variables are ignored on purpose: a proxy would resolve
-    again.
+    Names are resolved once, by ``resolver`` (None: a new ``CachingResolver`` of ``dns``,
+    defaults when None), which the session closes with itself, through ``policy``, and
+    the connector connects to the checked addresses only. Proxy variables are ignored on
+    purpose: a proxy would resolve again.
     """
     timeout = aiohttp.ClientTimeout(
         total=settings.total_timeout_s,
         connect=settings.connect_timeout_s,
         sock_read=settings.read_timeout_s,
     )
-    connector = _Connector(
-        GuardedResolver(policy, CachingResolver(dns)), limit=settings.max_connections
-    )
+    resolver = resolver if resolver is not None else CachingResolver(dns)
+    connector = _Connector(GuardedResolver(policy, resolver), limit=settings.max_connections)
     # Marks when each request's headers are written: the response time the fetcher reports
     # starts there, not before a wait for a free connection (our queue, not the server's).
     timing = aiohttp.TraceConfig()

@@ -4,7 +4,8 @@
 --
 -- ARGV: a JSON batch {"w": [[window key, trim score, [score, member, ...]], ...], "z":
 -- [[hosts key, trim score, [score, host, ...]], ...], "l": [[last-N key, [status, ...]],
--- ...], "c": {counter key: increment}, "h": [[hash key, {field: increment}], ...]}, then
+-- ...], "c": {counter key: increment}, "r": [set key, [member, ...]] (the per-status
+-- error counters, SADDed to their index), "h": [[hash key, {field: increment}], ...]}, then
 -- N, the most hosts a hosts key keeps, and its expiry (s). Each window and hosts key is
 -- trimmed before its ZADD, a hosts key then cut to its newest members and given its
 -- expiry; each list trimmed after its RPUSH. Scores travel as the strings Python prints
@@ -34,6 +35,7 @@ for _, last in ipairs(batch.l) do
   redis.call('LTRIM', last[1], -n, -1)
 end
 for key, count in pairs(batch.c) do redis.call('INCRBY', key, count) end
+chunked('SADD', batch.r[1], batch.r[2])
 for _, hash in ipairs(batch.h) do
   for field, count in pairs(hash[2]) do redis.call('HINCRBY', hash[1], field, count) end
 end
