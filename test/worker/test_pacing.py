@@ -214,9 +214,13 @@ async def test_a_worker_always_late_still_starts_one_slot_in_four(redis):
     try:
         await redis.set(c.pace_rate_key(SOURCE), "10")
         late_before = REGISTRY.get_sample_value("crawler_pacing_slots_late_total") or 0.0
-        await asyncio.wait_for(pacer.acquire(KEY), 10)
+        with capture_logs() as logs:
+            await asyncio.wait_for(pacer.acquire(KEY), 10)
         late = REGISTRY.get_sample_value("crawler_pacing_slots_late_total") - late_before
         assert late == MAX_LATE_IN_ROW
+        (started,) = [e for e in logs if e["event"] == "slot_started_late"]
+        assert (started["source"], started["host"]) == (KEY.source, KEY.host)
+        assert started["late_ms"] > 0
     finally:
         await cancel_and_wait([task])
         pacer.close()

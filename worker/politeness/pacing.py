@@ -658,7 +658,7 @@ class RedisPacer:
         late_s = asyncio.get_running_loop().time() - slot
         judged = promised or interval_s >= PAST_JUDGED_FROM_S
         if judged and late_s > late_limit(interval_s):
-            if self._give_up(key):
+            if self._give_up(key, late_s):
                 self._schedule(key)  # its request asks again
                 return
         else:
@@ -667,7 +667,7 @@ class RedisPacer:
         if started is not None:
             self._slots_of[started] = (slot, interval_s, key)
 
-    def _give_up(self, key: HostKey) -> bool:
+    def _give_up(self, key: HostKey, late_s: float) -> bool:
         """Whether to give up a late slot of ``key``: yes, but for the slot after
         ``MAX_LATE_IN_ROW`` given up in a row, which starts late. A worker whose loop lags
         more than the late limit all the time (starved of CPU) would otherwise never
@@ -675,6 +675,14 @@ class RedisPacer:
         1/s paced on for 18 minutes, its slots taken and given up, no request made)."""
         if self._late_in_row[key] >= MAX_LATE_IN_ROW:
             self._late_in_row.pop(key, None)
+            # Logged: such a request may come closer to the host's next one than its
+            # interval (the fault campaign's pacing windows are matched against these).
+            log.info(
+                "slot_started_late",
+                source=key.source,
+                host=key.host,
+                late_ms=round(late_s * 1000, 1),
+            )
             return False
         self._late_in_row[key] += 1
         SLOTS_LATE.inc()
@@ -700,8 +708,9 @@ class RedisPacer:
         if started is None:
             return False
         slot, interval_s, key = started
-        if asyncio.get_running_loop().time() - slot > late_limit(interval_s):
-            return self._give_up(key)
+        late_s = asyncio.get_running_loop().time() - slot
+        if late_s > late_limit(interval_s):
+            return self._give_up(key, late_s)
         self._late_in_row.pop(key, None)
         return False
 
