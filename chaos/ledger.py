@@ -120,6 +120,12 @@ async def read_outputs(ledger: Ledger, bootstrap: str) -> None:
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             request_timeout_ms=15000,
+            # tansu on SeaweedFS lists a partition's every batch for each fetch and answers
+            # nothing when the listing outlasts this (crawlctl.localstack.topics): the
+            # 60-minute campaign's reader, at 500 ms, fell 17,400 records behind. A large
+            # fetch makes each listing count.
+            fetch_max_wait_ms=5000,
+            max_partition_fetch_bytes=8 * 1024 * 1024,
         )
         try:
             await consumer.start()

@@ -135,7 +135,7 @@ def _open_clients(settings: MonitorSettings, stack: contextlib.AsyncExitStack) -
     kafka = settings.kafka.client_options()
     admin = AIOKafkaAdminClient(**kafka)
     stack.push_async_callback(admin.close)
-    producer = AIOKafkaProducer(**kafka, acks="all", linger_ms=5)
+    producer = AIOKafkaProducer(**settings.kafka.producer_options(), acks="all", linger_ms=5)
     stack.push_async_callback(producer.stop)  # flushes what is still buffered
     consumer = AIOKafkaConsumer(
         INBOUND_TOPIC,

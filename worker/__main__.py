@@ -134,7 +134,7 @@ def _kafka_clients(
 ) -> tuple[AIOKafkaProducer, AIOKafkaConsumer]:
     """The producer and the consumer, not started; each stopped when ``stack`` closes."""
     producer = AIOKafkaProducer(
-        **settings.kafka.client_options(), acks="all", linger_ms=PRODUCER_LINGER_MS
+        **settings.kafka.producer_options(), acks="all", linger_ms=PRODUCER_LINGER_MS
     )
     stack.push_async_callback(producer.stop)  # flushes what is still buffered
     consumer = AIOKafkaConsumer(

@@ -615,7 +615,7 @@ async def send_images(
     sent; raises aiokafka's ``KafkaError`` when Kafka is away or refuses.
     """
     producer = AIOKafkaProducer(
-        **settings.kafka.client_options(),
+        **settings.kafka.producer_options(),
         acks="all",
         linger_ms=20,
         request_timeout_ms=int(settings.request_timeout_s * 1000),

@@ -17,9 +17,13 @@ from typing import Any, Final
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
-# A fetch the broker has nothing for returns after this long, so an idle poll of a few
-# such rounds means there is nothing left.
-FETCH_MAX_WAIT_MS: Final = 100
+# How long the broker may take over a fetch. On an S3 store, tansu lists every batch of a
+# partition (one object each) for each fetch, and gives up the listing when this time is
+# spent, answering nothing: a reader allowed 100 ms read none of 20 new records in 60 s
+# once the partition held 5,000 batches, one allowed 500 ms read them 1.1 s late, 5 s
+# 2.7 s late (bench/tansu_fetch.py). The archive is read, not watched: seconds late is
+# fine, never is not. ``read_to_end`` does not wait on it: its idle poll is its own.
+FETCH_MAX_WAIT_MS: Final = 5000
 IDLE_S: Final = 0.5
 # Reading gives up when no record arrives for this long while a partition is still short
 # of its reported end.
