@@ -11,6 +11,7 @@ from aiokafka import TopicPartition
 
 from bench.stopstart_diagnose import CheckedOutputs
 from image_crawler import contract as c
+from test.harness.services import wait_for
 
 Record = namedtuple("Record", "topic partition offset value timestamp")
 TP = TopicPartition(c.METADATA_TOPIC, 0)
@@ -45,9 +46,7 @@ async def test_a_skipped_offset_is_read_again_and_noted() -> None:
     outputs._consumer = consumer  # type: ignore[assignment]
     reading = asyncio.create_task(outputs._read())
     try:
-        async with asyncio.timeout(5):
-            while len(outputs.uuids()) < 5:
-                await asyncio.sleep(0.01)
+        await wait_for(lambda: len(outputs.uuids()) == 5, 5, what="five uuids read")
     finally:
         reading.cancel()
     assert consumer.sought == [2]
