@@ -43,7 +43,7 @@ class ScriptedConsumer:
 async def test_a_skipped_offset_is_read_again_and_noted() -> None:
     outputs = CheckedOutputs("127.0.0.1:1")
     consumer = ScriptedConsumer()
-    outputs._consumer = consumer  # type: ignore[assignment]
+    outputs._consumer = consumer
     reading = asyncio.create_task(outputs._read())
     try:
         await wait_for(lambda: len(outputs.uuids()) == 5, 5, what="five uuids read")
