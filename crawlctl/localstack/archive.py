@@ -60,6 +60,9 @@ STOP_TIMEOUT_S: Final = 60.0
 # Without a broker to read from, the thread only has to notice that it should end.
 ABANDON_TIMEOUT_S: Final = 5.0
 POSITIONS_NAME: Final = "positions.json"
+# Fetch waits without a record, while a partition is short of its end, before the reader
+# is taken as stuck and given a longer wait.
+STUCK_WAITS: Final = 3
 SAVE_EVERY_S: Final = 1.0
 
 
@@ -126,6 +129,8 @@ class OutputArchive:
         self._to_end = True
         self._error: str | None = None
         self._thread: threading.Thread | None = None
+        # The reader's fetch wait now (topics.FETCH_MAX_WAIT_MS, doubled each time stuck).
+        self.fetch_wait_ms = topic_io.FETCH_MAX_WAIT_MS
 
     def start(self) -> None:
         """Open the files and start following the topics in a thread of this process."""
@@ -182,17 +187,24 @@ class OutputArchive:
             self._error = repr(e)
 
     async def _run(self) -> None:
-        consumer = topic_io.reader(self.bootstrap)
+        wait_ms = topic_io.FETCH_MAX_WAIT_MS
+        consumer = topic_io.reader(self.bootstrap, wait_ms)
         admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap)
-        async with contextlib.AsyncExitStack() as clients:
+        try:
             await consumer.start()
-            clients.push_async_callback(consumer.stop)
             await admin.start()
-            clients.push_async_callback(admin.close)
             backoff = Backoff(base_s=0.1, cap_s=2.0)
             while not self._finish.is_set():
                 try:
-                    await self._follow(consumer, admin)
+                    if await self._follow(consumer, admin, wait_ms / 1000):
+                        # Stuck behind: the broker gives up its fetches sooner than it
+                        # can answer them (topics.FETCH_MAX_WAIT_MS). A reader allowed
+                        # longer goes on from the positions archived.
+                        wait_ms = min(2 * wait_ms, topic_io.FETCH_MAX_WAIT_CAP_MS)
+                        self.fetch_wait_ms = wait_ms
+                        await consumer.stop()
+                        consumer = topic_io.reader(self.bootstrap, wait_ms)
+                        await consumer.start()
                 except KafkaError as e:
                     # The broker is away for a moment (or for good: stop() says so).
                     self._error = repr(e)
@@ -200,14 +212,23 @@ class OutputArchive:
             if self._to_end:
                 await self._read_to_end(consumer, admin)
                 self._error = None
+        finally:
+            with contextlib.suppress(Exception):
+                await consumer.stop()
+            with contextlib.suppress(Exception):
+                await admin.close()
 
-    async def _follow(self, consumer: AIOKafkaConsumer, admin: AIOKafkaAdminClient) -> None:
-        """Follow the topics until asked to finish, looking up their partitions again
-        every ``REFRESH_S``."""
+    async def _follow(
+        self, consumer: AIOKafkaConsumer, admin: AIOKafkaAdminClient, wait_s: float
+    ) -> bool:
+        """Follow the topics until asked to finish (False), looking up their partitions
+        again every ``REFRESH_S``; True when nothing came for ``STUCK_WAITS`` fetch waits
+        while a partition is short of its end."""
         loop = asyncio.get_running_loop()
         assigned: list[TopicPartition] = []
         refresh_at = 0.0
         backoff = Backoff(base_s=0.1, cap_s=2.0)
+        last_read = loop.time()
         while not self._finish.is_set():
             if loop.time() >= refresh_at:
                 found = await topic_io.partitions(admin, self.topics)
@@ -223,6 +244,12 @@ class OutputArchive:
                 await asyncio.sleep(POLL_MS / 1000)
                 continue
             batch = await consumer.getmany(timeout_ms=POLL_MS)
+            if any(batch.values()):
+                last_read = loop.time()
+            elif loop.time() - last_read > STUCK_WAITS * wait_s:
+                if await topic_io.behind(consumer, assigned):
+                    return True
+                last_read = loop.time()
             refused = self._write_batch(consumer, batch)
             if refused is not None:
                 # The disk is full: nothing half-written, the records read again later.
@@ -231,6 +258,7 @@ class OutputArchive:
                 continue
             backoff.reset()
             self._flush()
+        return False
 
     async def _read_to_end(self, consumer: AIOKafkaConsumer, admin: AIOKafkaAdminClient) -> None:
         found = await topic_io.partitions(admin, self.topics)

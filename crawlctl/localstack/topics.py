@@ -24,21 +24,35 @@ from aiokafka.admin import AIOKafkaAdminClient
 # 2.7 s late (bench/tansu_fetch.py). The archive is read, not watched: seconds late is
 # fine, never is not. ``read_to_end`` does not wait on it: its idle poll is its own.
 FETCH_MAX_WAIT_MS: Final = 5000
+# The longest a reader found stuck behind is allowed (archive): 20,000 batches take
+# about 0.5 s to list, so this is about 2,000,000.
+FETCH_MAX_WAIT_CAP_MS: Final = 60_000
 IDLE_S: Final = 0.5
 # Reading gives up when no record arrives for this long while a partition is still short
 # of its reported end.
 STALLED_S: Final = 30.0
 
 
-def reader(bootstrap: str) -> AIOKafkaConsumer:
+def reader(bootstrap: str, fetch_max_wait_ms: int = FETCH_MAX_WAIT_MS) -> AIOKafkaConsumer:
     """A consumer in no group that commits nothing: partitions are assigned by hand."""
     return AIOKafkaConsumer(
         bootstrap_servers=bootstrap,
         group_id=None,
         enable_auto_commit=False,
         auto_offset_reset="earliest",
-        fetch_max_wait_ms=FETCH_MAX_WAIT_MS,
+        fetch_max_wait_ms=fetch_max_wait_ms,
+        request_timeout_ms=fetch_max_wait_ms + 40_000,
     )
+
+
+async def behind(consumer: AIOKafkaConsumer, tps: list[TopicPartition]) -> bool:
+    """Whether any of ``tps`` has records past the consumer's position (by the end offset
+    the broker reports, which tansu may report one batch short: never too far)."""
+    ends = await consumer.end_offsets(tps)
+    for tp in tps:
+        if await consumer.position(tp) < ends[tp]:
+            return True
+    return False
 
 
 async def partitions(admin: AIOKafkaAdminClient, topics: Iterable[str]) -> list[TopicPartition]:

@@ -17,7 +17,8 @@ from aiokafka import AIOKafkaProducer, TopicPartition
 import test.harness.services
 from crawlctl.localstack import processes, spool
 from crawlctl.localstack import services as localstack
-from crawlctl.localstack.archive import OutputArchive, archive_line
+from crawlctl.localstack import topics as topic_io
+from crawlctl.localstack.archive import OutputArchive, archive_line, archive_path
 from crawlctl.localstack.lock import DataDirInUse, DataDirLock
 from crawlctl.localstack.objects import ObjectStore
 from crawlctl.localstack.processes import ModuleProcess, wait_until
@@ -231,6 +232,36 @@ def test_the_durable_broker_keeps_records_and_offsets_across_a_kill_9(tmp_path: 
     finally:
         broker.stop()
         objects.stop()
+
+
+def test_the_archive_stuck_behind_a_durable_broker_waits_longer_and_catches_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # tansu on S3 lists a partition's every batch for each fetch and answers nothing when
+    # the fetch's wait is spent first: a wait of 1 ms is spent on any partition, as 5 s is
+    # on a partition of a few 100,000 batches.
+    monkeypatch.setattr(topic_io, "FETCH_MAX_WAIT_MS", 1)
+    objects, broker = durable_broker(tmp_path)
+    folder = tmp_path / "outputs"
+    archive = OutputArchive(broker.bootstrap, folder, topics=[c.METADATA_TOPIC])
+    try:
+        values = [json.dumps({"identifier": f"m{i}"}).encode() for i in range(30)]
+        for i in range(0, 30, 3):  # ten batches
+            asyncio.run(_batched(broker.bootstrap, c.METADATA_TOPIC, values[i : i + 3], 0))
+        archive.start()
+        path = archive_path(folder, c.METADATA_TOPIC)
+        wait_until(
+            lambda: len(path.read_text().splitlines()) == 30,
+            60,
+            what="the archive caught up while running",
+        )
+        assert archive.fetch_wait_ms > 1
+    finally:
+        archived = archive.stop()
+        broker.stop()
+        objects.stop()
+    assert archived.error is None
+    assert archived.counts == {c.METADATA_TOPIC: 30}
 
 
 def test_redis_with_a_data_dir_keeps_its_state_across_a_restart(tmp_path: Path) -> None:
