@@ -226,6 +226,44 @@ async def test_a_worker_always_late_still_starts_one_slot_in_four(redis):
         pacer.close()
 
 
+async def _take_slot_as_the_pipeline_does(pacer: RedisPacer, busy_s: float) -> int:
+    """Asks for a slot until ``started_late`` lets the request go, as
+    ``Pipeline._take_slot`` does, the loop busy for ``busy_s`` each time the request is
+    granted (before it resumes); answers how many slots it took."""
+    for taken in range(1, 4 * (MAX_LATE_IN_ROW + 1) + 1):
+        granted = pacer.acquire(KEY)
+        assert await asyncio.wait_for(granted, 10) is None
+        time.sleep(busy_s)  # noqa: ASYNC251 (a busy loop is the point)
+        if not pacer.started_late(granted):
+            return taken
+    return taken
+
+
+async def test_a_request_of_an_always_late_worker_starts_with_the_fourth_slot(redis):
+    # The slot that the grant starts late after three given up is not given up again as
+    # its request resumes (the long tail's benchmark: requests asked again for minutes).
+    stalling = StallingRedis(redis, stall_s=0.15)
+    pacer = RedisPacer(stalling, PacingSettings(no_rate_retry_s=0.05), FAST_START)  # type: ignore[arg-type]
+    task = asyncio.create_task(pacer.run())
+    try:
+        await redis.set(c.pace_rate_key(SOURCE), "10")
+        late_before = REGISTRY.get_sample_value("crawler_pacing_slots_late_total") or 0.0
+        assert await _take_slot_as_the_pipeline_does(pacer, 0.15) == 1
+        late = REGISTRY.get_sample_value("crawler_pacing_slots_late_total") - late_before
+        assert late == MAX_LATE_IN_ROW
+    finally:
+        await cancel_and_wait([task])
+        pacer.close()
+
+
+async def test_a_request_resumed_late_after_every_slot_starts_with_the_fourth(redis, pacers):
+    # Each slot on time, each request resumed past the late limit: the slots given up as
+    # they resume are counted in a row too, although each grant was on time.
+    pacer = pacers()
+    await redis.set(c.pace_rate_key(SOURCE), "10")
+    assert await _take_slot_as_the_pipeline_does(pacer, 0.15) == MAX_LATE_IN_ROW + 1
+
+
 async def test_an_idle_source_starts_from_now_without_catching_up(redis, pacers):
     rate = 10.0
     pacer = pacers()

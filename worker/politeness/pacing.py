@@ -266,6 +266,10 @@ class RedisPacer:
         ] = weakref.WeakKeyDictionary()
         # Slots given up for lateness in a row, per host (``_give_up``).
         self._late_in_row: Counter[HostKey] = Counter()
+        # Requests resumed too late after their slot, in a row, per host (``started_late``):
+        # apart, as an on-time slot resets the count above; and kept while the host is
+        # idle here, as it is between a request giving its slot up and asking again.
+        self._late_resumes: Counter[HostKey] = Counter()
         # Pauses (Retry-After) Redis was away for: host -> loop time they end.
         self._unsent_pauses: dict[HostKey, float] = {}
         self._pauses_unsent = asyncio.Event()
@@ -657,24 +661,27 @@ class RedisPacer:
             self._promised[key] -= 1
         late_s = asyncio.get_running_loop().time() - slot
         judged = promised or interval_s >= PAST_JUDGED_FROM_S
+        forced = False
         if judged and late_s > late_limit(interval_s):
             if self._give_up(key, late_s):
                 self._schedule(key)  # its request asks again
                 return
+            forced = True  # started late on purpose: not judged again as it resumes
         else:
             self._late_in_row.pop(key, None)
         started = self._start_oldest(key)
-        if started is not None:
+        if started is not None and not forced:
             self._slots_of[started] = (slot, interval_s, key)
 
-    def _give_up(self, key: HostKey, late_s: float) -> bool:
+    def _give_up(self, key: HostKey, late_s: float, counts: Counter[HostKey] | None = None) -> bool:
         """Whether to give up a late slot of ``key``: yes, but for the slot after
         ``MAX_LATE_IN_ROW`` given up in a row, which starts late. A worker whose loop lags
         more than the late limit all the time (starved of CPU) would otherwise never
         start a request of a host whose slots all come due as it asks (seen: a host at
         1/s paced on for 18 minutes, its slots taken and given up, no request made)."""
-        if self._late_in_row[key] >= MAX_LATE_IN_ROW:
-            self._late_in_row.pop(key, None)
+        in_row = self._late_in_row if counts is None else counts
+        if in_row[key] >= MAX_LATE_IN_ROW:
+            in_row.pop(key, None)
             # Logged: such a request may come closer to the host's next one than its
             # interval (the fault campaign's pacing windows are matched against these).
             log.info(
@@ -684,7 +691,7 @@ class RedisPacer:
                 late_ms=round(late_s * 1000, 1),
             )
             return False
-        self._late_in_row[key] += 1
+        in_row[key] += 1
         SLOTS_LATE.inc()
         return True
 
@@ -710,8 +717,8 @@ class RedisPacer:
         slot, interval_s, key = started
         late_s = asyncio.get_running_loop().time() - slot
         if late_s > late_limit(interval_s):
-            return self._give_up(key, late_s)
-        self._late_in_row.pop(key, None)
+            return self._give_up(key, late_s, self._late_resumes)
+        self._late_resumes.pop(key, None)
         return False
 
     def _end_all(self, key: HostKey, status: str) -> None:
