@@ -266,9 +266,8 @@ class RedisPacer:
         ] = weakref.WeakKeyDictionary()
         # Slots given up for lateness in a row, per host (``_give_up``).
         self._late_in_row: Counter[HostKey] = Counter()
-        # Requests resumed too late after their slot, in a row, per host (``started_late``):
-        # apart, as an on-time slot resets the count above; and kept while the host is
-        # idle here, as it is between a request giving its slot up and asking again.
+        # Requests resumed too late, in a row, per host (``started_late``): apart, as an
+        # on-time slot resets the count above; kept while the host is idle between asks.
         self._late_resumes: Counter[HostKey] = Counter()
         # Pauses (Retry-After) Redis was away for: host -> loop time they end.
         self._unsent_pauses: dict[HostKey, float] = {}
