@@ -101,15 +101,22 @@ RATES_HASH: Final = "crawl_rates"
 MONITOR_LEADER_KEY: Final = "monitor_leader"
 # Beyond the original: robots.txt (RFC 9309). What a host's /robots.txt said, one string
 # per host ("robots:{scheme}://{host}:{port}", the key a worker builds with robots_key),
-# JSON written by the worker that fetched it (see worker/politeness/robots.py): the file's text (at
-# most ROBOTS_MAX_BYTES) after a 2xx, "allow everything" after a 4xx, or "unavailable,
-# ask again at ..." after a 5xx, 429, timeout or network error. Expires after
+# compact JSON written by the worker that fetched it (worker/politeness/robots.py,
+# RobotsEntry.to_json: "v" 2, "s" status, "f"/"e" fetched/expires at, "u" unavailable
+# since, "n" failures, "d" the first 16 hex digits of the file's SHA-256, "t" the product
+# token the rules were decided for, "r" the rules, "m" the tdmrep.json rules; "rz"/"mz"
+# the same deflated and base85-encoded where that is shorter): after a 2xx, the lines of
+# the file that apply to "t" (at most ROBOTS_MAX_BYTES read), or the whole file without
+# "t" when no shorter; "allow everything" after a 4xx, or "unavailable, ask again at
+# ..." after a 5xx, 429, timeout or network error. An entry of the format before (long
+# names, the whole file in "text") is still read; one decided for another token is
+# fetched again. Expires after
 # ROBOTS_CACHE_S (or, unavailable, ROBOTS_UNAVAILABLE_MAX_S after the first failure).
 # A host whose name did not resolve (status DnsError) is asked again after
 # DNS_NEGATIVE_TTL_S, and its entry expires a minute after that.
-# Its "tdmrep" is the host's /.well-known/tdmrep.json (TDMREP_PATH), fetched right after
-# the file when it is available, under the same limits: its text after a 2xx with rules,
-# else null (no reservation known).
+# Its "m" is the host's /.well-known/tdmrep.json (TDMREP_PATH), fetched right after the
+# file when it is available, under the same limits: its readable rules after a 2xx with
+# rules, else absent (no reservation known).
 ROBOTS_PREFIX: Final = "robots:"
 # Held (SET NX, with an expiry) by the one worker fetching a host's robots.txt, so that the
 # cluster fetches it once; the others wait for ``robots:{origin}``.

@@ -94,8 +94,11 @@ class RobotsSettings:
     poll_s: float = 0.1
     # How often the sources offering a slot for a host's robots.txt are counted again.
     slot_recheck_s: float = 1.0
-    # Hosts whose rules a worker keeps parsed in memory (least recently used go first).
+    # Hosts whose rules a worker keeps parsed in memory (least recently used go first),
+    # and the most characters of rules they may have together (parsed, about 25 bytes
+    # a character: some 50 MB).
     local_hosts: int = 10_000
+    local_rules_chars: int = 2_000_000
     # The longest one fetch of a robots.txt may take, its redirects included; also how
     # long a fetcher's lock lives, should it die while fetching.
     fetch_timeout_s: float = 120.0

@@ -23,7 +23,7 @@ from worker.download.netguard import AddressPolicy, parse_networks
 from worker.images.pool import InlineProcessor
 from worker.pipeline import DEAD_LETTERED, Ending, Pipeline
 from worker.politeness.hosts import HostKey
-from worker.politeness.robots import Robots, RobotsEntry, RobotsGuard, origin_of
+from worker.politeness.robots import Robots, RobotsEntry, RobotsGuard, file_digest, origin_of
 from worker.politeness.signals import NO_SIGNALS, Signals
 from worker.settings import FetchSettings, RobotsSettings, WorkerSettings
 
@@ -85,7 +85,10 @@ async def test_the_entry_is_cached_in_redis_for_the_cache_period(redis, session,
     key = c.robots_key(where[0])
     assert key == f"robots:http://127.0.0.1:{origin.port}"
     entry = RobotsEntry.from_json(await redis.get(key))
-    assert entry is not None and entry.status == "200" and entry.text == ROBOTS
+    assert entry is not None and entry.status == "200"
+    # What applies to our token (our group, not the `*` one), and the whole file's digest.
+    assert entry.text == "User-agent: *\ndisallow: /secret\n"
+    assert entry.token == "image-crawler" and entry.digest == file_digest(ROBOTS)
     assert 600 * 1000 <= await redis.pttl(key) <= 661 * 1000
     assert not await redis.exists(c.robots_lock_key(where[0]))
 
@@ -382,6 +385,52 @@ async def test_an_entry_that_is_not_ours_is_fetched_again(redis, session, origin
     guard = make_guard(redis, session)
     assert await guard.verdict(SOURCE, origin.url("/secret/a.jpg")) == c.Status.ROBOTS_DISALLOWED
     assert origin.requests("/robots.txt") == 1
+
+
+async def test_an_entry_of_the_format_before_is_obeyed_not_fetched_again(redis, session, origin):
+    # Written by a worker before the upgrade: the whole file, long names.
+    origin.set_robots("User-agent: *\nAllow: /\n")
+    now = time.time()
+    old = {"status": "200", "text": ROBOTS, "fetched_at": now, "expires_at": now + 600}
+    await redis.set(c.robots_key(f"http://127.0.0.1:{origin.port}"), json.dumps(old))
+    guard = make_guard(redis, session)
+    assert await guard.verdict(SOURCE, origin.url("/secret/a.jpg")) == c.Status.ROBOTS_DISALLOWED
+    assert await guard.verdict(SOURCE, origin.url("/private/a.jpg")) is None
+    assert origin.requests("/robots.txt") == 0
+
+
+async def test_an_entry_decided_for_another_token_is_fetched_again(redis, session, origin):
+    origin.set_robots(ROBOTS)
+    now = time.time()
+    theirs = RobotsEntry("200", "User-agent: *\ndisallow: /\n", now, now + 600, token="otherbot")
+    await redis.set(c.robots_key(f"http://127.0.0.1:{origin.port}"), theirs.to_json())
+    guard = make_guard(redis, session)
+    assert await guard.verdict(SOURCE, origin.url("/private/a.jpg")) is None
+    assert await guard.verdict(SOURCE, origin.url("/secret/a.jpg")) == c.Status.ROBOTS_DISALLOWED
+    assert origin.requests("/robots.txt") == 1
+
+
+async def test_a_file_fetched_again_a_day_later_is_told_changed_by_its_digest(
+    redis, session, origin
+):
+    origin.set_robots(ROBOTS)
+    now = [time.time()]
+    settings = RobotsSettings(**_fields(FAST))
+    guard = RobotsGuard(
+        redis, Fetcher(session, FETCH, LOOPBACK), FakePacer(), settings, clock=lambda: now[0]
+    )
+    url = origin.url("/secret/a.jpg")
+    with capture_logs() as logs:
+        assert await guard.verdict(SOURCE, url) == c.Status.ROBOTS_DISALLOWED
+        now[0] += settings.cache_s + 1  # the entry is stale: fetched again
+        assert await guard.verdict(SOURCE, url) == c.Status.ROBOTS_DISALLOWED
+        origin.set_robots(ROBOTS + "Disallow: /more\n")
+        now[0] += settings.cache_s + 1
+        assert await guard.verdict(SOURCE, url) == c.Status.ROBOTS_DISALLOWED
+    fetched = [e for e in logs if e["event"] == "robots_fetched"]
+    assert [e["changed"] for e in fetched] == [False, False, True]
+    assert fetched[2]["digest"] == file_digest(ROBOTS + "Disallow: /more\n")
+    assert origin.requests("/robots.txt") == 3
 
 
 # --- in the pipeline -----------------------------------------------------------------------

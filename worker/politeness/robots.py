@@ -57,16 +57,19 @@ fetched or read reserves nothing: it is an opt-out signal, not a permission.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import dataclasses
 import enum
+import hashlib
 import json
 import random
 import secrets
 import time
+import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from typing import Final, Protocol
+from typing import Any, Final, Protocol
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
@@ -89,8 +92,8 @@ from worker.images.pool import Body
 from worker.politeness.hosts import HostKey, host_of
 from worker.politeness.pacing import Pacer
 from worker.politeness.retry_after import obey_retry_after
-from worker.politeness.robots_rules import RobotsRules
-from worker.politeness.signals import NO_SIGNALS, Signals, TdmRep
+from worker.politeness.robots_rules import RobotsRules, decided_rules
+from worker.politeness.signals import NO_SIGNALS, Signals, TdmRep, compact_tdmrep
 from worker.settings import RobotsSettings
 
 log = get_logger(__name__)
@@ -122,11 +125,16 @@ class TextFetcher(Protocol):
 class RobotsEntry:
     """What one host's robots.txt fetch found, as cached in ``robots:{origin}``.
 
-    ``text`` is the file (None: a 4xx, everything allowed, or unavailable). Fresh until
-    ``expires_at`` (Unix s): then it is fetched again. While the host is unreachable,
-    ``unavailable_since`` is the first failure of the outage and ``failures`` counts
-    them; ``expires_at`` is when to ask again. ``tdmrep`` is the host's
-    /.well-known/tdmrep.json when it answered 2xx (None: it did not, or not asked yet).
+    ``text`` is what the file says to us (None: a 4xx, everything allowed, or
+    unavailable): for ``token``, the lines that apply to it (``decided_rules``), or,
+    without a ``token``, the whole file (an entry of an older version, or a file no longer
+    than its decided rules); either is read by ``RobotsRules.parse`` with the same
+    answers. ``digest`` is the start of the whole file's SHA-256 (hex), to tell a changed
+    file from the same one. Fresh until ``expires_at`` (Unix s): then it is fetched
+    again. While the host is unreachable, ``unavailable_since`` is the first failure of
+    the outage and ``failures`` counts them; ``expires_at`` is when to ask again.
+    ``tdmrep`` is the host's /.well-known/tdmrep.json when it answered 2xx with rules,
+    its rules as ``compact_tdmrep`` keeps them (None: it did not, or not asked yet).
     """
 
     status: str
@@ -136,43 +144,110 @@ class RobotsEntry:
     unavailable_since: float | None = None
     failures: int = 0
     tdmrep: str | None = None
+    digest: str | None = None
+    token: str | None = None
 
     @property
     def available(self) -> bool:
         return self.unavailable_since is None
 
     def to_json(self) -> str:
-        return json.dumps(
-            {
-                "status": self.status,
-                "text": self.text,
-                "fetched_at": self.fetched_at,
-                "expires_at": self.expires_at,
-                "unavailable_since": self.unavailable_since,
-                "failures": self.failures,
-                "tdmrep": self.tdmrep,
-            }
-        )
+        """The entry as Redis keeps it: compact JSON (``ENTRY_FIELDS``), each text
+        compressed where that is shorter."""
+        obj: dict[str, object] = {
+            "v": ENTRY_VERSION,
+            "s": self.status,
+            "f": round(self.fetched_at, 3),
+            "e": round(self.expires_at, 3),
+        }
+        if self.unavailable_since is not None:
+            obj["u"] = round(self.unavailable_since, 3)
+        if self.failures:
+            obj["n"] = self.failures
+        if self.digest is not None:
+            obj["d"] = self.digest
+        if self.token is not None:
+            obj["t"] = self.token
+        _put_text(obj, "r", self.text)
+        _put_text(obj, "m", self.tdmrep)
+        return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> RobotsEntry | None:
-        """The entry, or None when ``raw`` is not one (written by hand, or by an older
-        version): it is then fetched again."""
+        """The entry, or None when ``raw`` is not one (written by hand, or by a newer
+        version): it is then fetched again. An entry of the format before
+        ``ENTRY_VERSION`` (the whole file in ``text``) is read as it was written."""
         try:
             obj = json.loads(raw)
-            text, tdmrep = obj["text"], obj.get("tdmrep")
-            since = obj.get("unavailable_since")
+            if "v" not in obj:
+                return cls._from_old(obj)
+            if obj["v"] != ENTRY_VERSION:
+                return None
+            since, digest, token = obj.get("u"), obj.get("d"), obj.get("t")
             return cls(
-                status=str(obj["status"]),
-                text=text if isinstance(text, str) else None,
-                fetched_at=float(obj["fetched_at"]),
-                expires_at=float(obj["expires_at"]),
+                status=str(obj["s"]),
+                text=_get_text(obj, "r"),
+                fetched_at=float(obj["f"]),
+                expires_at=float(obj["e"]),
                 unavailable_since=None if since is None else float(since),
-                failures=int(obj.get("failures", 0)),
-                tdmrep=tdmrep if isinstance(tdmrep, str) else None,
+                failures=int(obj.get("n", 0)),
+                tdmrep=_get_text(obj, "m"),
+                digest=digest if isinstance(digest, str) else None,
+                token=token if isinstance(token, str) else None,
             )
-        except (ValueError, TypeError, KeyError, AttributeError):
+        except (ValueError, TypeError, KeyError, AttributeError, zlib.error):
             return None
+
+    @classmethod
+    def _from_old(cls, obj: Any) -> RobotsEntry:
+        """An entry as versions before ``ENTRY_VERSION`` wrote it (long names, the whole
+        file); raises what ``from_json`` catches when it is not one."""
+        text, tdmrep, since = obj["text"], obj.get("tdmrep"), obj.get("unavailable_since")
+        return cls(
+            status=str(obj["status"]),
+            text=text if isinstance(text, str) else None,
+            fetched_at=float(obj["fetched_at"]),
+            expires_at=float(obj["expires_at"]),
+            unavailable_since=None if since is None else float(since),
+            failures=int(obj.get("failures", 0)),
+            tdmrep=tdmrep if isinstance(tdmrep, str) else None,
+        )
+
+
+# The format of ``RobotsEntry.to_json`` (image_crawler/contract.py, ROBOTS_PREFIX): "v"
+# this version, "s" status, "f" fetched_at, "e" expires_at, "u" unavailable_since, "n"
+# failures, "d" digest, "t" token, "r" text, "m" tdmrep; a text is stored compressed under
+# its name and "z" ("rz", "mz": raw deflate, then base85) where that is shorter.
+ENTRY_VERSION: Final = 2
+# How many hex digits of the file's SHA-256 an entry keeps: 64 bits.
+DIGEST_CHARS: Final = 16
+
+
+def _put_text(obj: dict[str, object], name: str, text: str | None) -> None:
+    if text is None:
+        return
+    plain = len(json.dumps(text, ensure_ascii=False).encode())
+    # Compression only pays beyond a few hundred bytes; shorter texts are not tried.
+    if plain > 160:
+        packer = zlib.compressobj(9, zlib.DEFLATED, -15)
+        packed = base64.b85encode(packer.compress(text.encode()) + packer.flush()).decode()
+        if len(packed) + 3 < plain:
+            obj[f"{name}z"] = packed
+            return
+    obj[name] = text
+
+
+def _get_text(obj: Mapping[str, object], name: str) -> str | None:
+    packed = obj.get(f"{name}z")
+    if isinstance(packed, str):
+        return zlib.decompress(base64.b85decode(packed), -15).decode()
+    text = obj.get(name)
+    return text if isinstance(text, str) else None
+
+
+def file_digest(text: str) -> str:
+    """The ``digest`` of a robots.txt's text."""
+    return hashlib.sha256(text.encode("utf-8", errors="surrogatepass")).hexdigest()[:DIGEST_CHARS]
 
 
 def origin_of(url: str) -> tuple[str, str] | None:
@@ -250,6 +325,7 @@ class RobotsGuard:
         self._clock = clock
         self._rng = rng or random.Random()
         self._known: OrderedDict[str, _Known] = OrderedDict()
+        self._known_chars = 0  # of the rules in _known (_weight)
         self._loading: dict[str, asyncio.Task[_Known]] = {}
         # Origin -> the sources whose URLs wait for its load.
         self._asking: dict[str, set[str]] = {}
@@ -364,11 +440,26 @@ class RobotsGuard:
             task.add_done_callback(lambda _: self._forget_load(origin))
         # Shielded: one waiter cancelled (its worker stopping) does not cancel the others'.
         known = await asyncio.shield(task)
-        self._known[origin] = known
-        self._known.move_to_end(origin)
-        while len(self._known) > self._settings.local_hosts:
-            self._known.popitem(last=False)
+        self._remember(origin, known)
         return known
+
+    def _remember(self, origin: str, known: _Known) -> None:
+        """Keep ``known`` parsed for ``origin``: the hosts used last, at most
+        ``local_hosts`` of them and ``local_rules_chars`` characters of their rules (a
+        parsed rule costs Protego about 25 bytes a character: a host of long rules must
+        not cost a worker what thousands of short ones do)."""
+        previous = self._known.pop(origin, None)
+        if previous is not None:
+            self._known_chars -= _weight(previous)
+        self._known[origin] = known
+        self._known_chars += _weight(known)
+        settings = self._settings
+        while len(self._known) > 1 and (
+            len(self._known) > settings.local_hosts
+            or self._known_chars > settings.local_rules_chars
+        ):
+            _, dropped = self._known.popitem(last=False)
+            self._known_chars -= _weight(dropped)
 
     def _forget_load(self, origin: str) -> None:
         self._loading.pop(origin, None)
@@ -416,7 +507,7 @@ class RobotsGuard:
             pipe.get(key)
             pipe.exists(lock)
             raw, locked = await pipe.execute()
-        entry = _entry_of(raw)
+        entry = _entry_of(raw, self._settings.token)
         if entry is not None and self._clock() < entry.expires_at:
             return entry
         if locked:
@@ -429,7 +520,7 @@ class RobotsGuard:
             pipe.get(key)
             pipe.set(lock, secrets.token_hex(8), nx=True, px=lock_ms)
             raw, taken = await pipe.execute()
-        entry = _entry_of(raw)
+        entry = _entry_of(raw, self._settings.token)
         if entry is not None and self._clock() < entry.expires_at:
             if taken:  # fetched by another worker while this one waited: not needed
                 with contextlib.suppress(RedisError):
@@ -504,10 +595,20 @@ class RobotsGuard:
         took_s = round(time.monotonic() - started, 3)
         if status.isdigit() and 200 <= int(status) < 300:
             text = decode_robots(result.body, truncated=bool(result.detail))
-            log.info("robots_fetched", origin=origin, status=status, bytes=len(text), took_s=took_s)
             if result.detail:
                 log.warning("robots_truncated", origin=origin, detail=result.detail)
-            return RobotsEntry(status, text, now, now + settings.cache_s)
+            entry = await self._decided(status, text, now)
+            log.info(
+                "robots_fetched",
+                origin=origin,
+                status=status,
+                bytes=len(text),
+                kept=len(entry.text or ""),
+                digest=entry.digest,
+                changed=previous is not None and previous.digest not in (None, entry.digest),
+                took_s=took_s,
+            )
+            return entry
         if (
             (status.isdigit() and 400 <= int(status) < 500 and status != Status.TOO_MANY_REQUESTS)
             or status == Status.TOO_MANY_REDIRECTS  # RFC 9309 2.3.1.2: as if there were no file
@@ -518,6 +619,18 @@ class RobotsGuard:
             log.info("robots_fetched", origin=origin, status=status, allows="everything")
             return RobotsEntry(status, None, now, now + settings.cache_s)
         return await self._unavailable(key, origin, result, previous, now)
+
+    async def _decided(self, status: str, text: str, now: float) -> RobotsEntry:
+        """The entry of a file: what of it applies to our token, where that is shorter than
+        the file (a long file is read outside the event loop, as in ``_load``)."""
+        token = self._settings.token
+        if len(text) > _PARSE_INLINE_CHARS:
+            decided = await asyncio.to_thread(decided_rules, text, token)
+        else:
+            decided = decided_rules(text, token)
+        kept, by = (decided, token) if len(decided) < len(text) else (text, None)
+        expires_at = now + self._settings.cache_s
+        return RobotsEntry(status, kept, now, expires_at, digest=file_digest(text), token=by)
 
     async def _get(self, url: str) -> FetchResult:
         """A host's file (robots.txt, tdmrep.json), within the files' limits of size,
@@ -548,7 +661,7 @@ class RobotsGuard:
         text = decode_robots(result.body, truncated=False)
         rules = len(TdmRep.parse(text))
         log.info("tdmrep_fetched", origin=origin, status=result.status, rules=rules)
-        return dataclasses.replace(entry, tdmrep=text if rules else None)
+        return dataclasses.replace(entry, tdmrep=compact_tdmrep(text) if rules else None)
 
     async def _may_read_tdmrep(self, entry: RobotsEntry, origin: str, key: HostKey) -> bool:
         """Whether the host's robots.txt allows us its tdmrep.json (RFC 9309 governs
@@ -671,8 +784,19 @@ class RobotsGuard:
         self._loading.clear()
 
 
-def _entry_of(raw: str | bytes | None) -> RobotsEntry | None:
-    return None if raw is None else RobotsEntry.from_json(raw)
+def _weight(known: _Known) -> int:
+    """What a host parsed in memory counts against ``local_rules_chars``: its rules'
+    characters, and a hundred for what any parsed host costs (about 2.5 KiB)."""
+    return len(known.entry.text or "") + 100
+
+
+def _entry_of(raw: str | bytes | None, token: str) -> RobotsEntry | None:
+    """The entry in ``raw``; None without one, or when its rules were decided for a product
+    token other than ``token`` (ROBOTS_USER_AGENT changed): it is fetched again."""
+    entry = None if raw is None else RobotsEntry.from_json(raw)
+    if entry is None or entry.token not in (None, token):
+        return None
+    return entry
 
 
 class _HostGone(Exception):

@@ -237,29 +237,12 @@ class TdmRep:
     def parse(cls, text: str | None) -> TdmRep:
         """The file's rules; none (no reservation known) when it is not a JSON array of
         rules. A rule that cannot be read is skipped, not the file."""
-        if not text:
-            return cls()
-        try:
-            obj = json.loads(text)
-        except (ValueError, RecursionError):
-            return cls()
-        if not isinstance(obj, list):
-            return cls()
-        rules = []
-        for item in obj[:MAX_TDMREP_RULES]:
-            if not isinstance(item, dict):
-                continue
-            location, reservation = item.get("location"), item.get("tdm-reservation")
-            if not isinstance(location, str) or len(location) > MAX_LOCATION_CHARS:
-                continue
-            if reservation not in (0, 1) or isinstance(reservation, bool):
-                continue
-            rules.append(
-                _TdmRule(
-                    _Location.parse(location), reservation == 1, _policy(item.get("tdm-policy"))
-                )
+        return cls(
+            tuple(
+                _TdmRule(_Location.parse(location), reservation == 1, policy)
+                for location, reservation, policy in _tdmrep_rules(text)
             )
-        return cls(tuple(rules))
+        )
 
     def signals(self, path: str) -> Signals:
         """What the file says of a URL whose path (and query) is ``path``."""
@@ -271,11 +254,63 @@ class TdmRep:
         return NO_SIGNALS
 
 
+def _tdmrep_rules(text: str | None) -> list[tuple[str, int, str | None]]:
+    """A tdmrep.json's readable rules: (location, tdm-reservation, tdm-policy) each."""
+    if not text:
+        return []
+    try:
+        obj = json.loads(text)
+    except (ValueError, RecursionError):
+        return []
+    if not isinstance(obj, list):
+        return []
+    rules = []
+    for item in obj[:MAX_TDMREP_RULES]:
+        if not isinstance(item, dict):
+            continue
+        location, reservation = item.get("location"), item.get("tdm-reservation")
+        if not isinstance(location, str) or len(location) > MAX_LOCATION_CHARS:
+            continue
+        if reservation not in (0, 1) or isinstance(reservation, bool):
+            continue
+        rules.append((location, int(reservation), _policy(item.get("tdm-policy"))))
+    return rules
+
+
+def compact_tdmrep(text: str | None) -> str | None:
+    """What the robots.txt cache keeps of a tdmrep.json: its readable rules, and only
+    the fields read, as compact JSON (``TdmRep.parse`` of it reads the same rules); None
+    when it has none (no reservation known)."""
+    rules = [
+        {"location": location, "tdm-reservation": reservation}
+        | ({"tdm-policy": policy} if policy is not None else {})
+        for location, reservation, policy in _tdmrep_rules(text)
+    ]
+    return json.dumps(rules, separators=(",", ":"), ensure_ascii=False) if rules else None
+
+
 # --- Content Signals ------------------------------------------------------------------------
 def content_signals(text: str, token: str) -> Signals:
     """The ``Content-Signal`` lines of a robots.txt's group for ``token`` (else its ``*``
     group), as signals. Groups are RFC 9309's: one or more ``user-agent`` lines and the
     lines after them; a signal said "no" anywhere in the groups that apply stays "no"."""
+    said: dict[str, str] = {}
+    for value in content_signal_lines(text, token):
+        for pair in value.split(",", MAX_DIRECTIVES)[:MAX_DIRECTIVES]:
+            key, equals, answer = pair.partition("=")
+            key, answer = key.strip().lower(), answer.strip().lower()
+            if equals and answer in ("yes", "no") and said.get(key) != "no":
+                said[key] = answer
+    noindex = ("content-signal: search=no",) if said.get(SEARCH) == "no" else ()
+    opt_outs = tuple(
+        opt_out for key, opt_out in _CONTENT_SIGNAL_OPT_OUTS.items() if said.get(key) == "no"
+    )
+    return Signals(noindex=noindex, opt_outs=opt_outs)
+
+
+def content_signal_lines(text: str, token: str) -> list[str]:
+    """The values of the ``Content-Signal`` lines that apply to ``token`` (the groups
+    naming it, else the ``*`` groups), at most ``MAX_CONTENT_SIGNAL_LINES``."""
     token = token.lower()
     mine: list[str] = []
     anyone: list[str] = []
@@ -298,15 +333,4 @@ def content_signals(text: str, token: str) -> Signals:
             mine.append(value)
         if "*" in agents:
             anyone.append(value)
-    said: dict[str, str] = {}
-    for value in (mine or anyone)[:MAX_CONTENT_SIGNAL_LINES]:
-        for pair in value.split(",", MAX_DIRECTIVES)[:MAX_DIRECTIVES]:
-            key, equals, answer = pair.partition("=")
-            key, answer = key.strip().lower(), answer.strip().lower()
-            if equals and answer in ("yes", "no") and said.get(key) != "no":
-                said[key] = answer
-    noindex = ("content-signal: search=no",) if said.get(SEARCH) == "no" else ()
-    opt_outs = tuple(
-        opt_out for key, opt_out in _CONTENT_SIGNAL_OPT_OUTS.items() if said.get(key) == "no"
-    )
-    return Signals(noindex=noindex, opt_outs=opt_outs)
+    return (mine or anyone)[:MAX_CONTENT_SIGNAL_LINES]
