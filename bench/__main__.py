@@ -3,10 +3,12 @@
 Builds (or reuses) the corpus, times the image kernel, starts the origin, runs one crawl
 per ``--sources`` count on a fresh local stack (with ``--recheck``, each followed by a
 re-check of its images), with ``--hosts N`` two more (one source on one unlimited host,
-then over N hosts at a robots.txt Crawl-delay of 1 s), then compares the worker with
-img2dataset and with a bare Pillow pipeline on the corpus's "mixed" files, measures the
-thumbnails' PSNR, times the monitor's loop, then prints a table and writes ``--out``
-(JSON) and the same table as markdown next to it.
+then over N hosts at a robots.txt Crawl-delay of 1 s), with ``--long-tail`` two more
+(``--urls`` images on one host, then on as many new hosts, names of a local dnsmasq's
+wildcard zone), then compares the worker with img2dataset and with a bare Pillow
+pipeline on the corpus's "mixed" files, measures the thumbnails' PSNR, times the
+monitor's loop, then prints a table and writes ``--out`` (JSON) and the same table as
+markdown next to it.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from bench.corpus import DEFAULT_DIR, Corpus, ensure_corpus
 from bench.crawl import RunConfig, run_crawl
 from bench.hosts import measure_hosts
 from bench.kernel import measure_kernel
+from bench.longtail import TAIL_ZONE, measure_long_tail
 from bench.monitor_loop import measure_monitor
 from bench.origin import MAX_HOSTS
 from bench.quality import measure_quality
@@ -51,6 +54,15 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
         help="after the --sources crawls, crawl the images of one source on one unlimited "
         "host, then over this many loopback hosts at a robots.txt Crawl-delay of 1 s "
         "(0: not)",
+    )
+    parser.add_argument(
+        "--long-tail",
+        action="store_true",
+        help="after the --hosts crawls, crawl --urls images on one host, then on as many new "
+        "hosts (one image each), names of a local dnsmasq's wildcard zone",
+    )
+    parser.add_argument(
+        "--urls", type=int, default=100_000, help="images of each --long-tail crawl"
     )
     parser.add_argument("--corpus-files", type=int, default=300)
     parser.add_argument("--corpus-dir", type=Path, default=DEFAULT_DIR)
@@ -83,6 +95,8 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--peer-repeats and --bare-rounds must be at least 1")
     if not 0 <= args.hosts <= MAX_HOSTS:
         parser.error(f"--hosts must be between 0 and {MAX_HOSTS}")
+    if args.urls < 1:
+        parser.error("--urls must be at least 1")
     return args
 
 
@@ -315,12 +329,19 @@ async def _peer_venv(args: argparse.Namespace, log_dir: Path) -> dict[str, Any] 
 
 async def _crawls(
     args: argparse.Namespace, corpus: Corpus, log_dir: Path, kernels: list[dict[str, Any]]
-) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+) -> tuple[list[dict[str, Any]], dict[str, Any] | None, dict[str, Any] | None]:
     """One crawl per ``--sources`` count, the kernel measured after each (appended to
-    ``kernels``), then with ``--hosts`` the one-host and many-host crawls."""
+    ``kernels``), then with ``--hosts`` the one-host and many-host crawls, then with
+    ``--long-tail`` the one-host and long-tail crawls."""
     runs = []
-    hosts = None
-    with Origin(corpus.directory, log_dir, opt_outs=args.opt_outs, hosts=args.hosts) as origin:
+    hosts = long_tail = None
+    with Origin(
+        corpus.directory,
+        log_dir,
+        opt_outs=args.opt_outs,
+        hosts=args.hosts,
+        tail_zone=TAIL_ZONE if args.long_tail else "",
+    ) as origin:
         for count in [int(s) for s in args.sources.split(",") if s.strip()]:
             config = _crawl_config(args, count, args.images, log_dir / f"run-{count}-sources")
             print(f"crawl: {count} source(s), {args.images} images", file=sys.stderr)
@@ -333,7 +354,10 @@ async def _crawls(
         if args.hosts:
             config = _crawl_config(args, 1, args.images, log_dir / "run-hosts")
             hosts = await measure_hosts(config, origin, len(corpus.files))
-    return runs, hosts
+        if args.long_tail:
+            config = _crawl_config(args, 1, args.urls, log_dir / "run-long-tail")
+            long_tail = await measure_long_tail(config, origin, len(corpus.files))
+    return runs, hosts, long_tail
 
 
 async def _main(args: argparse.Namespace) -> dict[str, Any]:
@@ -349,7 +373,7 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
     # compared with the mean of the two measurements around it: the machine's speed
     # drifts over minutes (19.1, 18.4 and 17.8 ms within 15 minutes).
     kernels = [_kernel(corpus, args.kernel_rounds)]
-    runs, hosts = await _crawls(args, corpus, log_dir, kernels)
+    runs, hosts, long_tail = await _crawls(args, corpus, log_dir, kernels)
     comparison = (
         await _comparison(args, corpus.of_kind("mixed"), log_dir, venv)
         if args.compare_images
@@ -373,6 +397,7 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
         "kernel_measurements": kernels,
         "runs": runs,
         "hosts": hosts,
+        "long_tail": long_tail,
         "monitor": monitor,
         "comparison": comparison,
         "quality": quality,

@@ -38,10 +38,12 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import psutil
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from bench.procstats import MemorySample, ProcessTree, Sampler, at_progress
+from bench.redis_costs import RedisReadings, redis_window
 from bench.services import S3Sink, origin_stats, s3_service, thumbnails_stored
 from crawlctl.localstack.processes import ModuleProcess
 from crawlctl.localstack.services import KafkaBroker, RedisServer
@@ -66,6 +68,12 @@ class RunConfig:
     recheck: bool = False  # a second measured pass: every image re-checked
     # Base URLs the crawl's URLs are spread over, round-robin (empty: the origin's own).
     host_urls: tuple[str, ...] = ()
+    # The warm-up's, when its hosts must not be the measured ones (empty: host_urls).
+    warmup_host_urls: tuple[str, ...] = ()
+    # More environment for each worker (DNS_SERVERS...), over the crawl's own.
+    worker_env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    # More processes whose CPU is read over the measured window (name -> pid).
+    watch_pids: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
 
 def source_names(count: int) -> list[str]:
@@ -277,6 +285,7 @@ def _worker_env(
         # The hosts of bench.origin --hosts are 127.1.x.y.
         "ALLOWED_PRIVATE_NETWORKS": "127.0.0.0/8" if config.host_urls else "127.0.0.1/32",
         "LOG_LEVEL": "INFO",
+        **config.worker_env,
     }
 
 
@@ -339,6 +348,11 @@ class _Window:
     # Read again by a re-check pass: a tree remembers each process's last reading.
     trees: list[ProcessTree] = dataclasses.field(default_factory=list)
     others: dict[str, ProcessTree] = dataclasses.field(default_factory=dict)
+    # redis-server's commands and memory when the window opened and closed (redis_costs).
+    redis_before: dict[str, Any] = dataclasses.field(default_factory=dict)
+    redis_after: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # The whole machine's busy CPU seconds over the window (every process, ours or not).
+    machine_busy_s: float = 0.0
 
 
 async def run_crawl(config: RunConfig, origin_url: str, files: int) -> dict[str, Any]:
@@ -430,7 +444,8 @@ async def _warm_up(config: RunConfig, stack: _Stack, outputs: Outputs) -> tuple[
     got partitions and started its image pool before anything is measured."""
     started = time.monotonic()
     warmup = max(config.warmup, len(stack.sources) * config.partitions)
-    tasks, uuids = _tasks(stack.sources, config.partitions, stack.bases, "warm", 0, warmup)
+    bases = config.warmup_host_urls or stack.bases
+    tasks, uuids = _tasks(stack.sources, config.partitions, bases, "warm", 0, warmup)
     outputs.wanted = set(uuids)
     await _produce(stack.kafka.bootstrap, tasks)
     if not await _wait_done(outputs, warmup, time.monotonic() + 180 + warmup * 0.2):
@@ -442,7 +457,8 @@ async def _warm_up(config: RunConfig, stack: _Stack, outputs: Outputs) -> tuple[
 
 async def _measure(config: RunConfig, stack: _Stack, outputs: Outputs) -> _Window:
     trees = [ProcessTree(w.pid) for w in stack.workers if w.pid is not None]
-    others = {name: ProcessTree(pid) for name, pid in stack.service_pids().items() if pid}
+    pids = {**stack.service_pids(), **config.watch_pids}
+    others = {name: ProcessTree(pid) for name, pid in pids.items() if pid}
     cpu_before = [t.cpu_by_role() for t in trees]
     others_before = {name: t.cpu_seconds() for name, t in others.items()}
 
@@ -453,13 +469,19 @@ async def _measure(config: RunConfig, stack: _Stack, outputs: Outputs) -> _Windo
     sampler = Sampler(trees, lambda: outputs.done_wanted, broker_port=stack.kafka.port)
     profiler = _start_profiler(config, stack.workers[0]) if config.profile else None
     origin_before = await asyncio.to_thread(origin_stats, stack.origin_url)
+    readings = RedisReadings(stack.redis_server.url)
+    redis_before = await readings.read()
     sampler.start()
-    window = _Window(t0=time.monotonic(), origin_before=origin_before)
+    busy_before = machine_busy_s()
+    window = _Window(t0=time.monotonic(), origin_before=origin_before, redis_before=redis_before)
     await _produce(stack.kafka.bootstrap, tasks)
     window.produce_s = time.monotonic() - window.t0
     window.finished = await _wait_done(outputs, config.images, window.t0 + config.timeout_s)
     window.t_seen = time.monotonic()
+    window.machine_busy_s = machine_busy_s() - busy_before
     window.origin_after = await asyncio.to_thread(origin_stats, stack.origin_url)
+    window.redis_after = await readings.read()
+    await readings.aclose()
     cpu_after = [t.cpu_by_role() for t in trees]
     window.other_cpu = {n: t.cpu_seconds() - others_before[n] for n, t in others.items()}
     sampler.stop()
@@ -611,7 +633,7 @@ def _figures(config: RunConfig, stack: _Stack, outputs: Outputs, window: _Window
             sum(w["children_system"] for w in window.worker_cpu)
         ),
         "images_per_worker_cpu_s": ok / cpu_total if cpu_total else None,
-        "other_cpu_s": window.other_cpu,
+        **_beyond_the_workers(window, ok),
         "origin_requests": origin_requests(window.origin_before, window.origin_after, wall_s),
         "memory": [
             _memory(samples, peak, connections, config.images)
@@ -629,11 +651,34 @@ def _figures(config: RunConfig, stack: _Stack, outputs: Outputs, window: _Window
     }
 
 
+def _beyond_the_workers(window: _Window, ok: int) -> dict[str, Any]:
+    """What the window cost besides the workers: the other processes' CPU, the whole
+    machine's (every process's, ours or not: what else ran on it meanwhile), and Redis'
+    commands and memory."""
+    return {
+        "other_cpu_s": window.other_cpu,
+        "machine_cpu_busy_s": window.machine_busy_s,
+        "machine_cpus": psutil.cpu_count(),
+        "redis": redis_window(window.redis_before, window.redis_after, ok),
+    }
+
+
+def machine_busy_s() -> float:
+    """CPU seconds the whole machine has spent running processes and the kernel since it
+    started, all CPUs together (guest time is within user time on Linux; steal is not
+    ours)."""
+    times = psutil.cpu_times()
+    parts = ("user", "nice", "system", "irq", "softirq")
+    return float(sum(getattr(times, part, 0.0) for part in parts))
+
+
 def _config_figures(config: RunConfig) -> dict[str, Any]:
     figures = {
         k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(config).items()
     }
     figures["host_urls"] = len(config.host_urls)  # not a thousand URLs
+    figures["warmup_host_urls"] = len(config.warmup_host_urls)
+    figures["watch_pids"] = sorted(config.watch_pids)
     return figures
 
 

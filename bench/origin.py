@@ -26,6 +26,11 @@ robots.txt (a 404: nothing limits it). ``GET /_stats`` answers what was asked so
 (``Requests``): requests by kind (``image``, ``image_304``, ``robots``, ``tdmrep``,
 ``other``), and for the N hosts how many of them were asked, and how many of the gaps
 between two requests to one host (arrival times here) were shorter than the Crawl-delay.
+
+``--tail-zone ZONE`` answers any host name of ``ZONE`` (as the benchmark's dnsmasq
+resolves every name of ``tail.test`` to 127.0.0.1) as a site of its own: its
+``/robots.txt`` allows everything (``bench.tail_hosts``), and ``/_stats`` adds ``tail``,
+what those hosts were asked (``TailRequests.summary``).
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from bench.tail_hosts import TAIL_ROBOTS_TXT, TailRequests, tail_host
 from image_crawler.contract import TDMREP_PATH
 
 # The address every origin answers on; ``--hosts`` adds host_addresses(N).
@@ -221,19 +227,29 @@ def make_app(
     opt_outs: bool = False,
     delayed: frozenset[str] = frozenset(),
     crawl_delay_s: float = 1.0,
+    tail_zone: str = "",
 ) -> web.Application:
     """The origin's routes; ``delayed``: the addresses whose robots.txt has a Crawl-delay
-    of ``crawl_delay_s`` (every other address answers 404 for it)."""
+    of ``crawl_delay_s``; ``tail_zone``: a DNS zone whose every name is a host with a
+    robots.txt that allows everything (every other host answers 404 for it)."""
     headers = OPT_OUT_HEADERS if opt_outs else ()
     requests = Requests(crawl_delay_s)
+    tail = TailRequests()
     robots = robots_txt(crawl_delay_s)
 
-    def note(kind: str, request: web.Request) -> None:
+    def note(kind: str, request: web.Request) -> str | None:
+        """Counts the request; returns its tail host's name, if it is one's."""
+        now = time.time()
         address = _local_address(request) if delayed else None
-        requests.note(kind, address if address in delayed else None, time.time())
+        requests.note(kind, address if address in delayed else None, now)
+        name = tail_host(request.headers.get("Host"), tail_zone) if tail_zone else None
+        if name is not None:
+            tail.note(name, kind, now)
+        return name
 
     async def robots_file(request: web.Request) -> web.Response:
-        note("robots", request)
+        if note("robots", request) is not None:
+            return web.Response(text=TAIL_ROBOTS_TXT)
         if delayed and _local_address(request) in delayed:
             return web.Response(text=robots)
         raise web.HTTPNotFound()
@@ -256,7 +272,10 @@ def make_app(
         return web.Response(text=str(len(files)))
 
     async def stats(_: web.Request) -> web.Response:
-        return web.json_response(requests.summary())
+        summary = requests.summary()
+        if tail_zone:
+            summary["tail"] = tail.summary()
+        return web.json_response(summary)
 
     app = web.Application()
     app.router.add_get("/health", health)
@@ -297,11 +316,18 @@ def main() -> None:
     parser.add_argument(
         "--crawl-delay", type=float, default=1.0, help="the Crawl-delay of those hosts, s"
     )
+    parser.add_argument(
+        "--tail-zone", default="", help="answer every host name of this DNS zone as a site"
+    )
     args = parser.parse_args()
     hosts = host_addresses(args.hosts)
     web.run_app(
         make_app(
-            load(args.directory, args.kind), args.opt_outs, frozenset(hosts), args.crawl_delay
+            load(args.directory, args.kind),
+            args.opt_outs,
+            frozenset(hosts),
+            args.crawl_delay,
+            args.tail_zone,
         ),
         # Sites start in this order, and the probe asks the primary address: once it
         # answers, every host does.

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from bench.longtail_report import longtail_table, longtail_verdicts
+
 GIB = 1024**3
 MIB = 1024**2
 
@@ -58,6 +60,7 @@ def verdicts(result: dict[str, Any]) -> list[dict[str, Any]]:
     rows += _scale_verdicts(result["runs"])
     rows += _monitor_verdicts(result.get("monitor", []))
     rows += _hosts_verdicts(result.get("hosts"))
+    rows += longtail_verdicts(result.get("long_tail"))
     rows += _comparison_verdicts(result.get("comparison"))
     rows += _quality_verdicts(result.get("quality"))
     return rows
@@ -377,6 +380,7 @@ def table(result: dict[str, Any]) -> list[tuple[str, str]]:
             )
         )
     rows += _hosts_table(result.get("hosts"))
+    rows += longtail_table(result.get("long_tail"))
     rows += _comparison_table(result.get("comparison"))
     rows += _quality_table(result.get("quality"))
     return rows

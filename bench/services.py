@@ -50,7 +50,8 @@ class _BenchModule(Service):
 class Origin(_BenchModule):
     """``bench.origin``: the corpus (or only its files of ``kind``) over HTTP from memory;
     with ``hosts``, also on that many more loopback addresses, each with a robots.txt
-    Crawl-delay of ``crawl_delay_s`` (``host_urls``)."""
+    Crawl-delay of ``crawl_delay_s`` (``host_urls``); with ``tail_zone``, every host name
+    of that DNS zone as a site with a robots.txt of its own (``bench.tail_hosts``)."""
 
     name = "origin"
     module = "bench.origin"
@@ -65,6 +66,7 @@ class Origin(_BenchModule):
         opt_outs: bool = False,
         hosts: int = 0,
         crawl_delay_s: float = 1.0,
+        tail_zone: str = "",
     ) -> None:
         if kind is not None:
             self.name = f"origin-{kind}"  # its own log file, next to the full origin's
@@ -74,6 +76,7 @@ class Origin(_BenchModule):
         self.opt_outs = opt_outs
         self.hosts = hosts
         self.crawl_delay_s = crawl_delay_s
+        self.tail_zone = tail_zone
 
     @property
     def host_urls(self) -> tuple[str, ...]:
@@ -86,6 +89,7 @@ class Origin(_BenchModule):
             *(["--kind", self.kind] if self.kind else []),
             *(["--opt-outs"] if self.opt_outs else []),
             *(self._host_args() if self.hosts else []),
+            *(["--tail-zone", self.tail_zone] if self.tail_zone else []),
         ]
 
     def _host_args(self) -> list[str]:

@@ -169,7 +169,9 @@ def _run(steady: float, whole: float, errors: dict[str, int] | None = None) -> d
     }
 
 
-def _result(hosts: dict[str, Any] | None) -> dict[str, Any]:
+def hosts_result(hosts: dict[str, Any] | None) -> dict[str, Any]:
+    """A benchmark's result around its ``hosts`` figures (bench --long-tail's tests put
+    theirs in it too)."""
     return {
         "started": "2026-11-28T06:00:00+00:00",
         "machine": {"cpus": 2, "cpu_model": "x", "load_average_at_start": [0.5, 0.5, 0.5]},
@@ -195,7 +197,7 @@ def test_hosts_figures_and_their_verdict() -> None:
     assert hosts["ratio_whole_run"] == pytest.approx(0.90)
     assert (hosts["hosts"], hosts["images"], hosts["images_per_host"]) == (1000, 10_000, 10.0)
 
-    result = _result(hosts)
+    result = hosts_result(hosts)
     result["verdicts"] = report.verdicts(result)
     (verdict,) = result["verdicts"]
     assert verdict["ok"] and verdict["shown"] == "0.95" and verdict["limit"] == ">= 0.9"
@@ -223,10 +225,10 @@ def test_hosts_figures_and_their_verdict() -> None:
 
 def test_a_shortfall_or_errors_fail_the_verdict() -> None:
     slow = hosts_figures(_run(160.0, 150.0), _run(140.0, 120.0, {"Timeout": 2}), 1000, 1.0)
-    (verdict,) = report.verdicts(_result(slow))
+    (verdict,) = report.verdicts(hosts_result(slow))
     assert not verdict["ok"] and verdict["shown"] == "0.88"
     assert verdict["target"].endswith(", 2 errors")
-    rows = dict(report.table(_result(slow)))
+    rows = dict(report.table(hosts_result(slow)))
     assert rows["[1,000 hosts, Crawl-delay 1 s] worker log warnings and errors"] == (
         "warning:redis_unavailable 3"
     )
@@ -234,12 +236,14 @@ def test_a_shortfall_or_errors_fail_the_verdict() -> None:
 
     unmeasured = copy.deepcopy(slow)
     unmeasured["ratio_steady_10_90"] = None  # fewer than 20 outputs
-    assert report.verdicts(_result(unmeasured)) == []
-    assert report.verdicts(_result(None)) == []
-    assert "hosts / one host" not in report.render_text({**_result(None), "verdicts": []})
+    assert report.verdicts(hosts_result(unmeasured)) == []
+    assert report.verdicts(hosts_result(None)) == []
+    assert "hosts / one host" not in report.render_text({**hosts_result(None), "verdicts": []})
 
 
-def _corpus(directory: Path) -> None:
+def three_file_corpus(directory: Path) -> None:
+    """A corpus of three tiny files (``body 0``..``body 2``) the origin serves as it
+    serves the benchmark's; bench --long-tail's tests use it too."""
     directory.mkdir()
     files = []
     for i in range(3):
@@ -253,14 +257,16 @@ def _corpus(directory: Path) -> None:
 
 @pytest.fixture
 def origin(tmp_path: Path) -> Iterator[Origin]:
-    _corpus(tmp_path / "corpus")
+    three_file_corpus(tmp_path / "corpus")
     with Origin(tmp_path / "corpus", tmp_path / "logs", hosts=4, crawl_delay_s=1.0) as server:
         yield server
 
 
-def _get(url: str) -> tuple[int, bytes]:
+def http_get(url: str, host: str | None = None) -> tuple[int, bytes]:
+    """The status and body of GET ``url``, with ``host`` as its Host header if given."""
+    request = urllib.request.Request(url, headers={"Host": host} if host else {})
     try:
-        with urllib.request.urlopen(url, timeout=10) as response:
+        with urllib.request.urlopen(request, timeout=10) as response:
             return response.status, response.read()
     except urllib.error.HTTPError as answer:
         with answer:
@@ -271,13 +277,13 @@ def _get(url: str) -> tuple[int, bytes]:
 def test_every_host_has_a_crawl_delay_and_the_same_files(origin: Origin) -> None:
     assert origin.host_urls == tuple(f"http://{a}:{origin.port}" for a in host_addresses(4))
     for base in origin.host_urls:
-        assert _get(f"{base}/robots.txt") == (200, b"User-agent: *\nCrawl-delay: 1\n")
-        assert _get(f"{base}/4/x.jpg") == (200, b"body 1")
-        assert _get(f"{base}{c.TDMREP_PATH}")[0] == 404
+        assert http_get(f"{base}/robots.txt") == (200, b"User-agent: *\nCrawl-delay: 1\n")
+        assert http_get(f"{base}/4/x.jpg") == (200, b"body 1")
+        assert http_get(f"{base}{c.TDMREP_PATH}")[0] == 404
     # The origin's own address: nothing limits it.
-    assert _get(f"{origin.url}/robots.txt")[0] == 404
-    assert _get(f"{origin.url}/4/x.jpg") == (200, b"body 1")
-    assert _get(f"{origin.url}/x/y.jpg")[0] == 404
+    assert http_get(f"{origin.url}/robots.txt")[0] == 404
+    assert http_get(f"{origin.url}/4/x.jpg") == (200, b"body 1")
+    assert http_get(f"{origin.url}/x/y.jpg")[0] == 404
 
     stats = origin_stats(origin.url)
     assert Counter(stats["by_kind"]) == Counter(robots=5, image=5, tdmrep=4, other=1)
