@@ -8,8 +8,10 @@ hosts that start at their ceiling (``FAST_START``); the slow start has tests of 
 """
 
 import asyncio
+import contextlib
 import itertools
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -181,13 +183,25 @@ class StallingRedis(FlakyRedis):
         return answer
 
 
-async def test_a_slot_already_past_when_its_answer_is_read_late_is_given_up(redis):
-    # Found by the fault campaign (chaos): workers whose loops stalled while their answers
-    # came started their past slots of a source at 10/s together, 3 requests in 36 ms.
-    stalling = StallingRedis(redis, stall_s=0.3)
+@contextlib.asynccontextmanager
+async def running_pacer(
+    redis: Any, stall_s: float
+) -> AsyncIterator[tuple[StallingRedis, RedisPacer]]:
+    """A pacer running on ``StallingRedis``: its loop blocked ``stall_s`` after each answer."""
+    stalling = StallingRedis(redis, stall_s=stall_s)
     pacer = RedisPacer(stalling, PacingSettings(no_rate_retry_s=0.05), FAST_START)  # type: ignore[arg-type]
     task = asyncio.create_task(pacer.run())
     try:
+        yield stalling, pacer
+    finally:
+        await cancel_and_wait([task])
+        pacer.close()
+
+
+async def test_a_slot_already_past_when_its_answer_is_read_late_is_given_up(redis):
+    # Found by the fault campaign (chaos): workers whose loops stalled while their answers
+    # came started their past slots of a source at 10/s together, 3 requests in 36 ms.
+    async with running_pacer(redis, stall_s=0.3) as (stalling, pacer):
         await redis.set(c.pace_rate_key(SOURCE), "10")
         late_before = REGISTRY.get_sample_value("crawler_pacing_slots_late_total") or 0.0
         waiting = pacer.acquire(KEY)
@@ -199,19 +213,13 @@ async def test_a_slot_already_past_when_its_answer_is_read_late_is_given_up(redi
         assert not waiting.done()
         stalling.stalling = False
         await asyncio.wait_for(waiting, 5)  # its request asked again and had a slot
-    finally:
-        await cancel_and_wait([task])
-        pacer.close()
 
 
 async def test_a_worker_always_late_still_starts_one_slot_in_four(redis):
     # A loop that lags past the late limit at every answer (a worker starved of CPU):
     # every slot comes due as it is read. Giving them all up, the host would get no
     # request at all; after three in a row, the fourth starts.
-    stalling = StallingRedis(redis, stall_s=0.15)
-    pacer = RedisPacer(stalling, PacingSettings(no_rate_retry_s=0.05), FAST_START)  # type: ignore[arg-type]
-    task = asyncio.create_task(pacer.run())
-    try:
+    async with running_pacer(redis, stall_s=0.15) as (_, pacer):
         await redis.set(c.pace_rate_key(SOURCE), "10")
         late_before = REGISTRY.get_sample_value("crawler_pacing_slots_late_total") or 0.0
         with capture_logs() as logs:
@@ -221,9 +229,6 @@ async def test_a_worker_always_late_still_starts_one_slot_in_four(redis):
         (started,) = [e for e in logs if e["event"] == "slot_started_late"]
         assert (started["source"], started["host"]) == (KEY.source, KEY.host)
         assert started["late_ms"] > 0
-    finally:
-        await cancel_and_wait([task])
-        pacer.close()
 
 
 async def _take_slot_as_the_pipeline_does(pacer: RedisPacer, busy_s: float) -> int:
@@ -242,18 +247,12 @@ async def _take_slot_as_the_pipeline_does(pacer: RedisPacer, busy_s: float) -> i
 async def test_a_request_of_an_always_late_worker_starts_with_the_fourth_slot(redis):
     # The slot that the grant starts late after three given up is not given up again as
     # its request resumes (the long tail's benchmark: requests asked again for minutes).
-    stalling = StallingRedis(redis, stall_s=0.15)
-    pacer = RedisPacer(stalling, PacingSettings(no_rate_retry_s=0.05), FAST_START)  # type: ignore[arg-type]
-    task = asyncio.create_task(pacer.run())
-    try:
+    async with running_pacer(redis, stall_s=0.15) as (_, pacer):
         await redis.set(c.pace_rate_key(SOURCE), "10")
         late_before = REGISTRY.get_sample_value("crawler_pacing_slots_late_total") or 0.0
         assert await _take_slot_as_the_pipeline_does(pacer, 0.15) == 1
         late = REGISTRY.get_sample_value("crawler_pacing_slots_late_total") - late_before
         assert late == MAX_LATE_IN_ROW
-    finally:
-        await cancel_and_wait([task])
-        pacer.close()
 
 
 async def test_a_request_resumed_late_after_every_slot_starts_with_the_fourth(redis, pacers):
