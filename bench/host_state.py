@@ -29,7 +29,7 @@ after the hosts, against after a warm-up of ``--warmup`` hosts.
 Then ``--seen`` hosts (1,000,000 by default) pass through the worker's per-host
 structures without Redis. Writes ``bench/results/host-state.md`` and ``.json``. On 2
 cores shared with other runs: about 340 hosts/s through Redis, 17,000 hosts/s seen
-(4,600 with ``--trace``); the defaults take about 2 minutes.
+(4,600 with ``--trace``); the defaults take about 3 minutes.
 """
 
 from __future__ import annotations
