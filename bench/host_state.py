@@ -413,8 +413,10 @@ async def measure_worker(
     await see(worker, 0, seen)
     took_s = time.monotonic() - started
     gc.collect()
-    traced, traced_peak = tracemalloc.get_traced_memory() if trace else (0, 0)
-    tracemalloc.stop()
+    traced, traced_peak = 0, 0
+    if trace:
+        traced, traced_peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
     rss_after = rss_bytes()
     worker.close()
     await redis.aclose()

@@ -5,28 +5,16 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 
 from bench.procstats import ProcessTree
-
-
-@contextmanager
-def listening() -> Iterator[socket.socket]:
-    server = socket.socket()
-    try:
-        server.bind(("127.0.0.1", 0))
-        server.listen(8)
-        yield server
-    finally:
-        server.close()
 
 
 def test_counts_the_main_process_connections_to_the_port_only() -> None:
     tree = ProcessTree(os.getpid())
     with ExitStack() as stack:
-        broker = stack.enter_context(listening())
-        other = stack.enter_context(listening())
+        broker = stack.enter_context(socket.create_server(("127.0.0.1", 0)))
+        other = stack.enter_context(socket.create_server(("127.0.0.1", 0)))
         port = broker.getsockname()[1]
         assert tree.broker_connections(port) == 0
         for _ in range(2):
