@@ -16,8 +16,9 @@ import re
 import signal
 import subprocess
 import sys
+import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -43,6 +44,10 @@ DISK_MIB = 40
 RESERVE_MIB = 8
 LEFT_FREE_MIB = 4
 MIB = 1024 * 1024
+# Once paused: how long the origin's request count must stand still before the pause is
+# watched (requests granted before it finish), and how long it is then watched.
+SETTLED_S = 1.0
+WATCHED_S = 4.0
 
 
 @pytest.fixture
@@ -83,6 +88,20 @@ def fill(disk: Path, leave_bytes: int) -> Path:
     finally:
         os.close(fd)
     return filler
+
+
+def unchanged_for(read: Callable[[], int], quiet_s: float) -> Callable[[], bool]:
+    """A ``wait_until`` predicate: true once ``read()`` has not changed for ``quiet_s``."""
+    last, since = read(), time.monotonic()
+
+    def settled() -> bool:
+        nonlocal last, since
+        now = read()
+        if now != last:
+            last, since = now, time.monotonic()
+        return time.monotonic() - since >= quiet_s
+
+    return settled
 
 
 def up_events(data: Path, event: str) -> list[dict]:
@@ -205,9 +224,14 @@ async def test_a_full_disk_pauses_the_crawl_and_space_freed_resumes_it(
             10,
             what="the source paced at 0",
         )
-        await asyncio.sleep(1.0)  # requests granted before the pause finish
+        await asyncio.to_thread(
+            wait_until,
+            unchanged_for(lambda: origin.total_requests, SETTLED_S),
+            30,
+            what="the requests granted before the pause to finish",
+        )
         requests, done = origin.total_requests, len(all_ended(data / "outputs"))
-        await asyncio.sleep(4.0)
+        await asyncio.sleep(WATCHED_S)  # a window to see that nothing starts: no event to await
         assert origin.total_requests == requests
         assert len(all_ended(data / "outputs")) == done < len(uuids)
         print(f"paused with {done} of {len(uuids)} URLs ended, {free_bytes(small_disk)} B free")
