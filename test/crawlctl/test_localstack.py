@@ -234,6 +234,22 @@ def test_the_durable_broker_keeps_records_and_offsets_across_a_kill_9(tmp_path: 
         objects.stop()
 
 
+# Enough batches that listing them always takes tansu longer than 1 ms: with ten, a
+# quiet machine sometimes listed them in time, and the archive never had to wait longer.
+BATCHES = 200
+
+
+async def _one_batch_each(bootstrap: str, topic: str, values: list[bytes]) -> None:
+    """Produce ``values`` to partition 0, each record a batch of its own."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=0)
+    await producer.start()
+    try:
+        for value in values:
+            await (await producer.send(topic, value, partition=0))
+    finally:
+        await producer.stop()
+
+
 def test_the_archive_stuck_behind_a_durable_broker_waits_longer_and_catches_up(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -245,13 +261,12 @@ def test_the_archive_stuck_behind_a_durable_broker_waits_longer_and_catches_up(
     folder = tmp_path / "outputs"
     archive = OutputArchive(broker.bootstrap, folder, topics=[c.METADATA_TOPIC])
     try:
-        values = [json.dumps({"identifier": f"m{i}"}).encode() for i in range(30)]
-        for i in range(0, 30, 3):  # ten batches
-            asyncio.run(_batched(broker.bootstrap, c.METADATA_TOPIC, values[i : i + 3], 0))
+        values = [json.dumps({"identifier": f"m{i}"}).encode() for i in range(BATCHES)]
+        asyncio.run(_one_batch_each(broker.bootstrap, c.METADATA_TOPIC, values))
         archive.start()
         path = archive_path(folder, c.METADATA_TOPIC)
         wait_until(
-            lambda: len(path.read_text().splitlines()) == 30,
+            lambda: len(path.read_text().splitlines()) == BATCHES,
             60,
             what="the archive caught up while running",
         )
@@ -261,7 +276,7 @@ def test_the_archive_stuck_behind_a_durable_broker_waits_longer_and_catches_up(
         broker.stop()
         objects.stop()
     assert archived.error is None
-    assert archived.counts == {c.METADATA_TOPIC: 30}
+    assert archived.counts == {c.METADATA_TOPIC: BATCHES}
 
 
 def test_redis_with_a_data_dir_keeps_its_state_across_a_restart(tmp_path: Path) -> None:
