@@ -44,6 +44,7 @@ from worker.politeness.hosts import (
     noted,
     round_robin_grant,
 )
+from worker.politeness.robots import ENTRY_VERSION, RobotsEntry, fresh_entry
 from worker.stats import QueuedOutcome, RedisStats, flush_commands
 
 SOURCE = "twin"
@@ -135,6 +136,7 @@ WORKER_SCRIPTS = {
     "worker/politeness/lua/pacing_acquire.lua": {"decide_source"},
     "worker/politeness/lua/host_note.lua": {"noted"},
     "worker/lua/stats_flush.lua": {"flush_commands"},
+    "worker/politeness/lua/robots_claim.lua": {"fresh_entry"},
 }
 # "name (path.py)" or "name and name (path.py)", anywhere in the header.
 _NAMED = re.compile(r"(\w+(?: and \w+)*) \(([\w/]+)\.py\)")
@@ -697,3 +699,56 @@ async def test_a_flush_of_a_batch_over_lua_s_unpack_limit_is_the_same_too(redis,
             pipe.execute_command(*command)
         await pipe.execute()
     assert await dump(redis) == await dump(reference)
+
+
+# --- robots_claim.lua: fresh_entry ---------------------------------------------------------
+
+TOKEN = "image-crawler"
+CLAIM_NOW = 1_700_000_000.25
+
+
+def _entry(**changes: Any) -> str:
+    fields = {
+        "status": "200",
+        "text": "User-agent: *\nDisallow: /a\n",
+        "fetched_at": CLAIM_NOW - 60,
+    }
+    return RobotsEntry(**{**fields, "expires_at": CLAIM_NOW + 60, **changes}).to_json()
+
+
+CLAIM_CASES = {
+    "fresh": _entry(),
+    "fresh, decided for us": _entry(token=TOKEN),
+    "fresh, decided for another token": _entry(token="other-bot"),
+    "expired": _entry(expires_at=CLAIM_NOW - 0.001),
+    "expires now": _entry(expires_at=CLAIM_NOW),
+    "unavailable, asked again later": _entry(status="503", text=None, unavailable_since=CLAIM_NOW),
+    "fresh, compressed": _entry(text="User-agent: *\n" + "Disallow: /a\n" * 200),
+    "the format before v": json.dumps(
+        {"status": "200", "text": "", "fetched_at": CLAIM_NOW, "expires_at": CLAIM_NOW + 1}
+    ),
+    "the format before v, expired": json.dumps(
+        {"status": "200", "text": "", "fetched_at": CLAIM_NOW, "expires_at": CLAIM_NOW - 1}
+    ),
+    "a newer version": _entry().replace('"v":2', '"v":3'),
+    "not JSON": "User-agent: *",
+    "a JSON list": "[1, 2]",
+    "none": None,
+}
+
+
+@pytest.mark.parametrize("case", sorted(CLAIM_CASES))
+async def test_claim_takes_the_lock_when_fresh_entry_finds_none(redis, case):
+    raw = CLAIM_CASES[case]
+    key, lock = c.robots_key(f"http://{case}"), c.robots_lock_key(f"http://{case}")
+    if raw is not None:
+        await redis.set(key, raw)
+    script = lua_script("worker.politeness", "robots_claim.lua")
+    args = [repr(CLAIM_NOW), TOKEN, ENTRY_VERSION, "me", 5000]
+    read, state = await redis.eval(script, 2, key, lock, *args)
+    assert read == raw
+    fresh = fresh_entry(raw, TOKEN, CLAIM_NOW) is not None
+    assert state == (0 if fresh else 2)
+    assert (await redis.get(lock)) == (None if fresh else "me")
+    if not fresh:  # and taken, another worker is told so
+        assert (await redis.eval(script, 2, key, lock, *args))[1] == 1

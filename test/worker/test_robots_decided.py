@@ -213,11 +213,14 @@ def _known_of(text: str | None) -> object:
 
 
 def test_a_workers_parsed_hosts_are_bounded_by_count_and_by_their_rules_size() -> None:
+    from redis.asyncio import Redis
+
     from worker.politeness.robots import RobotsGuard
     from worker.settings import RobotsSettings
 
     settings = RobotsSettings(local_hosts=5, local_rules_chars=1000)
-    guard = RobotsGuard(None, None, None, settings)  # type: ignore[arg-type]
+    # A client that is never asked anything: it connects only when it is.
+    guard = RobotsGuard(Redis(), None, None, settings)  # type: ignore[arg-type]
     for i in range(8):
         guard._remember(f"https://h{i}:443", _known_of("x" * 10))  # type: ignore[arg-type]
     assert list(guard._known) == [f"https://h{i}:443" for i in range(3, 8)]

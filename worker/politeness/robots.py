@@ -85,6 +85,7 @@ from image_crawler.contract import (
     robots_lock_key,
 )
 from image_crawler.logs import get_logger
+from image_crawler.lua import lua_script
 from image_crawler.retry import Backoff, backoff_delay
 from worker.download.dns import FINAL_KINDS
 from worker.download.fetch import FetchResult
@@ -107,6 +108,19 @@ ROBOTS_PENDING: Final = "RobotsPending"
 # While Redis is away, a host's load asks again at most this far apart (from every
 # ``poll_s`` at first): its URLs wait meanwhile, and Redis is mostly back within seconds.
 _REDIS_RETRY_CAP_S: Final = 5.0
+# A worker waiting for another's fetch of a host's files looks for the entry at most this
+# far apart (from every ``poll_s`` at first).
+_POLL_CAP_S: Final = 1.0
+
+_CLAIM_SCRIPT: Final = lua_script("worker.politeness", "robots_claim.lua")
+# What lua/robots_claim.lua answers of the lock: left alone (the entry is fresh), held by
+# another worker, taken by this call.
+_CLAIM_FRESH: Final = 0
+_CLAIM_LOCKED: Final = 1
+_CLAIM_TAKEN: Final = 2
+# A lock outlives the fetch it guards (``fetch_timeout_s``) by this much; it is renewed
+# when less than a fetch and half of this is left (``_HeldLock.keep``).
+_LOCK_SPARE_S: Final = 10.0
 
 
 class Robots(enum.Enum):
@@ -337,6 +351,7 @@ class RobotsGuard:
         # (source, origin) of Crawl-delays noted as their file was fetched (before its
         # tdmrep.json request), not to be noted again at the first URL's answer.
         self._noted_at_fetch: set[tuple[str, str]] = set()
+        self._claim = redis.register_script(_CLAIM_SCRIPT)
 
     async def verdict(self, source: str, url: str) -> str | None:
         """None when ``url`` may be requested; else the status it ends with
@@ -468,9 +483,12 @@ class RobotsGuard:
     async def _load(self, origin: str, robots_url: str) -> _Known:
         poll_s = self._settings.poll_s
         retry = Backoff(base_s=poll_s, cap_s=max(poll_s, _REDIS_RETRY_CAP_S), rng=self._rng)
+        # Another worker's fetch is looked for every poll_s at first, then less often: it
+        # may be waiting for the host's slot (a Crawl-delay, a Retry-After) for a while.
+        polls = Backoff(base_s=poll_s, cap_s=max(poll_s, _POLL_CAP_S), rng=self._rng)
         while True:
             try:
-                entry = await self._shared_entry(origin, robots_url)
+                found = await self._shared_entry(origin, robots_url)
             except _HostGone:
                 now = self._clock()
                 gone = RobotsEntry(Status.HOST_UNAVAILABLE, None, now, now + poll_s, now)
@@ -479,80 +497,90 @@ class RobotsGuard:
                 log.warning("redis_unavailable", op="robots", origin=origin, error=repr(e))
                 await asyncio.sleep(retry.next_s())
                 continue
-            if entry is not None:
-                if entry.text is not None and len(entry.text) > _PARSE_INLINE_CHARS:
+            if found is not None:
+                entry, rules = found
+                long = entry.text is not None and len(entry.text) > _PARSE_INLINE_CHARS
+                if rules is None and long:
                     # Parsing a long file takes Protego a while: in a thread, the event
                     # loop (every other request's pacing slot) keeps turning meanwhile.
                     return await asyncio.to_thread(self._parsed, entry)
-                return self._parsed(entry)
-            await asyncio.sleep(self._settings.poll_s)
+                return self._parsed(entry, rules)
+            await asyncio.sleep(polls.next_s())
 
-    def _parsed(self, entry: RobotsEntry) -> _Known:
+    def _parsed(self, entry: RobotsEntry, rules: RobotsRules | None = None) -> _Known:
+        """``entry`` parsed (``rules``: its text's, when already parsed)."""
         if not entry.available:
             return _Known(entry, None)
         tdmrep = TdmRep.parse(entry.tdmrep)
-        if entry.text is None:
-            return _Known(entry, RobotsRules.allow_all(self._settings.token), tdmrep)
-        return _Known(entry, RobotsRules.parse(entry.text, self._settings.token), tdmrep)
+        if rules is None:
+            token = self._settings.token
+            text = entry.text
+            rules = RobotsRules.allow_all(token) if text is None else RobotsRules.parse(text, token)
+        return _Known(entry, rules, tdmrep)
 
     # --- the cluster's copy ----------------------------------------------------------------
-    async def _shared_entry(self, origin: str, robots_url: str) -> RobotsEntry | None:
+    async def _shared_entry(
+        self, origin: str, robots_url: str
+    ) -> tuple[RobotsEntry, RobotsRules | None] | None:
         """The host's fresh entry: read from Redis, or fetched by this worker if nobody
-        is fetching it. None: another worker is; look again soon."""
-        key, lock = robots_key(origin), robots_lock_key(origin)
-        # Each read of the entry goes with the lock's check, or its taking, in one round
-        # trip: a new host costs four before its first URL, and on a long tail of hosts
-        # every image pays them.
-        async with self._redis.pipeline(transaction=False) as pipe:
-            pipe.get(key)
-            pipe.exists(lock)
-            raw, locked = await pipe.execute()
+        is fetching it (then with its rules, parsed); None: another worker is, look
+        again soon.
+
+        A new host costs two round trips before its files' requests: the entry read and
+        the lock taken in one (``lua/robots_claim.lua``), the entry written and the lock
+        released in another. The lock is held from before the robots.txt's slot, so that
+        no other worker waits for a slot to fetch what this one will, and renewed only
+        when what is left to do could outlive it (``_HeldLock.keep``)."""
+        key = robots_key(origin)
+        lock = _HeldLock(self._redis, robots_lock_key(origin), self._settings.fetch_timeout_s)
+        now = self._clock()
+        raw, state = await self._claim(
+            keys=[key, lock.key],
+            args=[repr(now), self._settings.token, ENTRY_VERSION, lock.value, lock.life_ms],
+        )
+        fresh = fresh_entry(raw, self._settings.token, now)
+        if fresh is not None:
+            if state == _CLAIM_TAKEN:  # not fresh to the script: given back
+                await lock.release()
+            return fresh, None
         entry = _entry_of(raw, self._settings.token)
-        if entry is not None and self._clock() < entry.expires_at:
-            return entry
-        if locked:
+        if state == _CLAIM_LOCKED:
             return None
-        # A robots.txt request is a request to the server: it waits for a slot.
-        host_key = await self._slot(origin)
-        previous = entry
-        lock_ms = int((self._settings.fetch_timeout_s + 10) * 1000)
-        async with self._redis.pipeline(transaction=False) as pipe:
-            pipe.get(key)
-            pipe.set(lock, secrets.token_hex(8), nx=True, px=lock_ms)
-            raw, taken = await pipe.execute()
-        entry = _entry_of(raw, self._settings.token)
-        if entry is not None and self._clock() < entry.expires_at:
-            if taken:  # fetched by another worker while this one waited: not needed
-                with contextlib.suppress(RedisError):
-                    await self._redis.delete(lock)
-            return entry
-        if not taken:
+        if state == _CLAIM_TAKEN:
+            lock.taken()
+        # Fresh to the script, which reads no further than the JSON, but not readable
+        # here (a damaged text): fetched again like any stale entry.
+        elif not await lock.take():
             return None
         released = False
         try:
-            entry = await self._fetch(host_key, origin, robots_url, previous or entry)
-            if entry.available and await self._may_read_tdmrep(entry, origin, host_key):
-                entry = await self._with_tdmrep(entry, origin, lock, lock_ms)
+            # A robots.txt request is a request to the server: it waits for a slot.
+            host_key = await self._slot(origin, lock)
+            entry = await self._fetch(host_key, origin, robots_url, entry)
+            rules = await self._rules_of(entry)
+            if rules is not None and await self._may_read_tdmrep(entry, rules, origin, host_key):
+                entry = await self._with_tdmrep(entry, origin, lock)
             async with self._redis.pipeline(transaction=False) as pipe:
                 pipe.set(key, entry.to_json(), px=self._keep_ms(entry))
-                pipe.delete(lock)  # with the entry it guarded
+                pipe.delete(lock.key)  # with the entry it guarded
                 await pipe.execute()
             released = True
         finally:
             if not released:
                 with contextlib.suppress(RedisError):
-                    await self._redis.delete(lock)
-        return entry
+                    await lock.release()
+        return entry, rules
 
     def _key(self, source: str, origin: str) -> HostKey:
         return HostKey(source, host_of(origin, self._pacing_key))
 
-    async def _slot(self, origin: str) -> HostKey:
+    async def _slot(self, origin: str, lock: _HeldLock) -> HostKey:
         """A pacing slot of the host as any source with a URL waiting for ``origin``
         reaches it (one without a rate, halted or unknown, must not hold the others
-        back); returns that source's key. Raises ``_HostGone`` when the host was given
-        up."""
+        back); returns that source's key, ``lock`` kept for one fetch more. Raises
+        ``_HostGone`` when the host was given up."""
         while True:
+            await lock.keep()  # however long the slot takes to come
             sources = sorted(self._asking.get(origin, ()))
             if not sources:  # closing
                 await asyncio.sleep(self._settings.slot_recheck_s)
@@ -568,6 +596,7 @@ class RobotsGuard:
                 future = next(iter(done))
                 if future.result() is not None:
                     raise _HostGone(origin)
+                await lock.keep()
                 return asks[future]
 
     def _keep_ms(self, entry: RobotsEntry) -> int:
@@ -642,14 +671,11 @@ class RobotsGuard:
         except TimeoutError:
             return FetchResult(Status.TIMEOUT, detail=f"over {timeout_s:g} s")
 
-    async def _with_tdmrep(
-        self, entry: RobotsEntry, origin: str, lock: str, lock_ms: int
-    ) -> RobotsEntry:
+    async def _with_tdmrep(self, entry: RobotsEntry, origin: str, lock: _HeldLock) -> RobotsEntry:
         """The entry with the host's /.well-known/tdmrep.json, fetched on a pacing slot of
-        its own (the lock renewed first: the slot may be a while coming)."""
-        await self._redis.pexpire(lock, lock_ms)
+        its own."""
         try:
-            key = await self._slot(origin)
+            key = await self._slot(origin, lock)
         except _HostGone:
             return entry  # no slot will come: nothing reserved known
         self.tdmrep_fetches += 1
@@ -663,18 +689,24 @@ class RobotsGuard:
         log.info("tdmrep_fetched", origin=origin, status=result.status, rules=rules)
         return dataclasses.replace(entry, tdmrep=compact_tdmrep(text) if rules else None)
 
-    async def _may_read_tdmrep(self, entry: RobotsEntry, origin: str, key: HostKey) -> bool:
+    async def _rules_of(self, entry: RobotsEntry) -> RobotsRules | None:
+        """The rules of a fetched entry (None while unavailable); a long file is parsed
+        outside the event loop, as in ``_load``."""
+        if not entry.available:
+            return None
+        text, token = entry.text, self._settings.token
+        if text is None:
+            return RobotsRules.allow_all(token)
+        if len(text) > _PARSE_INLINE_CHARS:
+            return await asyncio.to_thread(RobotsRules.parse, text, token)
+        return RobotsRules.parse(text, token)
+
+    async def _may_read_tdmrep(
+        self, entry: RobotsEntry, rules: RobotsRules, origin: str, key: HostKey
+    ) -> bool:
         """Whether the host's robots.txt allows us its tdmrep.json (RFC 9309 governs
         every request we make, our own look-ups included). Its Crawl-delay is noted
-        first, for ``key``: the tdmrep.json request keeps it too. A long file is parsed
-        outside the event loop, as in ``_load``."""
-        if entry.text is None:
-            return True
-        text, token = entry.text, self._settings.token
-        if len(text) > _PARSE_INLINE_CHARS:
-            rules = await asyncio.to_thread(RobotsRules.parse, text, token)
-        else:
-            rules = RobotsRules.parse(text, token)
+        first, for ``key``: the tdmrep.json request keeps it too."""
         if rules.crawl_delay_s and await self._note_delay(key, origin, rules, entry.expires_at):
             self._noted_at_fetch.add((key.source, origin))
         return rules.allows(str(URL(origin).with_path(TDMREP_PATH)))
@@ -797,6 +829,47 @@ def _entry_of(raw: str | bytes | None, token: str) -> RobotsEntry | None:
     if entry is None or entry.token not in (None, token):
         return None
     return entry
+
+
+def fresh_entry(raw: str | bytes | None, token: str, now: float) -> RobotsEntry | None:
+    """The entry in ``raw`` if it is one for ``token`` (``_entry_of``) still fresh at
+    ``now`` (Unix s), else None: it is to be fetched."""
+    entry = _entry_of(raw, token)
+    return entry if entry is not None and now < entry.expires_at else None
+
+
+class _HeldLock:
+    """``robots_lock:{origin}`` as the worker fetching that host's files holds it: for
+    ``fetch_s`` and ``_LOCK_SPARE_S`` from its taking, should the worker die meanwhile;
+    ``keep`` renews it only when less than a fetch is left, so that a host whose slots
+    come at once pays no round trip for it."""
+
+    def __init__(self, redis: aioredis.Redis, key: str, fetch_s: float) -> None:
+        self.key = key
+        self.value = secrets.token_hex(8)
+        self._redis = redis
+        self._fetch_s = fetch_s
+        self.life_ms = int((fetch_s + _LOCK_SPARE_S) * 1000)
+        self._until = -float("inf")  # time.monotonic()
+
+    def taken(self) -> None:
+        self._until = time.monotonic() + self.life_ms / 1000
+
+    async def take(self) -> bool:
+        """Takes the lock if nobody holds it."""
+        if await self._redis.set(self.key, self.value, nx=True, px=self.life_ms):
+            self.taken()
+            return True
+        return False
+
+    async def keep(self) -> None:
+        """Makes sure the lock lives through one fetch more."""
+        if self._until - time.monotonic() < self._fetch_s + _LOCK_SPARE_S / 2:
+            await self._redis.pexpire(self.key, self.life_ms)
+            self.taken()
+
+    async def release(self) -> None:
+        await self._redis.delete(self.key)
 
 
 class _HostGone(Exception):
