@@ -54,6 +54,10 @@ def parse_networks(spec: str) -> tuple[IPNetwork, ...]:
 def literal_address(host: str) -> IPAddress | None:
     """The address ``host`` spells, in any spelling a C resolver would accept, else None."""
     host = host.strip("[]")
+    if ":" not in host and not _INET_ATON_SHAPE.match(host):
+        # A name: every IPv6 spelling has a ':', every IPv4 one is of that shape. Asked
+        # of every request's host, most of them names: two exceptions spared each.
+        return None
     try:
         return ipaddress.ip_address(host.split("%", 1)[0])
     except ValueError:
