@@ -541,7 +541,8 @@ class RobotsGuard:
         fresh = fresh_entry(raw, self._settings.token, now)
         if fresh is not None:
             if state == _CLAIM_TAKEN:  # not fresh to the script: given back
-                await lock.release()
+                with contextlib.suppress(RedisError):  # or expires in a fetch's time
+                    await lock.release()
             return fresh, None
         entry = _entry_of(raw, self._settings.token)
         if state == _CLAIM_LOCKED:
