@@ -44,7 +44,7 @@ from worker.politeness.hosts import (
     noted,
     round_robin_grant,
 )
-from worker.politeness.robots import ENTRY_VERSION, RobotsEntry, fresh_entry
+from worker.politeness.robots import ENTRY_VERSION, RobotsEntry, _entry_of, is_fresh
 from worker.stats import QueuedOutcome, RedisStats, flush_commands
 
 SOURCE = "twin"
@@ -136,7 +136,7 @@ WORKER_SCRIPTS = {
     "worker/politeness/lua/pacing_acquire.lua": {"decide_source"},
     "worker/politeness/lua/host_note.lua": {"noted"},
     "worker/lua/stats_flush.lua": {"flush_commands"},
-    "worker/politeness/lua/robots_claim.lua": {"fresh_entry"},
+    "worker/politeness/lua/robots_claim.lua": {"_entry_of", "is_fresh"},
 }
 # "name (path.py)" or "name and name (path.py)", anywhere in the header.
 _NAMED = re.compile(r"(\w+(?: and \w+)*) \(([\w/]+)\.py\)")
@@ -701,7 +701,7 @@ async def test_a_flush_of_a_batch_over_lua_s_unpack_limit_is_the_same_too(redis,
     assert await dump(redis) == await dump(reference)
 
 
-# --- robots_claim.lua: fresh_entry ---------------------------------------------------------
+# --- robots_claim.lua: _entry_of and is_fresh ---------------------------------------------
 
 TOKEN = "image-crawler"
 CLAIM_NOW = 1_700_000_000.25
@@ -738,7 +738,7 @@ CLAIM_CASES = {
 
 
 @pytest.mark.parametrize("case", sorted(CLAIM_CASES))
-async def test_claim_takes_the_lock_when_fresh_entry_finds_none(redis, case):
+async def test_claim_takes_the_lock_when_is_fresh_says_no(redis, case):
     raw = CLAIM_CASES[case]
     key, lock = c.robots_key(f"http://{case}"), c.robots_lock_key(f"http://{case}")
     if raw is not None:
@@ -747,7 +747,7 @@ async def test_claim_takes_the_lock_when_fresh_entry_finds_none(redis, case):
     args = [repr(CLAIM_NOW), TOKEN, ENTRY_VERSION, "me", 5000]
     read, state = await redis.eval(script, 2, key, lock, *args)
     assert read == raw
-    fresh = fresh_entry(raw, TOKEN, CLAIM_NOW) is not None
+    fresh = is_fresh(_entry_of(raw, TOKEN), CLAIM_NOW)
     assert state == (0 if fresh else 2)
     assert (await redis.get(lock)) == (None if fresh else "me")
     if not fresh:  # and taken, another worker is told so

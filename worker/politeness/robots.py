@@ -512,11 +512,12 @@ class RobotsGuard:
         if not entry.available:
             return _Known(entry, None)
         tdmrep = TdmRep.parse(entry.tdmrep)
-        if rules is None:
-            token = self._settings.token
-            text = entry.text
-            rules = RobotsRules.allow_all(token) if text is None else RobotsRules.parse(text, token)
-        return _Known(entry, rules, tdmrep)
+        return _Known(entry, rules or self._rules(entry.text), tdmrep)
+
+    def _rules(self, text: str | None) -> RobotsRules:
+        """The rules of an available entry's text (None: a 4xx, everything allowed)."""
+        token = self._settings.token
+        return RobotsRules.allow_all(token) if text is None else RobotsRules.parse(text, token)
 
     # --- the cluster's copy ----------------------------------------------------------------
     async def _shared_entry(
@@ -538,13 +539,13 @@ class RobotsGuard:
             keys=[key, lock.key],
             args=[repr(now), self._settings.token, ENTRY_VERSION, lock.value, lock.life_ms],
         )
-        fresh = fresh_entry(raw, self._settings.token, now)
-        if fresh is not None:
+        entry = _entry_of(raw, self._settings.token)
+        if is_fresh(entry, now):
+            assert entry is not None
             if state == _CLAIM_TAKEN:  # not fresh to the script: given back
                 with contextlib.suppress(RedisError):  # or expires in a fetch's time
                     await lock.release()
-            return fresh, None
-        entry = _entry_of(raw, self._settings.token)
+            return entry, None
         if state == _CLAIM_LOCKED:
             return None
         if state == _CLAIM_TAKEN:
@@ -695,12 +696,9 @@ class RobotsGuard:
         outside the event loop, as in ``_load``."""
         if not entry.available:
             return None
-        text, token = entry.text, self._settings.token
-        if text is None:
-            return RobotsRules.allow_all(token)
-        if len(text) > _PARSE_INLINE_CHARS:
-            return await asyncio.to_thread(RobotsRules.parse, text, token)
-        return RobotsRules.parse(text, token)
+        if entry.text is not None and len(entry.text) > _PARSE_INLINE_CHARS:
+            return await asyncio.to_thread(self._rules, entry.text)
+        return self._rules(entry.text)
 
     async def _may_read_tdmrep(
         self, entry: RobotsEntry, rules: RobotsRules, origin: str, key: HostKey
@@ -832,11 +830,9 @@ def _entry_of(raw: str | bytes | None, token: str) -> RobotsEntry | None:
     return entry
 
 
-def fresh_entry(raw: str | bytes | None, token: str, now: float) -> RobotsEntry | None:
-    """The entry in ``raw`` if it is one for ``token`` (``_entry_of``) still fresh at
-    ``now`` (Unix s), else None: it is to be fetched."""
-    entry = _entry_of(raw, token)
-    return entry if entry is not None and now < entry.expires_at else None
+def is_fresh(entry: RobotsEntry | None, now: float) -> bool:
+    """Whether ``entry`` (``_entry_of``'s) holds at ``now`` (Unix s); else it is fetched."""
+    return entry is not None and now < entry.expires_at
 
 
 class _HeldLock:
