@@ -6,6 +6,7 @@ before it still read."""
 
 from __future__ import annotations
 
+import gc
 import json
 import random
 import re
@@ -110,6 +111,22 @@ def test_only_our_groups_are_kept_with_their_delay_and_signals() -> None:
     )
     rules = RobotsRules.parse(kept, "image-crawler")
     assert rules.crawl_delay_s == 5 and rules.signals.opt_outs == ("ai-train",)
+
+
+def test_a_parsed_file_leaves_no_cyclic_garbage() -> None:
+    # A worker on a long tail parses two files a new host (the fetched one, then what it
+    # keeps of it); garbage in cycles made its collector's cost grow with hosts seen.
+    gc.collect()
+    gc.disable()
+    try:
+        kept = decided_rules(SIGNALS_AND_DELAY, "image-crawler")
+        rules = RobotsRules.parse(kept, "image-crawler")
+        assert not rules.allows("https://example.org/private/a")
+        assert rules.allows("https://example.org/private/open")
+        del rules
+        assert gc.collect() == 0
+    finally:
+        gc.enable()
 
 
 @pytest.mark.parametrize(

@@ -75,7 +75,7 @@ class RobotsRules:
     def parse(cls, text: str, token: str) -> RobotsRules:
         """``text``: the file decoded as UTF-8, undecodable bytes replaced (U+FFFD)."""
         text = _prepared(text)
-        return cls(Protego.parse(text), token, content_signals(text, token))
+        return cls(_parsed(text), token, content_signals(text, token))
 
     @classmethod
     def allow_all(cls, token: str) -> RobotsRules:
@@ -95,6 +95,19 @@ class RobotsRules:
         if delay is None or not delay >= 0 or delay == float("inf"):
             return None
         return float(delay)
+
+
+def _parsed(text: str) -> Protego:
+    """``Protego.parse(text)``, freed by reference counting alone."""
+    parsed = Protego.parse(text)
+    # Each of Protego's rule sets points back at its parser, which it needs only while
+    # parsing (a cache of URL patterns, line numbers for its warnings). That cycle, about
+    # ten objects a file, could be freed only by the cyclic collector: on a long tail of
+    # new hosts it was all the worker's cyclic garbage, and the collector's share of the
+    # main process's CPU grew with the hosts seen (bench/README.md, "Long-tail figures").
+    for rule_set in parsed._user_agents.values():
+        del rule_set._parser_instance
+    return parsed
 
 
 def _prepared(text: str) -> str:
@@ -117,7 +130,7 @@ def decided_rules(text: str, token: str) -> str:
     answers as of ``text``. Sitemaps, ``Host``, ``Request-rate`` and ``Visit-time`` are
     not kept: the worker reads none of them."""
     text = _prepared(text)
-    chosen = Protego.parse(text)._get_matching_rule_set(token)
+    chosen = _parsed(text)._get_matching_rule_set(token)
     agent = None if chosen is None else chosen.user_agent
     lines = [] if agent is None else _group_lines(text, agent)
     lines += [f"content-signal: {value.strip()}" for value in content_signal_lines(text, token)]
