@@ -103,8 +103,8 @@ def _parsed(text: str) -> Protego:
     # Each of Protego's rule sets points back at its parser, which it needs only while
     # parsing (a cache of URL patterns, line numbers for its warnings). That cycle, about
     # ten objects a file, could be freed only by the cyclic collector: on a long tail of
-    # new hosts it was all the worker's cyclic garbage, and the collector's share of the
-    # main process's CPU grew with the hosts seen (bench/README.md, "Long-tail figures").
+    # new hosts (two files a host) it was all the worker's cyclic garbage
+    # (bench/README.md, "Long-tail figures").
     for rule_set in parsed._user_agents.values():
         del rule_set._parser_instance
     return parsed
