@@ -115,7 +115,7 @@ def test_only_our_groups_are_kept_with_their_delay_and_signals() -> None:
 
 def test_a_parsed_file_leaves_no_cyclic_garbage() -> None:
     # A worker on a long tail parses two files a new host (the fetched one, then what it
-    # keeps of it); garbage in cycles made its collector's cost grow with hosts seen.
+    # keeps of it): each was a reference cycle left to the cyclic collector.
     gc.collect()
     gc.disable()
     try:
