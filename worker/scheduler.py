@@ -163,9 +163,17 @@ class Scheduler:
         self._spin_next_s: dict[TopicPartition, float] = {}
         self._parks_in_row: Counter[TopicPartition] = Counter()
         self.parked = 0
-        # Set as the scheduler drains: nothing new starts (a cancelled URL's host would
-        # otherwise start its next one).
+        # Set once stop is: nothing new starts (a cancelled URL's host would otherwise
+        # start its next one). Checked at each start, not only in ``_drain``: between the
+        # stop and the drain the scheduler still closes its own tasks, and URLs ending
+        # meanwhile would start their hosts' next ones (CI saw a worker take all 200 URLs
+        # of a source after its SIGTERM).
+        self._stop = asyncio.Event()
         self._draining = False
+
+    @property
+    def _stopping(self) -> bool:
+        return self._draining or self._stop.is_set()
 
     @property
     def sources(self) -> frozenset[str]:
@@ -189,6 +197,7 @@ class Scheduler:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Schedule until ``stop`` is set, then drain (see ``_drain``) and return."""
+        self._stop = stop
         watcher = asyncio.create_task(self._watch_sources(stop), name="watch_sources")
         committer = asyncio.create_task(self._commit_periodically(), name="commit")
         try:
@@ -397,6 +406,8 @@ class Scheduler:
         value: bytes | None,
         key: HostKey | None,
     ) -> None:
+        if self._stopping:
+            return  # started in the tracker, never finished: committed before, read again
         in_flight = self._in_flight.setdefault(tp, set())
         if offset in in_flight:
             # Still running from before a rebalance gave this partition back to us: the
@@ -464,7 +475,7 @@ class Scheduler:
                 self._host_done(source, tp, offset, value, key, waits, granted[0])
 
     def _slot_taken(self, source: str, key: HostKey, granted: list[bool]) -> None:
-        if granted[0] or self._draining:
+        if granted[0] or self._stopping:
             return
         granted[0] = True
         now = asyncio.get_running_loop().time()
@@ -482,7 +493,7 @@ class Scheduler:
         granted: bool,
     ) -> None:
         """A URL of ``key`` ended, or must wait (``waits``): the host's next ones start."""
-        if self._draining:
+        if self._stopping:
             return
         now = asyncio.get_running_loop().time()
         if waits is not None and tp in self._trackers:

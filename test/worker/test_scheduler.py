@@ -20,6 +20,7 @@ from structlog.testing import capture_logs
 
 from image_crawler.contract import INBOUND_SOURCES_SET, source_of_topic, urls_lost_key
 from worker.host_queues import HostQueueSettings, slot_taken
+from worker.lost_urls import LostUrls
 from worker.politeness.hosts import HostKey
 from worker.politeness.pacing import HostWaits
 from worker.scheduler import Scheduler, SchedulerSettings
@@ -699,6 +700,50 @@ async def run_hosted(fake_redis, consumer, handler, settings, hooks):
     scheduler = Scheduler(consumer, fake_redis, handler, handler.on_failure, settings, **hooks)
     stop = asyncio.Event()
     return scheduler, stop, asyncio.create_task(scheduler.run(stop))
+
+
+class SlowToClose(LostUrls):
+    """Lost-URL checks whose ``close`` waits for ``may_close``: the scheduler stays
+    stopped but not yet draining for as long as the test likes."""
+
+    def __init__(self, consumer, redis):
+        super().__init__(consumer, redis)
+        self.closing = asyncio.Event()
+        self.may_close = asyncio.Event()
+
+    async def close(self):
+        self.closing.set()
+        await self.may_close.wait()
+        await super().close()
+
+
+async def test_nothing_starts_once_stop_is_set_even_before_the_drain(fake_redis):
+    # One host at 1 request/s runs 2 URLs (2 s of lead) and queues 8 more (share 8). Once
+    # stop is set, the 2 ending must not start queued ones, though the drain has not begun.
+    consumer = FakeConsumer({tp("hq_stop"): 20})
+    handler, _parked, settings, hooks = hosted(consumer, lambda i: "h.org", {})
+    hooks["interval_of"] = lambda key: 1.0
+    handler.held = {"h.org"}
+    await fake_redis.sadd(INBOUND_SOURCES_SET, "hq_stop")
+    lost = SlowToClose(consumer, fake_redis)
+    scheduler = Scheduler(
+        consumer, fake_redis, handler, handler.on_failure, settings, lost, **hooks
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(scheduler.run(stop))
+    try:
+        await wait(lambda: handler.running["h.org"] == 2 and scheduler.waiting == 8)
+        stop.set()
+        await asyncio.wait_for(lost.closing.wait(), 5)
+        handler.release.set()
+        await wait(lambda: scheduler.in_flight == 0)
+        assert len(handler.done) == 2
+    finally:
+        stop.set()
+        handler.release.set()
+        lost.may_close.set()
+        await asyncio.wait_for(task, 5)
+    assert consumer.commits == {tp("hq_stop"): 2}  # the queued ones are read again
 
 
 async def test_a_slow_host_with_nine_tenths_of_a_source_holds_back_none_of_the_others(
