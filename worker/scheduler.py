@@ -166,8 +166,7 @@ class Scheduler:
         # Set once stop is: nothing new starts (a cancelled URL's host would otherwise
         # start its next one). Checked at each start, not only in ``_drain``: between the
         # stop and the drain the scheduler still closes its own tasks, and URLs ending
-        # meanwhile would start their hosts' next ones (CI saw a worker take all 200 URLs
-        # of a source after its SIGTERM).
+        # meanwhile would start their hosts' next ones, new work after a SIGTERM.
         self._stop = asyncio.Event()
         self._draining = False
 
