@@ -417,6 +417,26 @@ async def test_a_new_host_starts_slowly_and_climbs_on_clean_answers(redis, pacer
     assert float(await redis.hget(c.pace_host_key(SOURCE, KEY.host), "rate")) > 10
 
 
+async def test_a_request_after_its_host_s_last_is_asked_about_once_when_its_slot_comes(
+    redis, pacers
+):
+    # A new host's robots.txt, tdmrep.json and image come one after another, each once the
+    # one before has its slot: the next one's ask waits for its slot (a second on at the
+    # slow start) rather than going at once to be told when that is, and again then.
+    pacer = pacers(HostSettings())
+    await redis.set(c.pace_rate_key(SOURCE), "50")
+    late_before = REGISTRY.get_sample_value("crawler_pacing_slots_late_total") or 0.0
+    times: list[float] = []
+    for _ in range(3):
+        await asyncio.wait_for(pacer.acquire(KEY), 5)
+        times.append(asyncio.get_running_loop().time())
+        pacer.report(KEY, "200")
+    assert times[1] - times[0] == pytest.approx(1.0, abs=0.1)  # paced as before
+    late = (REGISTRY.get_sample_value("crawler_pacing_slots_late_total") or 0.0) - late_before
+    # One ask a request (4 asks without the kept asks), and one more a slot missed.
+    assert pacer.asks == 3 + late
+
+
 async def test_a_failing_host_is_halted_then_given_up(redis, pacers):
     pacer = pacers()
     await redis.set(c.pace_rate_key(SOURCE), "50")

@@ -254,6 +254,9 @@ class RedisPacer:
         self._promised: Counter[HostKey] = Counter()
         # Host -> loop time before which asking Redis again is pointless.
         self._next_ask: dict[HostKey, float] = {}
+        # Idle hosts whose next ask is kept until it comes (``_forget_if_idle``): (loop
+        # time, host), in about that order.
+        self._kept_asks: deque[tuple[float, HostKey]] = deque()
         # Hosts to ask about at the next call (an ordered set), and the others' due times
         # (a heap of (loop time, sequence, host); ``_due_at`` the time a host is in it for).
         self._ready: dict[HostKey, None] = {}
@@ -468,9 +471,26 @@ class RedisPacer:
         if self._promised[key] <= 0 and key not in self._due_at:
             self._waiters.pop(key, None)
             self._promised.pop(key, None)
-            self._next_ask.pop(key, None)
             self._granted_at.pop(key, None)
             self._late_in_row.pop(key, None)
+            # A host's next ask is kept until it comes (at most ``max_wait_s``): a request
+            # that follows its host's last one (a new host's tdmrep.json its robots.txt,
+            # its image that) is then asked about when its slot comes, not at once to be
+            # told when that is, an ask more. ``_drop_kept_asks`` forgets it then.
+            next_ask = self._next_ask.get(key)
+            now = asyncio.get_running_loop().time()
+            if next_ask is not None and now < next_ask <= now + self._settings.max_wait_s:
+                self._kept_asks.append((next_ask, key))
+            else:
+                self._next_ask.pop(key, None)
+
+    def _drop_kept_asks(self, now: float) -> None:
+        """Forget the kept next asks of hosts still idle once they have come."""
+        kept = self._kept_asks
+        while kept and kept[0][0] <= now:
+            at, key = kept.popleft()
+            if self._next_ask.get(key) == at and key not in self._waiters:
+                del self._next_ask[key]
 
     # --- the loop ------------------------------------------------------------------------
     async def run(self) -> None:
@@ -492,6 +512,7 @@ class RedisPacer:
         )
         while True:
             now = loop.time()
+            self._drop_kept_asks(now)
             # Hosts due within a fraction of the horizon are asked together.
             self._promote(now + self._settings.horizon_s / 5)
             asks = self._collect(now)
