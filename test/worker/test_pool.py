@@ -235,6 +235,13 @@ async def test_an_image_abandoned_midway_costs_its_process_not_the_pool(pool):
     assert isinstance(await pool.process(a_jpeg().body), ProcessedImage)
 
 
+async def test_pool_processes_run_below_the_worker_s_priority(pool):
+    await asyncio.gather(pool.process(a_jpeg().body), pool.process(a_jpeg().body))
+    own = os.getpriority(os.PRIO_PROCESS, 0)
+    for pid in pool.pids:
+        assert os.getpriority(os.PRIO_PROCESS, pid) == min(own + pool_module.POOL_NICENESS, 19)
+
+
 async def test_closing_the_pool_ends_its_processes(pool):
     await asyncio.gather(pool.process(a_jpeg().body), pool.process(a_jpeg().body))
     pids = pool.pids

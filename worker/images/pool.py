@@ -25,6 +25,7 @@ by page.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import dataclasses
 import mmap
@@ -75,6 +76,14 @@ _M_TRIM_THRESHOLD: Final = -1
 _M_MMAP_THRESHOLD: Final = -3
 _HEAP_MMAP_THRESHOLD_BYTES: Final = 8 * 1024 * 1024
 _HEAP_TRIM_THRESHOLD_BYTES: Final = 32 * 1024 * 1024
+
+# How much lower a pool process's priority is than the worker's (``os.nice``). Decoding
+# takes every CPU it is given; the event loop that paces requests, reads the answers and
+# feeds the pool needs one briefly and often. At the same priority, with the pool keeping
+# the CPUs busy, the worker's main thread waited for a CPU about as long as it ran, its
+# pacing slots came late and were given up, and the pool's pipes ran dry meanwhile
+# (figures: bench/README.md, "Long-tail figures"). Lower, the pool fills what is left.
+POOL_NICENESS: Final = 5
 
 # A downloaded body: whole, or the pieces it arrived in, in order.
 Body = bytes | Sequence[bytes]
@@ -162,6 +171,8 @@ def _serve(conn: Connection, limits: ImageLimits) -> None:
     # not kill images midway. A worker killed outright closes the pipe: EOF ends us.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    with contextlib.suppress(OSError):
+        os.nice(POOL_NICENESS)
     keep_heap()
     opened: dict[tuple[int, int], int] = {}
     while True:
