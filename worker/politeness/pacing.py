@@ -238,24 +238,14 @@ class RedisPacer:
         self._hosts = hosts
         self._acquire_script = redis.register_script(_ACQUIRE_SCRIPT)
         self._note_script = redis.register_script(_NOTE_SCRIPT)
-        self._config = json.dumps(
-            {
-                "rp": PACE_RATE_PREFIX,
-                "np": PACE_NEXT_PREFIX,
-                "hp": PACE_HOST_PREFIX,
-                "cp": HOST_RATE_PREFIX,
-                "h": settings.horizon_s,
-                "s": hosts.to_json_obj(),
-            }
-        )
+        self._config = _script_config(settings, hosts)
         # Requests waiting for a slot, per host, oldest first.
         self._waiters: dict[HostKey, deque[asyncio.Future[str | None]]] = {}
         # Slots granted and not yet reached, per host: their requests are not asked for.
         self._promised: Counter[HostKey] = Counter()
-        # Host -> loop time before which asking Redis again is pointless.
+        # Host -> loop time before which asking Redis again is pointless; and of the idle
+        # hosts', kept until it comes (``_forget_if_idle``), (loop time, host) in order.
         self._next_ask: dict[HostKey, float] = {}
-        # Idle hosts whose next ask is kept until it comes (``_forget_if_idle``): (loop
-        # time, host), in about that order.
         self._kept_asks: deque[tuple[float, HostKey]] = deque()
         # Hosts to ask about at the next call (an ordered set), and the others' due times
         # (a heap of (loop time, sequence, host); ``_due_at`` the time a host is in it for).
@@ -753,6 +743,20 @@ class RedisPacer:
                 future.cancel()
         self._waiters.clear()
         self._promised.clear()
+
+
+def _script_config(settings: PacingSettings, hosts: HostSettings) -> str:
+    """ARGV[1] of ``lua/pacing_acquire.lua``: the key prefixes and the rule's parameters."""
+    return json.dumps(
+        {
+            "rp": PACE_RATE_PREFIX,
+            "np": PACE_NEXT_PREFIX,
+            "hp": PACE_HOST_PREFIX,
+            "cp": HOST_RATE_PREFIX,
+            "h": settings.horizon_s,
+            "s": hosts.to_json_obj(),
+        }
+    )
 
 
 def _merged(first: HostReport, then: HostReport) -> HostReport:
