@@ -80,9 +80,9 @@ _HEAP_TRIM_THRESHOLD_BYTES: Final = 32 * 1024 * 1024
 # How much lower a pool process's priority is than the worker's (``os.nice``). Decoding
 # takes every CPU it is given; the event loop that paces requests, reads the answers and
 # feeds the pool needs one briefly and often. At the same priority, with the pool keeping
-# the CPUs busy, the worker's main thread waited for a CPU about as long as it ran, its
-# pacing slots came late and were given up, and the pool's pipes ran dry meanwhile
-# (figures: bench/README.md, "Long-tail figures"). Lower, the pool fills what is left.
+# the CPUs busy, the worker's main thread waited for a CPU about as long as it ran, and
+# its pacing slots came late and were given up (figures: bench/README.md, "Long-tail
+# figures"). Lower, the pool fills what the loop leaves.
 POOL_NICENESS: Final = 5
 
 # A downloaded body: whole, or the pieces it arrived in, in order.
