@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
+import os
 import socket
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -146,6 +147,21 @@ async def test_a_long_tail_of_names_is_one_query_each(dnsmasq, resolver):
         await asyncio.gather(*(addresses(resolver, n) for n in names))
     assert [dnsmasq.queries(n) for n in names] == [1] * 100
     assert resolver.counts.queries == 100
+
+
+def native_threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+async def test_c_ares_runs_on_the_event_loop_without_a_thread_of_its_own(dnsmasq):
+    before = native_threads()
+    resolver = CachingResolver(settings_for(dnsmasq, lookups_per_client=2))
+    try:
+        for _ in range(3):  # the second client too
+            assert await addresses(resolver, fresh()) == ["127.0.0.1"]
+        assert native_threads() == before
+    finally:
+        await resolver.close()
 
 
 # --- failures ------------------------------------------------------------------------------
