@@ -6,9 +6,12 @@ test_lua_twins.py."""
 import dataclasses
 import math
 
+import idna
 import pytest
+import yarl
 
 from image_crawler import contract as c
+from worker.__main__ import URL_HOSTS_DECODED, keep_decoded_hosts
 from worker.politeness.hosts import (
     CLEAN,
     F_FAILS,
@@ -37,6 +40,7 @@ from worker.politeness.hosts import (
     decide_source,
     fields_of,
     host_interval,
+    host_of,
     host_step,
     host_why,
     indexed,
@@ -301,3 +305,24 @@ def test_a_host_reached_once_its_source_has_no_slot_left_is_not_read():
     assert decided.answers[1].next_s == pytest.approx(0.1 - 0.05)  # the source's next slot
     assert [len(a.slots) for a in decided.answers] == [1, 0, 0]
     assert decided.states[2].rate == 10.0  # stepped: slow start to its ceiling
+
+
+def test_a_host_name_is_decoded_once_while_a_few_thousand_others_are_in_flight(monkeypatch):
+    """The worker keeps more decoded host names than yarl's default (256): a long tail's
+    hosts are each read again by their next requests (worker/__main__.py)."""
+    decoded: list[bytes] = []
+    real = idna.decode
+
+    def counted(name: bytes) -> str:
+        decoded.append(name)
+        return real(name)
+
+    monkeypatch.setattr(idna, "decode", counted)
+    keep_decoded_hosts()
+    try:
+        hosts = [f"h{i}.decoded-once.test" for i in range(URL_HOSTS_DECODED // 4)]
+        for _ in range(3):  # a new host's robots.txt, tdmrep.json and image
+            assert [host_of(f"http://{host}/a.jpg") for host in hosts] == hosts
+        assert len(decoded) == len(hosts)
+    finally:
+        yarl.cache_configure()  # yarl's defaults again for the other tests
