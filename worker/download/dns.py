@@ -26,7 +26,9 @@ check (worker/download/netguard.py, which connects to exactly the addresses it c
   loop through its wake-up pipe and shares the client's lock with it (measured with
   dnsmasq on loopback, 5,000 new names 50 at a time: 0.09 ms of CPU a lookup against
   0.17-0.20, 0.09 against 0.10-0.12 of it in the loop's own thread). c-ares' timeouts are
-  then checked once a second, on the loop's timer.
+  then checked on the loop's timer (every ``timeout_s``, at most a second), and a change
+  of /etc/resolv.conf, which that thread would have watched for, is read by the next
+  client.
 - ``servers``: the resolvers asked (``DNS_SERVERS``), else those of /etc/resolv.conf.
   /etc/hosts is read first, as resolv.conf's lookup order says (c-ares answers
   ``localhost`` itself). Names are absolute: resolv.conf's search domains are not tried
