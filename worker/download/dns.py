@@ -405,7 +405,7 @@ class _LoopResolver(aiodns.DNSResolver):
     """aiodns' resolver with c-ares' sockets on the event loop: the way aiodns itself
     runs when it cannot start its event thread (see the module's docstring). aiodns has
     no option for it: this replaces its private ``_make_channel`` (aiodns 4, pinned in
-    constraints.txt; test_dns_dnsmasq counts the process's threads)."""
+    constraints.txt; test_dns_dnsmasq reads aiodns' flag for it)."""
 
     def _make_channel(self, **kwargs: Any) -> tuple[bool, pycares.Channel]:
         # A weak reference, as aiodns' own: the channel's callback must not keep the
