@@ -73,11 +73,9 @@ CONSUMER_FETCH_MAX_WAIT_MS: Final = 2000
 # main process's CPU per image, three quarters of it saved by collecting the youngest
 # objects a few times less often and leaving those of the imports out (``gc.freeze``).
 # Garbage in a cycle (on Python 3.11 every closed connection's transport: cpython#100348,
-# fixed in 3.12) lives about a second at most. On a long tail of new hosts, 50,000 and a
-# second threshold of 20 (instead of 10) halved the collections' CPU (20,000 hosts: 2.0 s
-# against 3.9, no full collection after the start against 4 of up to 455 ms), but in the
-# one 100,000-URL run with them the one host's main process grew from 493 to 917 MiB,
-# which no run before had done: not adopted until that is understood (bench/README.md).
+# fixed in 3.12) lives about a second at most. Higher thresholds (50,000 and 20) halve a
+# long tail's collections, but a one-host crawl's process grew with them to twice its
+# size (bench/README.md, "Long-tail figures"): not used until that is understood.
 GC_FIRST_THRESHOLD: Final = 10_000
 # Host names whose IDNA decoding yarl keeps (``URL.host``; its default: 256). A URL's host
 # is read a few times on its way (its politeness key, the address check of each request,
