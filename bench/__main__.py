@@ -41,6 +41,7 @@ from bench.origin import MAX_HOSTS
 from bench.quality import measure_quality
 from bench.report import render_markdown, render_text, verdicts
 from bench.services import ROOT, Origin
+from bench.tail_origin import TailOrigin
 from worker.settings import WorkerSettings
 
 
@@ -63,6 +64,13 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--urls", type=int, default=100_000, help="images of each --long-tail crawl"
+    )
+    parser.add_argument(
+        "--tail-origin",
+        choices=("nginx", "aiohttp"),
+        default="nginx",
+        help="the --long-tail crawls' web server: nginx (bench/tail_origin.py), or "
+        "bench.origin as before",
     )
     parser.add_argument("--corpus-files", type=int, default=300)
     parser.add_argument("--corpus-dir", type=Path, default=DEFAULT_DIR)
@@ -340,7 +348,7 @@ async def _crawls(
         log_dir,
         opt_outs=args.opt_outs,
         hosts=args.hosts,
-        tail_zone=TAIL_ZONE if args.long_tail else "",
+        tail_zone=TAIL_ZONE if args.long_tail and args.tail_origin == "aiohttp" else "",
     ) as origin:
         for count in [int(s) for s in args.sources.split(",") if s.strip()]:
             config = _crawl_config(args, count, args.images, log_dir / f"run-{count}-sources")
@@ -356,8 +364,20 @@ async def _crawls(
             hosts = await measure_hosts(config, origin, len(corpus.files))
         if args.long_tail:
             config = _crawl_config(args, 1, args.urls, log_dir / "run-long-tail")
-            long_tail = await measure_long_tail(config, origin, len(corpus.files))
+            long_tail = await _long_tail(args, config, corpus, origin, log_dir)
     return runs, hosts, long_tail
+
+
+async def _long_tail(
+    args: argparse.Namespace, config: RunConfig, corpus: Corpus, origin: Origin, log_dir: Path
+) -> dict[str, Any]:
+    """The --long-tail crawls, answered by ``origin`` or by nginx (``--tail-origin``)."""
+    files = len(corpus.files)
+    if args.tail_origin == "aiohttp":
+        return await measure_long_tail(config, origin, files)
+    urls = max(config.images, config.warmup)
+    with TailOrigin(corpus.directory, log_dir / "tail-origin", urls, TAIL_ZONE) as nginx:
+        return await measure_long_tail(config, nginx, files)
 
 
 async def _main(args: argparse.Namespace) -> dict[str, Any]:

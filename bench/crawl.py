@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import json
 import signal
 import subprocess
@@ -74,6 +75,8 @@ class RunConfig:
     worker_env: Mapping[str, str] = dataclasses.field(default_factory=dict)
     # More processes whose CPU is read over the measured window (name -> pid).
     watch_pids: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    # What the origin was asked so far (bench.origin's /_stats when None).
+    origin_stats: Callable[[], dict[str, Any]] | None = None
 
 
 def source_names(count: int) -> list[str]:
@@ -468,7 +471,8 @@ async def _measure(config: RunConfig, stack: _Stack, outputs: Outputs) -> _Windo
     outputs.done_wanted = sum(1 for u in uuids if u in outputs.completed_at)
     sampler = Sampler(trees, lambda: outputs.done_wanted, broker_port=stack.kafka.port)
     profiler = _start_profiler(config, stack.workers[0]) if config.profile else None
-    origin_before = await asyncio.to_thread(origin_stats, stack.origin_url)
+    asked = config.origin_stats or functools.partial(origin_stats, stack.origin_url)
+    origin_before = await asyncio.to_thread(asked)
     readings = RedisReadings(stack.redis_server.url)
     redis_before = await readings.read()
     sampler.start()
@@ -479,7 +483,7 @@ async def _measure(config: RunConfig, stack: _Stack, outputs: Outputs) -> _Windo
     window.finished = await _wait_done(outputs, config.images, window.t0 + config.timeout_s)
     window.t_seen = time.monotonic()
     window.machine_busy_s = machine_busy_s() - busy_before
-    window.origin_after = await asyncio.to_thread(origin_stats, stack.origin_url)
+    window.origin_after = await asyncio.to_thread(asked)
     window.redis_after = await readings.read()
     await readings.aclose()
     cpu_after = [t.cpu_by_role() for t in trees]
@@ -673,9 +677,10 @@ def machine_busy_s() -> float:
 
 
 def _config_figures(config: RunConfig) -> dict[str, Any]:
-    figures = {
-        k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(config).items()
-    }
+    fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+    figures = {k: str(v) if isinstance(v, Path) else v for k, v in fields.items()}
+    # Whose answers were counted, not the function.
+    figures["origin_stats"] = "/_stats" if config.origin_stats is None else "access log"
     figures["host_urls"] = len(config.host_urls)  # not a thousand URLs
     figures["warmup_host_urls"] = len(config.warmup_host_urls)
     figures["watch_pids"] = sorted(config.watch_pids)

@@ -187,6 +187,9 @@ def _shortfall_rows(figures: Mapping[str, Any]) -> list[tuple[str, str]]:
          f"work) {_num(account.get('ratio_cpu_bound_without_origin'), 2)}"),
         ("  the share of the CPUs our processes got (long tail's / one host's)",
          _num(account.get("ratio_cpu_share"), 2)),
+        ("  image processes' CPU per image, long tail's / one host's (the same work: "
+         "the machine's speed between the two crawls)",
+         _num(account.get("pool_cpu_long_tail_over_one_host"), 3)),
         ("  requests per image more", requests or "-"),
         ("  Redis commands per image more", f"{account['redis_commands_per_image_more']:+.2f}"),
         ("  worker peak RSS (main process) beyond the one host's, per host",
@@ -202,7 +205,10 @@ def longtail_table(figures: Mapping[str, Any] | None) -> list[tuple[str, str]]:
     if not figures:
         return []
     costs, dns = figures["costs"], figures["dns_queries"]
-    rows = [("long tail: URLs; hosts", f"{figures['urls']:,}; {figures['hosts']:,} (and 1)")]
+    rows = [
+        ("long tail: URLs; hosts", f"{figures['urls']:,}; {figures['hosts']:,} (and 1)"),
+        ("long tail: the web server", figures.get("origin") or "bench.origin (aiohttp)"),
+    ]
     rows += _run_rows("[1 host]", figures["one_host"], costs["one_host"], dns.get(ONE_HOST_FAMILY))
     rows += _run_rows(
         f"[{figures['hosts']:,} hosts]", figures["long_tail"], costs["long_tail"],

@@ -286,13 +286,20 @@ def make_app(
     return app
 
 
-def load(directory: Path, kind: str | None = None) -> list[File]:
-    """The manifest's files (only those of ``kind`` when given), with their validators."""
-    manifest_path = directory / "manifest.json"
-    manifest = json.loads(manifest_path.read_text())
+def manifest_names(directory: Path, kind: str | None = None) -> list[str]:
+    """The manifest's file names in its order (only those of ``kind`` when given): URL
+    index ``i`` is file ``i % len(names)``."""
+    manifest = json.loads((directory / "manifest.json").read_text())
     names = [f["name"] for f in manifest["files"] if kind is None or f["kind"] == kind]
     if not names:
         raise SystemExit(f"no corpus file of kind {kind!r} in {directory}")
+    return names
+
+
+def load(directory: Path, kind: str | None = None) -> list[File]:
+    """The manifest's files (only those of ``kind`` when given), with their validators."""
+    names = manifest_names(directory, kind)
+    manifest_path = directory / "manifest.json"
     modified_s = int(manifest_path.stat().st_mtime)
     modified = formatdate(modified_s, usegmt=True)
     files = []

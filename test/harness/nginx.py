@@ -205,9 +205,10 @@ def render_config(
     server_config: str = "",
     http_config: str = "",
     also: Sequence[VirtualServer] = (),
+    worker_connections: int = 1024,
 ) -> str:
     """nginx.conf serving ``root`` on ``host:port`` (and on each of ``also``'s hosts, same
-    port), every file it writes in ``work_dir``."""
+    port), every file it writes in ``work_dir``; at most ``worker_connections`` at once."""
     if if_modified_since not in ("exact", "before", "off"):
         raise ValueError(f"if_modified_since is exact, before or off, not {if_modified_since!r}")
     work = work_dir.resolve()
@@ -226,7 +227,7 @@ lock_file {_quoted(work / "nginx.lock")};
 error_log {_quoted(work / "error.log")} notice;
 
 events {{
-    worker_connections 1024;
+    worker_connections {worker_connections};
 }}
 
 http {{
@@ -303,6 +304,7 @@ class Nginx(Child):
         http_config: str = "",
         also: Sequence[VirtualServer] = (),
         binary: str | None = None,
+        worker_connections: int = 1024,
     ) -> None:
         _check_loopback(host)
         hosts = [host, *(s.host for s in also)]
@@ -321,6 +323,7 @@ class Nginx(Child):
         self.server_config = server_config
         self.http_config = http_config
         self.binary = binary
+        self.worker_connections = worker_connections
         super().__init__(self.work_dir / "nginx.log")
 
     # --- where -----------------------------------------------------------------------------
@@ -401,6 +404,7 @@ class Nginx(Child):
                 server_config=self.server_config,
                 http_config=self.http_config,
                 also=self.also,
+                worker_connections=self.worker_connections,
             )
         )
         command = [
