@@ -8,16 +8,17 @@ more on each new connection, so the long tail's robots.txt and tdmrep.json, and 
 connection per host, cost it 0.48-0.57 ms an image more than the one host's image alone
 (the 100,000-URL runs of 2026-11-29, ``bench/README.md``): 2-3 % of the machine,
 counted against the long tail only. A web server of the open web does that work on its
-own machine; nginx does it here at about a fifth of the cost (a scratch client, 3,000
-hosts of three requests each: 0.16-0.20 ms an image against 0.53-0.55, and 0.20-0.22
-against 0.35-0.40 for an image on a kept-alive connection), so what is measured is the
-crawler. ``--tail-origin aiohttp`` measures with ``bench.origin`` as before.
+own machine; nginx does it here at a third of the cost (a scratch client, 3,000 hosts
+of three requests each: 0.16-0.20 ms an image against 0.53-0.55; an image on a
+kept-alive connection, 0.20-0.22 against 0.35-0.40), so that what is measured is mostly
+the crawler. ``--tail-origin aiohttp`` measures with ``bench.origin`` as before.
 
 What it serves (``TailOrigin.root``): ``/robots.txt``, a file that allows everything
 (``TAIL_ROBOTS_TXT``); ``/{i}/{anything}`` the corpus file ``i % files`` (a symbolic link
 ``img/{i}.jpg`` per URL index, made at start); ``/.well-known/tdmrep.json`` a 404, like
-any other path; a host name outside the zone (or an address) has no robots.txt (404). nginx's own ``ETag`` and ``Last-Modified`` go with each image; ``sendfile``
-and ``tcp_nopush`` are on, as in Debian's default nginx.conf.
+any other path; a host name outside the zone (or an address) has no robots.txt (404).
+nginx's own ``ETag`` and ``Last-Modified`` go with each image; ``sendfile`` and
+``tcp_nopush`` are on, as in Debian's default nginx.conf.
 
 What it was asked (``stats``): nginx's access log (test/harness/nginx.py: a JSON object a
 request), read on from where the last call stopped, by kind (``image``, ``image_304``,
