@@ -375,7 +375,8 @@ async def _long_tail(
     files = len(corpus.files)
     if args.tail_origin == "aiohttp":
         return await measure_long_tail(config, origin, files)
-    urls = max(config.images, config.warmup)
+    # The warm-up's URL indexes too (bench.longtail: at least one a partition).
+    urls = max(config.images, config.warmup, config.sources * config.partitions)
     with TailOrigin(corpus.directory, log_dir / "tail-origin", urls, TAIL_ZONE) as nginx:
         return await measure_long_tail(config, nginx, files)
 
