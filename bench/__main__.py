@@ -48,30 +48,7 @@ from worker.settings import WorkerSettings
 def _args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     _crawl_options(parser)
-    parser.add_argument(
-        "--hosts",
-        type=int,
-        default=0,
-        help="after the --sources crawls, crawl the images of one source on one unlimited "
-        "host, then over this many loopback hosts at a robots.txt Crawl-delay of 1 s "
-        "(0: not)",
-    )
-    parser.add_argument(
-        "--long-tail",
-        action="store_true",
-        help="after the --hosts crawls, crawl --urls images on one host, then on as many new "
-        "hosts (one image each), names of a local dnsmasq's wildcard zone",
-    )
-    parser.add_argument(
-        "--urls", type=int, default=100_000, help="images of each --long-tail crawl"
-    )
-    parser.add_argument(
-        "--tail-origin",
-        choices=("nginx", "aiohttp"),
-        default="nginx",
-        help="the --long-tail crawls' web server: nginx (bench/tail_origin.py), or "
-        "bench.origin as before",
-    )
+    _many_hosts_options(parser)
     parser.add_argument("--corpus-files", type=int, default=300)
     parser.add_argument("--corpus-dir", type=Path, default=DEFAULT_DIR)
     parser.add_argument(
@@ -106,6 +83,34 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     if args.urls < 1:
         parser.error("--urls must be at least 1")
     return args
+
+
+def _many_hosts_options(parser: argparse.ArgumentParser) -> None:
+    """The crawls of one source over many hosts: Crawl-delayed addresses, a long tail."""
+    parser.add_argument(
+        "--hosts",
+        type=int,
+        default=0,
+        help="after the --sources crawls, crawl the images of one source on one unlimited "
+        "host, then over this many loopback hosts at a robots.txt Crawl-delay of 1 s "
+        "(0: not)",
+    )
+    parser.add_argument(
+        "--long-tail",
+        action="store_true",
+        help="after the --hosts crawls, crawl --urls images on one host, then on as many new "
+        "hosts (one image each), names of a local dnsmasq's wildcard zone",
+    )
+    parser.add_argument(
+        "--urls", type=int, default=100_000, help="images of each --long-tail crawl"
+    )
+    parser.add_argument(
+        "--tail-origin",
+        choices=("nginx", "aiohttp"),
+        default="nginx",
+        help="the --long-tail crawls' web server: nginx (bench/tail_origin.py), or "
+        "bench.origin as before",
+    )
 
 
 def _crawl_options(parser: argparse.ArgumentParser) -> None:

@@ -222,6 +222,34 @@ def _file_response(
     return response
 
 
+@dataclasses.dataclass(slots=True)
+class _Asked:
+    """Every request the origin answers, counted: ``Requests`` for the Crawl-delayed
+    addresses (``delayed``), ``TailRequests`` for the names of ``tail_zone``."""
+
+    delayed: frozenset[str]
+    tail_zone: str
+    requests: Requests
+    tail: TailRequests = dataclasses.field(default_factory=TailRequests)
+
+    def note(self, kind: str, request: web.Request) -> str | None:
+        """Counts the request; returns its tail host's name, if it is one's."""
+        now = time.time()
+        address = _local_address(request) if self.delayed else None
+        self.requests.note(kind, address if address in self.delayed else None, now)
+        zone = self.tail_zone
+        name = tail_host(request.headers.get("Host"), zone) if zone else None
+        if name is not None:
+            self.tail.note(name, kind, now)
+        return name
+
+    def summary(self) -> dict[str, object]:
+        summary = self.requests.summary()
+        if self.tail_zone:
+            summary["tail"] = self.tail.summary()
+        return summary
+
+
 def make_app(
     files: list[File],
     opt_outs: bool = False,
@@ -233,19 +261,9 @@ def make_app(
     of ``crawl_delay_s``; ``tail_zone``: a DNS zone whose every name is a host with a
     robots.txt that allows everything (every other host answers 404 for it)."""
     headers = OPT_OUT_HEADERS if opt_outs else ()
-    requests = Requests(crawl_delay_s)
-    tail = TailRequests()
+    asked = _Asked(delayed, tail_zone, Requests(crawl_delay_s))
+    note = asked.note
     robots = robots_txt(crawl_delay_s)
-
-    def note(kind: str, request: web.Request) -> str | None:
-        """Counts the request; returns its tail host's name, if it is one's."""
-        now = time.time()
-        address = _local_address(request) if delayed else None
-        requests.note(kind, address if address in delayed else None, now)
-        name = tail_host(request.headers.get("Host"), tail_zone) if tail_zone else None
-        if name is not None:
-            tail.note(name, kind, now)
-        return name
 
     async def robots_file(request: web.Request) -> web.Response:
         if note("robots", request) is not None:
@@ -272,10 +290,7 @@ def make_app(
         return web.Response(text=str(len(files)))
 
     async def stats(_: web.Request) -> web.Response:
-        summary = requests.summary()
-        if tail_zone:
-            summary["tail"] = tail.summary()
-        return web.json_response(summary)
+        return web.json_response(asked.summary())
 
     app = web.Application()
     app.router.add_get("/health", health)
