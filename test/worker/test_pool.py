@@ -160,7 +160,7 @@ async def test_a_pool_process_that_dies_midway_is_one_failed_image_and_is_replac
 
 @pytest.fixture
 def one_process():
-    processor = PoolProcessor(1)
+    processor = PoolProcessor(1, depth=2)  # two lanes: the tests below fill them
     yield processor
     processor.close()
 
@@ -179,6 +179,18 @@ async def test_a_process_is_sent_its_next_image_while_it_works_on_one(one_proces
     first, second, _ = await two_jobs_in_one_process(one_process, body)
     third = asyncio.create_task(one_process.process(body))  # two lanes: this one waits
     assert await asyncio.gather(first, second, third) == [process_image(body)] * 3
+
+
+async def test_a_process_holds_four_images_by_default_and_a_fifth_waits_for_a_lane():
+    pool = PoolProcessor(1)
+    try:
+        body = the_largest_jpeg().body
+        tasks = [asyncio.create_task(pool.process(body)) for _ in range(5)]
+        await asyncio.sleep(0)  # each has taken a lane or queued for one; none answered
+        assert (outstanding(pool), len(pool._waiting)) == (4, 1)
+        assert await asyncio.gather(*tasks) == [process_image(body)] * 5
+    finally:
+        pool.close()
 
 
 async def test_the_image_queued_behind_a_crash_is_tried_again_not_failed(one_process):

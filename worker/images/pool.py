@@ -5,8 +5,8 @@ Kafka heartbeats and pacing waits behind a large image. Processes, not threads, 
 an image that crashes the decoder costs one pool process and one URL, not the worker.
 
 The pool is small and direct: each process has its own pipe, which the event loop
-watches itself, and holds at most two images: the one it works on and the next, queued
-in its pipe (``PoolProcessor``'s ``depth``). ``concurrent.futures``' process pool spends
+watches itself, and holds at most four images: the one it works on and the next three,
+queued in its pipe (``PoolProcessor``'s ``depth``). ``concurrent.futures``' process pool spends
 the worker's CPU on every image in its feeder and manager threads, their locks and
 wake-ups; the loop reading the pipe directly spends none of that. A body does not travel
 through the pipe either: pickled, it would cross in pipe-sized pieces, each copied twice.
@@ -414,12 +414,18 @@ class _PoolProcess:
 class PoolProcessor:
     """``processes`` pool processes (one per CPU by default) running ``process_image``.
 
-    Each process has ``depth`` lanes: it is sent its next image while it works on the
+    Each process has ``depth`` lanes: it is sent its next images while it works on the
     current one, so it never waits for the event loop between images: a process that
     blocks even briefly between images lets its CPU idle, and its next image then costs
-    more CPU (docs/architecture.md, "Inside a worker", says how much). Only bodies shared through
-    memory are queued; a body that must go through the pipe goes to an idle process, so
-    that sending it never waits.
+    more CPU (docs/architecture.md, "Inside a worker", says how much). A lane comes back
+    to a waiting image two turns of the loop after its answer, and a turn can be long:
+    a long tail of hosts starts hundreds of URLs at once (each a DNS query, a robots.txt
+    and a tdmrep.json), and they move in step, a second apart. With one image queued
+    (``depth`` 2) the machine idled 2.2-2.6 % of the time in the benchmark's long-tail
+    crawl, with hundreds of bodies waiting; with three (4), 0.9 %, the same as with
+    seven (bench/README.md, session 33). Only bodies shared through memory are queued;
+    a body that must go through the pipe goes to an idle process, so that sending it
+    never waits.
 
     Started on first use; a process that dies is replaced, the image it was working on
     is a ``ProcessCrashed`` failure and an image queued behind it is tried again.
@@ -431,7 +437,7 @@ class PoolProcessor:
         limits: ImageLimits = DEFAULT_LIMITS,
         *,
         share: bool = True,
-        depth: int = 2,
+        depth: int = 4,
     ) -> None:
         if depth < 1:
             raise ValueError(f"depth must be >= 1, got {depth}")
