@@ -354,8 +354,13 @@ class _Window:
     # redis-server's commands and memory when the window opened and closed (redis_costs).
     redis_before: dict[str, Any] = dataclasses.field(default_factory=dict)
     redis_after: dict[str, Any] = dataclasses.field(default_factory=dict)
-    # The whole machine's busy CPU seconds over the window (every process, ours or not).
+    # The whole machine's busy CPU seconds over the window (every process, ours or not),
+    # and its CPU seconds by kind (/proc/stat's user, system, softirq, idle, steal, ...).
     machine_busy_s: float = 0.0
+    machine_times_s: dict[str, float] = dataclasses.field(default_factory=dict)
+    # This process's own CPU over the window (producing, reading the outputs, sampling):
+    # the harness's, on the same CPUs as the crawl, counted as no one's.
+    harness_cpu_s: float = 0.0
 
 
 async def run_crawl(config: RunConfig, origin_url: str, files: int) -> dict[str, Any]:
@@ -476,13 +481,17 @@ async def _measure(config: RunConfig, stack: _Stack, outputs: Outputs) -> _Windo
     readings = RedisReadings(stack.redis_server.url)
     redis_before = await readings.read()
     sampler.start()
-    busy_before = machine_busy_s()
+    times_before = machine_times_s()
+    harness_before = _own_cpu_s()
     window = _Window(t0=time.monotonic(), origin_before=origin_before, redis_before=redis_before)
     await _produce(stack.kafka.bootstrap, tasks)
     window.produce_s = time.monotonic() - window.t0
     window.finished = await _wait_done(outputs, config.images, window.t0 + config.timeout_s)
     window.t_seen = time.monotonic()
-    window.machine_busy_s = machine_busy_s() - busy_before
+    times_after = machine_times_s()
+    window.machine_times_s = {k: v - times_before[k] for k, v in times_after.items()}
+    window.machine_busy_s = machine_busy_s(window.machine_times_s)
+    window.harness_cpu_s = _own_cpu_s() - harness_before
     window.origin_after = await asyncio.to_thread(asked)
     window.redis_after = await readings.read()
     await readings.aclose()
@@ -662,18 +671,28 @@ def _beyond_the_workers(window: _Window, ok: int) -> dict[str, Any]:
     return {
         "other_cpu_s": window.other_cpu,
         "machine_cpu_busy_s": window.machine_busy_s,
+        "machine_cpu_s_by_kind": window.machine_times_s,
+        "harness_cpu_s": window.harness_cpu_s,
         "machine_cpus": psutil.cpu_count(),
         "redis": redis_window(window.redis_before, window.redis_after, ok),
     }
 
 
-def machine_busy_s() -> float:
-    """CPU seconds the whole machine has spent running processes and the kernel since it
-    started, all CPUs together (guest time is within user time on Linux; steal is not
-    ours)."""
-    times = psutil.cpu_times()
-    parts = ("user", "nice", "system", "irq", "softirq")
-    return float(sum(getattr(times, part, 0.0) for part in parts))
+def machine_times_s() -> dict[str, float]:
+    """CPU seconds the whole machine has spent by kind since it started, all CPUs
+    together (psutil's reading of /proc/stat: user, system, softirq, idle, steal, ...)."""
+    return {k: float(v) for k, v in psutil.cpu_times()._asdict().items()}
+
+
+def _own_cpu_s() -> float:
+    times = psutil.Process().cpu_times()
+    return times.user + times.system
+
+
+def machine_busy_s(times: Mapping[str, float]) -> float:
+    """Of ``machine_times_s``' kinds, the busy ones: running processes and the kernel
+    (guest time is within user time on Linux; steal, a hypervisor's, is not ours)."""
+    return sum(times.get(part, 0.0) for part in ("user", "nice", "system", "irq", "softirq"))
 
 
 def _config_figures(config: RunConfig) -> dict[str, Any]:
