@@ -354,9 +354,8 @@ class _Window:
     # redis-server's commands and memory when the window opened and closed (redis_costs).
     redis_before: dict[str, Any] = dataclasses.field(default_factory=dict)
     redis_after: dict[str, Any] = dataclasses.field(default_factory=dict)
-    # The whole machine's busy CPU seconds over the window (every process, ours or not),
-    # and its CPU seconds by kind (/proc/stat's user, system, softirq, idle, steal, ...).
-    machine_busy_s: float = 0.0
+    # The whole machine's CPU seconds over the window by kind (/proc/stat's user, system,
+    # softirq, idle, steal, ...: every process, ours or not).
     machine_times_s: dict[str, float] = dataclasses.field(default_factory=dict)
     # This process's own CPU over the window (producing, reading the outputs, sampling):
     # the harness's, on the same CPUs as the crawl, counted as no one's.
@@ -490,7 +489,6 @@ async def _measure(config: RunConfig, stack: _Stack, outputs: Outputs) -> _Windo
     window.t_seen = time.monotonic()
     times_after = machine_times_s()
     window.machine_times_s = {k: v - times_before[k] for k, v in times_after.items()}
-    window.machine_busy_s = machine_busy_s(window.machine_times_s)
     window.harness_cpu_s = _own_cpu_s() - harness_before
     window.origin_after = await asyncio.to_thread(asked)
     window.redis_after = await readings.read()
@@ -670,7 +668,7 @@ def _beyond_the_workers(window: _Window, ok: int) -> dict[str, Any]:
     commands and memory."""
     return {
         "other_cpu_s": window.other_cpu,
-        "machine_cpu_busy_s": window.machine_busy_s,
+        "machine_cpu_busy_s": machine_busy_s(window.machine_times_s),
         "machine_cpu_s_by_kind": window.machine_times_s,
         "harness_cpu_s": window.harness_cpu_s,
         "machine_cpus": psutil.cpu_count(),

@@ -167,11 +167,11 @@ def run_costs(run: Mapping[str, Any], family: str) -> dict[str, Any]:
         "cpu_share_machine": busy_s / (wall_s * cpus) if busy_s is not None and wall_s else None,
         # Where the rest went: the machine's CPUs over the window by kind (idle, steal,
         # softirq: the kernel's network work, charged to no process, ...).
-        "machine_share_by_kind": {
-            k: round(s / (wall_s * cpus), 5)
-            for k, s in (run.get("machine_cpu_s_by_kind") or {}).items()
-            if wall_s
-        },
+        "machine_share_by_kind": (
+            {k: round(s / (wall_s * cpus), 5) for k, s in run["machine_cpu_s_by_kind"].items()}
+            if wall_s and "machine_cpu_s_by_kind" in run
+            else {}
+        ),
         "harness_share": (run.get("harness_cpu_s") or 0.0) / (wall_s * cpus) if wall_s else None,
         "origin_tail": _tail_of(run, family),
     }
