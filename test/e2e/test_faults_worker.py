@@ -575,8 +575,8 @@ async def test_a_frozen_worker_whose_commits_are_refused_rejoins_and_loses_nothi
     await feed(kafka, origin, urls, throttled)
     layout = await read_layout(kafka.bootstrap, urls)
     env = worker_env(kafka, redis_url, s3_server, s3_bucket, MAX_TASKS=40)
-    # A commits seldom, so it always holds finished work it has not committed yet: the
-    # revoke that follows its waking up tries to commit that, as a member no longer.
+    # A commits seldom, and is frozen while it holds finished work it has not committed:
+    # its first commit after waking up (its loop's or its revoke's) is a member's no longer.
     a = workers.start("a", env | {"COMMIT_INTERVAL_S": "5"})
     async with (
         Outputs(kafka.bootstrap) as outputs,
@@ -595,7 +595,8 @@ async def test_a_frozen_worker_whose_commits_are_refused_rejoins_and_loses_nothi
 
         await wait_for(split, 90, interval_s=0.1, what="the group split in two")
         split_ms = int(time.time() * 1000)
-        mine = {u for tp in partitions_of(a.events("partitions_assigned")[-1]) for u in layout[tp]}
+        mine_tps = partitions_of(a.events("partitions_assigned")[-1])
+        mine = {u for tp in mine_tps for u in layout[tp]}
         throttled.allow(UNLIMITED)
 
         def a_finished_some() -> bool:
@@ -603,7 +604,7 @@ async def test_a_frozen_worker_whose_commits_are_refused_rejoins_and_loses_nothi
             return sum(1 for u in mine if outputs.first_ms.get(u, 0) > split_ms) >= 10
 
         await wait_for(a_finished_some, 60, interval_s=0.05, what="a crawling its share")
-        a.signal(signal.SIGSTOP)
+        await freeze_ahead_of_its_commits(a, {tp: layout[tp] for tp in mine_tps}, outputs, commits)
 
         def b_has_all() -> bool:
             check_both()
@@ -639,6 +640,41 @@ async def test_a_frozen_worker_whose_commits_are_refused_rejoins_and_loses_nothi
     assert refused["error"] == "CommitFailedError"
     assert refused["cause"] in {"UnknownMemberIdError", "IllegalGenerationError"}
     assert not [e for w in (a, b) for e in w.events("commit_loop_error")]
+
+
+async def freeze_ahead_of_its_commits(
+    worker: CrawlerProcess, layout: Layout, outputs: Outputs, commits: CommitSampler
+) -> None:
+    """SIGSTOP ``worker`` while it holds finished work it has not committed, so that waking
+    up it has something to commit. Its commits come every few seconds, and a partition's
+    committable offset moves only when its oldest unfinished message ends: finished work
+    is not always uncommitted. Checked again from a sample taken after the stop, because a
+    commit may have landed just before it; if one did, the worker goes on and is stopped
+    again later."""
+
+    def ahead() -> bool:
+        committed = commits.latest()
+        return any(
+            finished_prefix(uuids, outputs) > committed.get(tp, 0) for tp, uuids in layout.items()
+        )
+
+    for _ in range(5):
+        await wait_for(ahead, 60, interval_s=0.05, what="finished work not committed yet")
+        worker.signal(signal.SIGSTOP)
+        fresh = len(commits.samples) + 2  # the next may have been asked before the stop
+        await wait_for(lambda n=fresh: len(commits.samples) >= n, 10, what="a fresh sample")
+        if ahead():
+            return
+        worker.signal(signal.SIGCONT)
+    raise AssertionError("the worker committed all it had finished each time it was stopped")
+
+
+def finished_prefix(uuids: list[str], outputs: Outputs) -> int:
+    """How many of a partition's messages, from the first, have all had their output."""
+    for offset, uuid in enumerate(uuids):
+        if uuid not in outputs.first_ms:
+            return offset
+    return len(uuids)
 
 
 # --- case 4 -------------------------------------------------------------------------------
