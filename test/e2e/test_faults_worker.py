@@ -604,7 +604,8 @@ async def test_a_frozen_worker_whose_commits_are_refused_rejoins_and_loses_nothi
             return sum(1 for u in mine if outputs.first_ms.get(u, 0) > split_ms) >= 10
 
         await wait_for(a_finished_some, 60, interval_s=0.05, what="a crawling its share")
-        await freeze_ahead_of_its_commits(a, {tp: layout[tp] for tp in mine_tps}, outputs, commits)
+        mine_layout = {tp: layout[tp] for tp in mine_tps}
+        await freeze_ahead_of_its_commits(a, mine_layout, outputs, commits, split_ms)
 
         def b_has_all() -> bool:
             check_both()
@@ -643,19 +644,28 @@ async def test_a_frozen_worker_whose_commits_are_refused_rejoins_and_loses_nothi
 
 
 async def freeze_ahead_of_its_commits(
-    worker: CrawlerProcess, layout: Layout, outputs: Outputs, commits: CommitSampler
+    worker: CrawlerProcess,
+    layout: Layout,
+    outputs: Outputs,
+    commits: CommitSampler,
+    since_ms: int,
 ) -> None:
-    """SIGSTOP ``worker`` while it holds finished work it has not committed, so that waking
-    up it has something to commit. Its commits come every few seconds, and a partition's
-    committable offset moves only when its oldest unfinished message ends: finished work
-    is not always uncommitted. Checked again from a sample taken after the stop, because a
-    commit may have landed just before it; if one did, the worker goes on and is stopped
-    again later."""
+    """SIGSTOP ``worker``, whose partitions ``layout`` are its since ``since_ms``, while it
+    holds finished work it has not committed, so that waking up it has something to commit.
+
+    A partition's committable offset moves only when the message at its committed offset
+    ends, so finished work is not always uncommitted; and that message's output from before
+    ``since_ms`` (the partition's previous tenure) is not the worker's current work. It
+    has to be done again, and its new output is the sign. Checked again from a sample
+    taken after the stop, because a commit may have landed just before it; if one did,
+    the worker goes on and is stopped again later."""
 
     def ahead() -> bool:
         committed = commits.latest()
+        redone = {o.uuid for o in outputs.records if o.time_ms > since_ms}
         return any(
-            finished_prefix(uuids, outputs) > committed.get(tp, 0) for tp, uuids in layout.items()
+            (offset := committed.get(tp, 0)) < len(uuids) and uuids[offset] in redone
+            for tp, uuids in layout.items()
         )
 
     for _ in range(5):
@@ -667,14 +677,6 @@ async def freeze_ahead_of_its_commits(
             return
         worker.signal(signal.SIGCONT)
     raise AssertionError("the worker committed all it had finished each time it was stopped")
-
-
-def finished_prefix(uuids: list[str], outputs: Outputs) -> int:
-    """How many of a partition's messages, from the first, have all had their output."""
-    for offset, uuid in enumerate(uuids):
-        if uuid not in outputs.first_ms:
-            return offset
-    return len(uuids)
 
 
 # --- case 4 -------------------------------------------------------------------------------
