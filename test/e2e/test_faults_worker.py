@@ -595,8 +595,8 @@ async def test_a_frozen_worker_whose_commits_are_refused_rejoins_and_loses_nothi
 
         await wait_for(split, 90, interval_s=0.1, what="the group split in two")
         split_ms = int(time.time() * 1000)
-        mine_tps = partitions_of(a.events("partitions_assigned")[-1])
-        mine = {u for tp in mine_tps for u in layout[tp]}
+        mine_layout = {tp: layout[tp] for tp in partitions_of(a.events("partitions_assigned")[-1])}
+        mine = {u for uuids in mine_layout.values() for u in uuids}
         throttled.allow(UNLIMITED)
 
         def a_finished_some() -> bool:
@@ -604,7 +604,6 @@ async def test_a_frozen_worker_whose_commits_are_refused_rejoins_and_loses_nothi
             return sum(1 for u in mine if outputs.first_ms.get(u, 0) > split_ms) >= 10
 
         await wait_for(a_finished_some, 60, interval_s=0.05, what="a crawling its share")
-        mine_layout = {tp: layout[tp] for tp in mine_tps}
         await freeze_ahead_of_its_commits(a, mine_layout, outputs, commits, split_ms)
 
         def b_has_all() -> bool:
