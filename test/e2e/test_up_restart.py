@@ -4,7 +4,9 @@ in an output, and Redis's state is still there.
 
 The command runs as an operator runs it (the console script, a subprocess, SIGTERM then
 Ctrl-C), crawling a local origin at a few requests per second so that the first run is
-stopped with most URLs still queued in its broker.
+stopped with most URLs still queued in its broker. A few images are held at the origin
+until the first run has stopped, so that however fast the machine (or however slow the
+archive), the first run cannot end every URL before its stop.
 """
 
 from __future__ import annotations
@@ -28,15 +30,16 @@ from redis import Redis
 
 from crawlctl.commands.demo import image_count_for_rate
 from image_crawler import contract as c
-from test.harness.crawl import tiny_jpeg
+from test.harness.crawl import Gate, tiny_jpeg
 from test.harness.origin import Origin
-from test.harness.services import produce, wait_until
+from test.harness.services import free_port, produce, wait_until
 
 SCRIPT = Path(sys.executable).with_name("image-crawler")
 SOURCE = "restartsrc"
 # Slow enough that the first run stops with most URLs queued, fast enough for a short test.
 RATE_RPS = 4.0
 IMAGES = 40
+HELD = 3  # of the images: answered only once the first run has stopped
 MISSING = 3  # answer 404: link_rot
 BROKEN = 2  # not images: crawl_errors
 OUTPUTS = (c.METADATA_TOPIC, c.LINK_ROT_TOPIC, c.CRAWL_ERRORS_TOPIC)
@@ -50,8 +53,18 @@ class Up:
         env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
         for name in ("KAFKA_HOSTS", "REDIS_URL", "REDIS_HOST", "REDIS_PORT", "SOURCES_FILE"):
             env.pop(name, None)
-        # A stop hands back what is in flight at once instead of finishing it.
-        env.update(SHUTDOWN_GRACE_S="1", COMMIT_INTERVAL_S="0.2", LOG_FREQUENCY_S="1")
+        # A stop hands back what is in flight at once instead of finishing it; a held
+        # image waits for the stop without timing out, however long the first run takes.
+        env.update(
+            SHUTDOWN_GRACE_S="1",
+            COMMIT_INTERVAL_S="0.2",
+            LOG_FREQUENCY_S="1",
+            FETCH_READ_TIMEOUT_S="600",
+            FETCH_TOTAL_TIMEOUT_S="600",
+            # A dashboard port of its own: the default, 9100, is one a machine, and the
+            # suite's tests run side by side.
+            METRICS_PORT=str(free_port()),
+        )
         self.process = subprocess.Popen(
             [*command, "up", *args],
             env=env,
@@ -146,14 +159,18 @@ def up_args(tmp_path: Path) -> tuple[str, ...]:
     return ("--workers", "1", "--sources-file", str(sources), "--data-dir", str(data))
 
 
-def serve(origin: Origin) -> dict[str, str]:
-    """uuid -> path on ``origin``: IMAGES images, MISSING gone, BROKEN not images."""
+def serve(origin: Origin, held: Gate | None = None) -> dict[str, str]:
+    """uuid -> path on ``origin``: IMAGES images (the last HELD behind ``held``, if given),
+    MISSING gone, BROKEN not images."""
     paths = {f"ok{n}": f"/img/{n}.jpg" for n in range(IMAGES)}
     paths |= {f"gone{n}": f"/gone/{n}.jpg" for n in range(MISSING)}
     paths |= {f"bad{n}": f"/bad/{n}.jpg" for n in range(BROKEN)}
+    held_uuids = {f"ok{n}" for n in range(IMAGES - HELD, IMAGES)} if held else set()
     body = tiny_jpeg()
     for uuid, path in paths.items():
-        if uuid.startswith("ok"):
+        if held is not None and uuid in held_uuids:
+            origin.add_handler(path, held)
+        elif uuid.startswith("ok"):
             origin.add(path, body, "image/jpeg")
         elif uuid.startswith("bad"):
             origin.add(path, b"not an image", "image/jpeg")
@@ -188,7 +205,8 @@ async def test_a_restart_mid_crawl_loses_no_url_and_keeps_redis_state(
     args = up_args(tmp_path)
     data = tmp_path / "data"
     outputs = data / "outputs"
-    paths = serve(origin)
+    held = Gate(tiny_jpeg())
+    paths = serve(origin, held)
     uuids = set(paths)
 
     # --- the first run: stopped with most URLs still queued --------------------------------
@@ -213,6 +231,7 @@ async def test_a_restart_mid_crawl_loses_no_url_and_keeps_redis_state(
     assert 5 <= len(done_first) < len(uuids)
     assert not (data / "spool.jsonl").exists()
     assert "queued URLs" not in first.stderr
+    held.opened.set()
 
     # --- the second run: the queue and Redis are where they were; it finishes -------------
     second = Up(*args, cwd=tmp_path)
@@ -257,7 +276,8 @@ async def test_a_kill_9_of_up_and_all_it_started_loses_no_url(
 ) -> None:
     args = up_args(tmp_path)
     outputs = tmp_path / "data" / "outputs"
-    paths = serve(origin)
+    held = Gate(tiny_jpeg())
+    paths = serve(origin, held)
     uuids = set(paths)
 
     first = Up(*args, cwd=tmp_path)
@@ -271,6 +291,7 @@ async def test_a_kill_9_of_up_and_all_it_started_loses_no_url(
     assert len(killed) >= 7
     done_first = all_ended(outputs)
     assert 5 <= len(done_first) < len(uuids)
+    held.opened.set()
 
     second = Up(*args, cwd=tmp_path)
     started.append(second)
