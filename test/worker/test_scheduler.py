@@ -516,6 +516,7 @@ class ResumeRecordingConsumer(FakeConsumer):
         super().resume(*partitions)
 
 
+@pytest.mark.timing("asserts resumes 0.5 s apart and work finished within 0.5 s of a resume")
 async def test_resumes_due_within_resume_every_s_of_the_last_are_made_together(fake_redis):
     # Three sources of eight slots: share 2 each, resumed at 1 unfinished.
     handler = OneByOne()
@@ -759,7 +760,9 @@ async def test_a_slow_host_with_nine_tenths_of_a_source_holds_back_none_of_the_o
     handler.held = {"slow.org"}
     scheduler, stop, task = await run_hosted(fake_redis, consumer, handler, settings, hooks)
     others = {f"urls.hq_slow:{i}".encode() for i in range(0, 200, 10)}
-    await wait(lambda: others <= set(handler.done))
+    # A task leaves the slots a moment after its handler is done (its done callback): on a
+    # busy machine the last of the others were still in flight when the last was done.
+    await wait(lambda: others <= set(handler.done) and scheduler.in_flight <= 1)
     # The slow host ran one URL at a time and kept its source's share (8) waiting,
     # without a slot; the rest were appended again to the topic, not lost.
     assert handler.peak["slow.org"] == 1
