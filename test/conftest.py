@@ -1,17 +1,19 @@
 """Fixtures that start real services on free loopback ports (see ``test/harness/services.py``).
 
-Scopes: one redis-server and one S3 server per session (tests get a clean database and a
-fresh bucket), and a private one of each for fault tests that pause, kill or restart
-them (``fresh_redis_server``, ``fresh_s3_server``); a fresh Kafka broker per test
-(``kafka``) because tansu's consumer groups carry state between tests, plus a shared
-one (``kafka_session``) for tests that only produce and read without groups; a fresh
-HTTP origin per test (and ``second_host``, another on 127.0.0.2). Tests that use any of
-these are marked ``integration`` automatically. When a test fails, the tail of each
-service's log is attached to its report.
+Scopes: one redis-server and one S3 server per session, that is per xdist worker (tests
+get a clean database and a fresh bucket), and a private one of each for fault tests that
+pause, kill or restart them (``fresh_redis_server``, ``fresh_s3_server``); a fresh Kafka
+broker per test (``kafka``) because tansu's consumer groups carry state between tests,
+plus a shared one (``kafka_session``) for tests that only produce and read without
+groups; a fresh HTTP origin per test (and ``second_host``, another on 127.0.0.2). Tests
+that use any of these are marked ``integration`` automatically. When a test fails, the
+tail of each service's log is attached to its report. The hooks under "Parallel runs"
+order the tests and keep the timing-bound ones apart (``test/harness/parallel.py``).
 """
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import AsyncIterator, Generator, Iterator
 from pathlib import Path
@@ -20,6 +22,7 @@ import fakeredis
 import pytest
 from redis.asyncio import Redis
 
+from test.harness import parallel
 from test.harness.origin import Origin
 from test.harness.services import KafkaBroker, RedisServer, S3Server, create_bucket
 
@@ -55,6 +58,50 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if _uses_a_service(item):
             item.add_marker(pytest.mark.integration)
+        parallel.check_timing_marker(item)
+    items[:] = parallel.run_order(items, parallel.load_durations())
+
+
+# --- Parallel runs (test/harness/parallel.py) --------------------------------------------
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--store-durations",
+        action="store_true",
+        help=f"write each test's seconds to {parallel.DURATIONS_FILE} (the run order's guide)",
+    )
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None  # xdist's own hook reads it
+    return parallel.workers_for(os.cpu_count() or 1)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object]:
+    # Outermost (tryfirst), so that the wait for the lock is not counted in the test's
+    # timeout, and the lock covers the test's fixtures (its services) too.
+    lock = parallel.run_lock(item.config)
+    if lock is None:
+        return (yield)
+    with lock.exclusive() if parallel.is_timing(item) else lock.shared():
+        return (yield)
+
+
+_durations = parallel.Durations()
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _durations.add(report)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    config = session.config
+    # The controller (or a run without xdist) sees every worker's reports.
+    if config.getoption("store_durations") and not hasattr(config, "workerinput"):
+        _durations.store(parallel.DURATIONS_FILE)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -73,6 +120,14 @@ def pytest_runtest_makereport(
                 lines = [f"{t:.3f} {path}" for t, path in value.request_log[-50:]]
                 report.sections.append((f"{name} requests", "\n".join(lines) or "<none>"))
     return report
+
+
+@pytest.fixture
+def source_tree(request: pytest.FixtureRequest) -> Iterator[None]:
+    """The source tree for this test alone: pip builds the package in it (``build/``,
+    ``image_crawler.egg-info``), and two builds at once would write the same files."""
+    with parallel.held_alone(request.config, "source-tree"):
+        yield
 
 
 # --- Fakes ------------------------------------------------------------------------------

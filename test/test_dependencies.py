@@ -261,7 +261,9 @@ def test_constraints_pin_every_base_dependency_within_its_specifier() -> None:
 
 @pytest.mark.integration
 @pytest.mark.timeout(RESOLVE_TIMEOUT_S + 60)
-def test_constraints_are_exactly_what_pip_installs_for_the_images(tmp_path: Path) -> None:
+def test_constraints_are_exactly_what_pip_installs_for_the_images(
+    tmp_path: Path, source_tree: None
+) -> None:
     """pip resolves ``pip install -c constraints.txt .`` (the Dockerfiles' command) without
     installing: the result must be the pinned set, no more (an unpinned transitive
     dependency would float) and no less (a stale pin), at the pinned versions."""

@@ -44,7 +44,7 @@ def test_each_script_names_the_rule_it_is_the_fast_path_of(path):
     assert "redis.call" in text
 
 
-def test_the_built_package_ships_every_script(tmp_path):
+def test_the_built_package_ships_every_script(tmp_path, source_tree):
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "-q", "-w", str(tmp_path)],
         check=True,

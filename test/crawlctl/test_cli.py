@@ -58,6 +58,9 @@ def cli_env(**extra: str) -> dict[str, str]:
     for name in ("KAFKA_HOSTS", "REDIS_URL", "REDIS_HOST", "REDIS_PORT", "SOURCES_FILE"):
         env.pop(name, None)
     env["COLUMNS"] = "200"  # rich's tables: wide enough for every column, as in a terminal
+    # `up`'s dashboard on a port of its own: the default, 9100, is one a machine, and the
+    # suite's tests run side by side.
+    env["METRICS_PORT"] = str(free_port())
     env.update(extra)
     return env
 

@@ -139,7 +139,12 @@ def test_read_events_skips_what_is_not_json_and_starts_at_an_offset(tmp_path: Pa
     assert read_events(tmp_path / "missing.log") == []
 
 
-def test_a_local_stack_starts_in_order_notices_a_death_and_stops_cleanly(tmp_path: Path) -> None:
+def test_a_local_stack_starts_in_order_notices_a_death_and_stops_cleanly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The monitor's dashboard on a port of its own: the default, 9100, is one a machine,
+    # and the suite's tests run side by side.
+    monkeypatch.setenv("METRICS_PORT", str(localstack.free_port()))
     sources = tmp_path / "sources.json"
     sources.write_text(json.dumps([{"source_name": "example", "image_count": 10_000}]))
     stack = LocalStack(
