@@ -7,6 +7,7 @@ import io
 import json
 
 import aiohttp
+import pytest
 from aiohttp import web
 from PIL import Image
 
@@ -18,6 +19,7 @@ def host(behaviour: str) -> str:
     return next(h.address for h in plan.HOSTS.values() if h.behaviour == behaviour)
 
 
+@pytest.mark.timing("needs 5 sequential requests inside one second to hit the 2 req/s host's 503")
 async def test_hosts_answer_as_planned_and_every_request_is_logged(tmp_path):
     log_path = tmp_path / "requests.jsonl"
     port = free_port()

@@ -129,6 +129,7 @@ async def test_a_single_port_is_healthy_while_healthz_answers_200(host):
     assert status == 1 and _said(err, f"127.0.0.1:{port}/healthz", "refused")
 
 
+@pytest.mark.timing("asserts the check's seconds between its timeout and timeout + 5 s")
 async def test_a_server_that_does_not_answer_fails_after_the_timeout():
     # Listening, so the kernel accepts the connection, but nothing ever reads the request:
     # a process whose event loop is stuck.

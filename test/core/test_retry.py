@@ -69,6 +69,7 @@ def test_a_backoff_needs_a_positive_base_under_its_cap():
         Backoff(base_s=2.0, cap_s=1.0)
 
 
+@pytest.mark.timing("asserts a stopped sleep ends within 5 s")
 async def test_the_sleep_ends_at_once_when_stopped():
     stop = asyncio.Event()
     asyncio.get_running_loop().call_later(0.05, stop.set)
@@ -77,6 +78,7 @@ async def test_the_sleep_ends_at_once_when_stopped():
     assert time.monotonic() - started < 5.0
 
 
+@pytest.mark.timing("asserts the sleep lasts at least 0.05 s")
 async def test_the_sleep_runs_its_course_unless_stopped():
     stop = asyncio.Event()
     started = time.monotonic()

@@ -93,6 +93,9 @@ def _measure(venv: Path, tmp_path: Path, images: int, repeats: int, **env: str) 
     )
 
 
+@pytest.mark.timing(
+    "asserts CPU seconds per image and start-up CPU seconds of a child process tree"
+)
 def test_measure_subtracts_the_start_up(fake_venv: Path, tmp_path: Path) -> None:
     result = _measure(fake_venv, tmp_path, images=40, repeats=2)
     # Per image: the child's burn exactly, plus writing two small files (and the noise of

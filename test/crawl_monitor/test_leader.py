@@ -41,6 +41,9 @@ async def lease_gone(redis: Redis) -> bool:
     return not await redis.exists(c.MONITOR_LEADER_KEY)
 
 
+@pytest.mark.timing(
+    "asserts the lease's PTTL within 100 ms of renewal; needs ticks within a 400 ms lease"
+)
 async def test_only_the_holder_sets_rates_and_a_standby_takes_over_after_the_expiry(redis):
     first = regulator_with_lease(redis, "first")
     second = regulator_with_lease(redis, "second")
@@ -178,6 +181,7 @@ async def paced_at(redis: Redis, source: str = "src") -> float:
     return float(value)
 
 
+@pytest.mark.timing("needs the 400 ms lease to outlast four ticks and their redis writes")
 async def test_a_take_over_or_a_restart_keeps_the_cut(redis):
     clock = Clock()
 

@@ -262,6 +262,7 @@ def test_what_the_monitor_does_not_know_yet_is_left_out():
     }
 
 
+@pytest.mark.timing("asserts every regulator loop's duration lands in the 1 s histogram bucket")
 async def test_the_regulator_loop_feeds_the_histogram(redis):
     registry = CollectorRegistry()
     histogram = loop_histogram(registry)

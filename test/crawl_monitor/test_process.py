@@ -52,6 +52,7 @@ async def no_rate_left(redis: Redis) -> bool:
     return all(value is None or float(value) <= 0 for value in values)
 
 
+@pytest.mark.timing("asserts every pace rate is gone within 2 s of the monitor's SIGKILL")
 async def test_no_source_has_a_rate_2_s_after_the_monitor_is_killed(redis, redis_url, tmp_path):
     # No broker at all: the regulator does not need Kafka (the splitter keeps retrying).
     env = {
@@ -79,6 +80,7 @@ async def _equals(awaitable, value) -> bool:
     return (await awaitable) == value
 
 
+@pytest.mark.timing("asserts the rate is written again within 2.5 s of the redis-cli procedure")
 async def test_the_redis_cli_procedure_resumes_a_halted_source(
     kafka, redis, redis_server, redis_url, tmp_path
 ):

@@ -580,6 +580,7 @@ async def set_crawl_delay(redis: Redis, source: str, delay: str, px: int | None 
     await redis.sadd(c.CRAWL_DELAYED_SET, source)
 
 
+@pytest.mark.timing("needs the next tick within the 200 ms TTL of a crawl-delay key")
 async def test_a_crawl_delay_caps_the_rate_until_its_key_goes(redis, regulator, rates, clock):
     rates.update({"src": 50.0, "other": 50.0})
     await regulator.tick()
@@ -683,6 +684,9 @@ class RedisAway:
         raise RedisConnectionError("away")
 
 
+@pytest.mark.timing(
+    "asserts the monotonic times of retries against the regulator's 50 ms tick grid"
+)
 async def test_while_redis_is_away_the_loop_backs_off_on_its_grid():
     period_s = 0.05
     store = RedisAway()

@@ -112,6 +112,7 @@ def test_many_workers_show_a_few_lines_and_say_how_many_more() -> None:
     assert lines[-1] == f"  and {20 - DNS_WORKERS_SHOWN} more workers (--json has them)"
 
 
+@pytest.mark.timing("asserts report ages in seconds within a few seconds of when they were seeded")
 async def test_the_json_has_the_sum_and_every_worker(redis: Redis) -> None:
     await seed_dns(redis)
     document: dict[str, Any] = json.loads(

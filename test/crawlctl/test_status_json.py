@@ -36,6 +36,7 @@ async def seeded_document(redis: Redis) -> dict[str, Any]:
     return document
 
 
+@pytest.mark.timing("asserts the backlog age is read within 2 s of its seeding (7 <= age < 9)")
 async def test_the_json_has_every_field_with_numbers_as_numbers(redis: Redis) -> None:
     document = await seeded_document(redis)
     assert document["version"] == 1

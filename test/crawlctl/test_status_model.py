@@ -91,6 +91,7 @@ def record_commands(redis: Redis, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return commands
 
 
+@pytest.mark.timing("asserts a slot seeded at now is read as under 1 s away")
 async def test_read_status_gathers_every_source_in_one_scan_and_one_script(
     redis: Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -630,6 +631,7 @@ def test_robots_exempt_comes_from_the_set() -> None:
 # --- backlog, ETA and errors by reason ---------------------------------------------------
 
 
+@pytest.mark.timing("asserts the backlog age is read within 2 s of its seeding (7 <= age < 9)")
 async def test_read_status_reads_the_backlog_the_reasons_and_the_lost_urls(redis: Redis) -> None:
     await seed_backlog(redis)
     status = await read_status(redis)

@@ -626,6 +626,7 @@ def assert_clean(tab: Tab, origin: str) -> None:
     assert other_origins(tab.requested_urls(), origin) == []
 
 
+@pytest.mark.timing("asserts the throughput the page computes from its 1 s timer within 300-1200/s")
 async def test_a_thousand_sources_show_as_metrics_says_and_throughput_follows_the_counters(
     tab: Tab,
 ) -> None:
@@ -705,6 +706,7 @@ def shown_rate(page: Mapping[str, Any]) -> float | None:
     return None if text == NONE else float(text.removesuffix("/s").replace(",", ""))
 
 
+@pytest.mark.timing("asserts eight shown rates within ±25% of 110/s against the page's 1 s timer")
 async def test_throughput_holds_steady_when_the_monitor_counts_less_often_than_the_page_reads(
     tab: Tab,
 ) -> None:

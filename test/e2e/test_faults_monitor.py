@@ -24,6 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from redis.asyncio import Redis
 
@@ -398,6 +399,9 @@ async def _committed_at(bootstrap: str, offset: int) -> bool:
 CRAWL_RATES = {"alpha": 5.0, "beta": 3.0, "gamma": 2.0}
 
 
+@pytest.mark.timing(
+    "asserts the last request within 2 s of the kill and the origin's rate after the restart"
+)
 async def test_killing_the_monitor_stops_every_source_and_a_restart_does_not_burst(
     kafka, redis, redis_url, s3_server, s3_bucket, origin, tmp_path
 ):
@@ -466,6 +470,9 @@ def _rounded(values: Mapping[str, float]) -> dict[str, float]:
 # --- case 9: two monitors at once never double a rate ---------------------------------------
 
 
+@pytest.mark.timing(
+    "asserts the rate envelope at the origin and a take-over within 6-8 s of the kill"
+)
 async def test_two_monitors_never_double_a_rate_and_the_standby_takes_over(
     kafka, redis, redis_url, s3_server, s3_bucket, origin, tmp_path
 ):

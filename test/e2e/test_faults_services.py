@@ -364,6 +364,9 @@ async def lose_data(server: RedisServer, loss: str) -> tuple[float, float, float
     return began, began_wall, gone, time.time()
 
 
+@pytest.mark.timing(
+    "asserts origin request times around the loss (to ~0.1 s) and requests per window"
+)
 @pytest.mark.parametrize("loss", ["flushall", "restart"])
 async def test_redis_losing_its_data_mid_crawl_loses_no_url_and_invents_no_rate(
     loss: str,

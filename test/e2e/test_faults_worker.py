@@ -417,6 +417,9 @@ async def test_the_image_processes_of_a_killed_worker_exit_with_it(
 # --- case 2 -------------------------------------------------------------------------------
 
 
+@pytest.mark.timing(
+    "asserts the exit time against the grace period and work finished inside the 6 s grace"
+)
 async def test_sigterm_drains_work_in_flight_within_the_grace_period_and_nothing_runs_twice(
     kafka, redis, redis_url, s3_server, s3_bucket, origin, workers
 ):
@@ -693,6 +696,7 @@ def test_the_poll_interval_is_set_from_the_environment_and_validated():
         WorkerSettings.from_env({"KAFKA_MAX_POLL_INTERVAL_S": "6"})
 
 
+@pytest.mark.timing("asserts the hung URL's seconds against its timeout and URLs finished per 9 s")
 async def test_a_url_hanging_past_the_poll_interval_neither_rebalances_nor_stalls_others(
     kafka, redis, redis_url, s3_server, s3_bucket, origin, workers
 ):

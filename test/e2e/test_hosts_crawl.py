@@ -101,6 +101,9 @@ def gaps(times: Sequence[float]) -> list[float]:
     return [b - a for a, b in itertools.pairwise(times)]
 
 
+@pytest.mark.timing(
+    "asserts gaps between a crawl-delayed host's requests and 503 share at the origin"
+)
 @pytest.mark.timeout(400)
 async def test_no_host_holds_back_another_and_none_halts_the_source(
     kafka, redis, redis_url, tmp_path

@@ -389,6 +389,9 @@ def the_unlimited_host_kept_going(seen: Mapping[str, Seen]) -> None:
     assert free.accepted_rps >= ACCEPTED_SHARE_MIN * left, free.summary()
 
 
+@pytest.mark.timing(
+    "asserts requests/s nginx accepted per host, the refused share and the hash rate"
+)
 @pytest.mark.timeout(300)
 async def test_each_host_behind_nginx_finds_its_own_limit(kafka, redis, redis_url, tmp_path):
     await crawl_behind_nginx(THREE_LIMITS, three_limits_found, kafka, redis, redis_url, tmp_path)
@@ -398,6 +401,9 @@ async def test_each_host_behind_nginx_finds_its_own_limit(kafka, redis, redis_ur
 # the unlimited host's rate reached the source's, it took every source slot (one falls
 # within the pacing horizon at 50/s, and it went to the host asked first, the unlimited
 # one again and again) and the limited hosts got 0.2 to 2.4 requests/s instead of 5 and 10.
+@pytest.mark.timing(
+    "asserts requests/s nginx accepted per host, including the unlimited host's throughput"
+)
 @pytest.mark.timeout(300)
 async def test_an_unlimited_host_is_not_cut_with_the_limited_ones(
     kafka, redis, redis_url, tmp_path

@@ -67,6 +67,9 @@ MEASURED_S = 20.0
 WARM_UP_S = 4.0
 
 
+@pytest.mark.timing(
+    "asserts requests per window at the origin and a utilisation of at least 95% of the rate"
+)
 async def test_two_workers_pace_each_source_one_request_per_interval(
     kafka, redis, redis_url, origin, tmp_path
 ):
@@ -152,6 +155,9 @@ RETRY_AFTERS = (("2", 2.0, "obeyed"), ("3600", 3.0, "capped"), ("soon", 0.0, "ma
 GRANTED_AHEAD_S = 0.2
 
 
+@pytest.mark.timing(
+    "asserts the quiet gap after a 429 at the origin and the first request within hold + 1 s"
+)
 async def test_a_retry_after_holds_every_worker_and_its_url_is_tried_again(
     kafka, redis, redis_url, origin, tmp_path
 ):
@@ -216,6 +222,9 @@ def per_second(times: Sequence[float], start: float, end: float) -> list[int]:
     return counts
 
 
+@pytest.mark.timing(
+    "asserts requests per 5 s window, the 503 share at the origin and the climb back in 90 s"
+)
 @pytest.mark.timeout(720)  # three minutes at the low capacity, up to 90 s to climb back
 async def test_a_source_finds_what_its_server_can_take_and_climbs_back(
     kafka, redis, redis_url, origin, tmp_path

@@ -108,6 +108,7 @@ def _requested(origin: Origin) -> list[tuple[str, float]]:
 WAITING, GONE = "waiting", "gone"
 
 
+@pytest.mark.timing("asserts the seconds until giving up and the robots.txt asks made in that time")
 @pytest.mark.timeout(300)
 async def test_urls_wait_for_an_unreachable_robots_txt_and_give_up_after_the_limit(
     kafka, redis, redis_url, origin, second_host, tmp_path
@@ -165,6 +166,9 @@ DELAYED = "delayed"
 WIDTHS_S = (0.5, 1.0, 2.0, 5.0)
 
 
+@pytest.mark.timing(
+    "asserts requests per window at the origin and the span of 16 crawl-delayed requests"
+)
 @pytest.mark.timeout(300)
 async def test_a_crawl_delay_paces_its_host_from_its_first_request(
     kafka, redis, redis_url, origin, tmp_path

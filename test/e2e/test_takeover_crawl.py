@@ -85,6 +85,9 @@ async def cut_below_capacity(redis: Redis, since: float) -> HostState | None:
     return state
 
 
+@pytest.mark.timing(
+    "asserts requests per 1 s window and the 503 share at the origin across the take-over"
+)
 @pytest.mark.timeout(300)
 async def test_a_take_over_during_capacity_discovery_keeps_the_cut(
     kafka, redis, redis_url, origin, tmp_path

@@ -34,6 +34,9 @@ def dnsmasq(tmp_path: Path, dnsmasq_binary: str) -> Iterator[Dnsmasq]:
         yield s
 
 
+@pytest.mark.timing(
+    "asserts no answer for slow.test within 0.5 s; its answers use a 0.5 s UDP timeout"
+)
 def test_the_zone_answers_as_its_docstring_says(dnsmasq: Dnsmasq) -> None:
     server = ("127.0.0.1", dnsmasq.port)
     for name in ["ready.test", "any.name.tail.test", "short.test", "private.test", "extra.test"]:

@@ -183,6 +183,7 @@ async def test_redis_restart_keeps_the_port(fresh_redis_server: RedisServer) -> 
         await client.aclose()
 
 
+@pytest.mark.timing("asserts stop() of a SIGSTOPped redis takes under 2 s")
 def test_redis_pause_makes_it_hang(fresh_redis_server: RedisServer) -> None:
     fresh_redis_server.pause()
     with pytest.raises(TimeoutError):
@@ -314,6 +315,7 @@ def test_origin_works_from_synchronous_code(origin: Origin) -> None:
     info.value.close()
 
 
+@pytest.mark.timing("asserts origin.stop() takes under 3 s")
 async def test_origin_stop_cuts_slow_responses_short() -> None:
     origin = Origin().start()
     try:

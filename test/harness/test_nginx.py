@@ -256,6 +256,7 @@ async def test_several_hosts_on_one_port_each_with_its_own_directives(
         VirtualServer("192.168.0.1")
 
 
+@pytest.mark.timing("needs 3 requests inside nginx's 1 r/s limiter window")
 async def test_a_limiter_keyed_by_host_refuses_one_host_only(
     folder: Path, tmp_path: Path, nginx_binary: str
 ) -> None:

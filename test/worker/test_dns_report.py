@@ -13,6 +13,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pycares
+import pytest
 from prometheus_client import REGISTRY
 from redis.asyncio import Redis
 from structlog.testing import capture_logs
@@ -126,6 +127,7 @@ async def test_the_reporter_reports_every_period_and_rides_out_redis_refusing(
         await reporter.close()
 
 
+@pytest.mark.timing("asserts close() takes under CLOSE_WAIT_S + 2 s against a stopped redis")
 async def test_a_stopping_worker_does_not_wait_on_a_redis_that_does_not_answer(
     fresh_redis_server: RedisServer,
 ) -> None:

@@ -302,6 +302,7 @@ async def test_retry_after_is_kept_only_from_a_final_refusal(origin, fetch):
     assert redirected.ok and redirected.retry_after is None
 
 
+@pytest.mark.timing("asserts the measured response seconds against 0.3 s and 2 s bounds")
 async def test_the_response_time_is_the_final_hops_wait_for_headers(origin, fetch):
     origin.add_sequence("/late.jpg", [Reply(b"img", "image/jpeg", delay_s=0.3)])
     origin.add("/r", b"", "text/plain", status=302, headers={"Location": "/late.jpg"})
@@ -312,6 +313,7 @@ async def test_the_response_time_is_the_final_hops_wait_for_headers(origin, fetc
     assert fast.response_s is not None and fast.response_s < 0.3
 
 
+@pytest.mark.timing("asserts the connection wait >= 0.5 s and the response time under half of it")
 async def test_the_response_time_leaves_out_the_wait_for_a_connection(origin):
     # One connection: the second fetch waits for the first one's slow answer before its
     # request is even sent. Its response time is the server's, not that wait.

@@ -105,6 +105,7 @@ async def test_keys_of_the_wrong_type_are_survived(redis, pacers):
     assert not odd.done()
 
 
+@pytest.mark.timing("asserts the span of 20 pacing grants to ±40 ms and grants per 0.2 s window")
 async def test_two_pacers_share_one_slot_every_interval(redis, pacers):
     rate = 20.0
     first, second = pacers(), pacers()
@@ -125,6 +126,7 @@ async def test_two_pacers_share_one_slot_every_interval(redis, pacers):
     assert first.asks + second.asks >= 10  # slots come a horizon at a time, not all at once
 
 
+@pytest.mark.timing("asserts the span of 6 pacing grants to ±40 ms")
 @pytest.mark.parametrize("delay", ["0.25", "not a number", "-1", "inf", "nan"])
 async def test_a_crawl_delay_is_the_shortest_interval_whatever_the_rate(redis, pacers, delay):
     first, second = pacers(), pacers()
@@ -141,6 +143,7 @@ async def test_a_crawl_delay_is_the_shortest_interval_whatever_the_rate(redis, p
     assert max(times) - min(times) == pytest.approx(5 * interval, abs=0.04)
 
 
+@pytest.mark.timing("asserts the gaps between pacing grants (first to ±50 ms) and one late slot")
 async def test_a_slot_of_a_crawl_delay_reached_late_is_given_up(redis, pacers):
     # The worker's loop is busy over the second slot: started then, it would leave 0.38 s
     # before the third, under the host's delay of 0.5 s.
@@ -255,6 +258,7 @@ async def test_a_request_of_an_always_late_worker_starts_with_the_fourth_slot(re
         assert late == MAX_LATE_IN_ROW
 
 
+@pytest.mark.timing("needs every slot's grant resolved within the 5 ms late limit at 10/s")
 async def test_a_request_resumed_late_after_every_slot_starts_with_the_fourth(redis, pacers):
     # Each slot on time, each request resumed past the late limit: the slots given up as
     # they resume are counted in a row too, although each grant was on time.
@@ -263,6 +267,7 @@ async def test_a_request_resumed_late_after_every_slot_starts_with_the_fourth(re
     assert await _take_slot_as_the_pipeline_does(pacer, 0.15) == MAX_LATE_IN_ROW + 1
 
 
+@pytest.mark.timing("asserts the span of 5 pacing grants is at least 4 intervals - 40 ms")
 async def test_an_idle_source_starts_from_now_without_catching_up(redis, pacers):
     rate = 10.0
     pacer = pacers()
@@ -278,6 +283,7 @@ async def test_an_idle_source_starts_from_now_without_catching_up(redis, pacers)
     assert max(times) - min(times) >= 4 / rate - 0.04
 
 
+@pytest.mark.timing("asserts the first grant comes at least the pause (less the horizon) after it")
 async def test_a_pause_holds_every_pacer_until_it_ends(redis, pacers):
     first, second = pacers(), pacers()
     await redis.set(c.pace_rate_key(SOURCE), "50")
@@ -297,6 +303,7 @@ async def test_a_pause_holds_every_pacer_until_it_ends(redis, pacers):
     assert float(await redis.hget(host, "next")) > await redis_now(redis) + 25
 
 
+@pytest.mark.timing("asserts the grant comes at least the 2 s pause (less the horizon) after it")
 async def test_a_pause_redis_missed_reaches_it_when_it_is_back_before_any_other_slot(redis, pacers):
     # Found by the fault campaign (chaos): a 429 answered while Redis was restarting was
     # held by its own worker only, and the others sent requests inside its Retry-After.
@@ -324,6 +331,7 @@ async def test_a_pause_redis_missed_reaches_it_when_it_is_back_before_any_other_
         heard.close()
 
 
+@pytest.mark.timing("asserts the next slot is granted within 1 s")
 async def test_a_cancelled_request_gives_its_slot_to_the_next(redis, pacers):
     pacer = pacers()
     await redis.set(c.pace_rate_key(SOURCE), "5")
@@ -371,6 +379,9 @@ async def test_a_rate_beyond_the_event_loop_s_resolution_still_grants_every_requ
 # --- per host ------------------------------------------------------------------------------
 
 
+@pytest.mark.timing(
+    "asserts each host's span of grants to ±50 ms, all within 1.3 s, and grants per window"
+)
 async def test_each_host_is_paced_on_its_own_within_its_source(redis, pacers):
     first, second = pacers(), pacers()
     await redis.set(c.pace_rate_key(SOURCE), "40")
@@ -401,6 +412,7 @@ async def test_a_crawl_delayed_or_halted_host_does_not_hold_back_another(redis, 
     assert not held[0].done()
 
 
+@pytest.mark.timing("asserts the second grant 1.0 ± 0.1 s after the first and 12 grants within 3 s")
 async def test_a_new_host_starts_slowly_and_climbs_on_clean_answers(redis, pacers):
     pacer = pacers(HostSettings())
     await redis.set(c.pace_rate_key(SOURCE), "50")
@@ -417,6 +429,7 @@ async def test_a_new_host_starts_slowly_and_climbs_on_clean_answers(redis, pacer
     assert float(await redis.hget(c.pace_host_key(SOURCE, KEY.host), "rate")) > 10
 
 
+@pytest.mark.timing("asserts the second grant 1.0 ± 0.1 s after the first")
 async def test_a_request_after_its_host_s_last_is_asked_about_once_when_its_slot_comes(
     redis, pacers
 ):
@@ -509,6 +522,7 @@ def test_a_slot_may_start_late_by_a_twentieth_of_its_interval_or_10_ms_at_most_h
     assert late_limit(interval_s) == pytest.approx(limit_s)
 
 
+@pytest.mark.timing("needs the event loop to resume within the 5 ms late limit for the first slot")
 async def test_a_request_its_loop_resumes_too_late_for_its_slot_gives_it_up(redis, pacers):
     # The fault campaign saw a worker's requests go out together after its loop was busy
     # between the slot and the request: the request checks when it resumes.

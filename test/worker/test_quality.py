@@ -72,6 +72,7 @@ def test_scaled_table_matches_libjpeg_at_50() -> None:
     assert scaled_table(_luminance_base(), 50) == tuple(_tables("L", quality=50)[0])
 
 
+@pytest.mark.timing("asserts seconds per estimate_jpeg_quality call under 100 µs (timeit)")
 @pytest.mark.parametrize("quality", [75, None])
 def test_cheap(quality: int | None) -> None:
     if quality is None:  # the slower path: tables that no quality reproduces

@@ -159,6 +159,7 @@ async def test_a_source_without_a_rate_does_not_hold_back_another_on_the_same_ho
 
 
 # --- unreachable ---------------------------------------------------------------------------
+@pytest.mark.timing("asserts the verdict at least 0.05 s after the failed check")
 @pytest.mark.parametrize(
     "failure",
     [500, 502, 503, 429, DISCONNECT, Reply(b"late", "text/plain", delay_s=10)],
@@ -179,6 +180,7 @@ async def test_an_unreachable_file_holds_its_urls_until_it_answers(redis, sessio
     assert unavailable["failures"] == 1 and unavailable["source"] == SOURCE
 
 
+@pytest.mark.timing("asserts the seconds until giving up and the robots.txt asks made in that time")
 async def test_urls_of_a_host_unreachable_too_long_end_as_robots_unavailable(
     redis, session, origin
 ):
@@ -193,6 +195,7 @@ async def test_urls_of_a_host_unreachable_too_long_end_as_robots_unavailable(
     assert origin.requests("/a.jpg") == 0
 
 
+@pytest.mark.timing("asserts the second robots.txt fetch at least 1 s after the first")
 async def test_a_429s_retry_after_is_obeyed_and_pauses_the_source(redis, session, origin):
     origin.add_sequence(
         "/robots.txt",
@@ -371,6 +374,7 @@ async def test_hostile_files_cost_little_and_break_nothing(redis, session, origi
     assert len(entry.text) <= c.ROBOTS_MAX_BYTES
 
 
+@pytest.mark.timing("asserts the verdict comes within 5 s against a 1 s fetch timeout")
 async def test_a_trickling_server_times_out_and_is_unreachable(redis, session, origin):
     origin.add_handler("/robots.txt", _trickle(30))
     guard = make_guard(redis, session, fetch_timeout_s=1.0, unavailable_max_s=60)
@@ -490,6 +494,7 @@ def dns_guard(redis, fetcher, pacer=None, **changes) -> RobotsGuard:
     return RobotsGuard(redis, fetcher, pacer or FakePacer(), settings)
 
 
+@pytest.mark.timing("asserts 30 verdicts within 2 s")
 @pytest.mark.parametrize("kind", ["nxdomain", "nodata"])
 async def test_urls_of_a_name_that_does_not_exist_end_as_dns_error_at_once(redis, kind):
     fetcher, pacer = FilesFetcher(unresolved(kind)), FakePacer()
@@ -517,6 +522,7 @@ async def test_urls_of_a_name_that_does_not_exist_end_as_dns_error_at_once(redis
     assert other.fetched == []
 
 
+@pytest.mark.timing("asserts the seconds to the verdict between 0.2 s and 5 s")
 @pytest.mark.parametrize("kind", ["servfail", "timeout", "refused", "other"])
 async def test_a_name_that_got_no_answer_is_asked_once_more_before_its_urls_end(redis, kind):
     fetcher = FilesFetcher(unresolved(kind))

@@ -99,6 +99,7 @@ class SlowSlots(FakePacer):
         return asyncio.ensure_future(later())
 
 
+@pytest.mark.timing("asserts lock renewals that depend on elapsed seconds against the lock's TTL")
 async def test_a_lock_that_could_lapse_before_a_fetch_is_renewed_first(counting, origin):
     """fetch_timeout_s of 0.4 s: the lock lives 10.4 s and is renewed when less than
     5.4 s are left. Slots 0.5 s apart never need it; 3 s apart, the tdmrep.json's slot

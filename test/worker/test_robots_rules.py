@@ -1282,6 +1282,9 @@ HOSTILE_CASES = [
 ]
 
 
+@pytest.mark.timing(
+    "asserts parsing and checks of hostile robots.txt take under 10 s (perf_counter)"
+)
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(("robots", "checks"), HOSTILE_CASES)
 def test_hostile(robots: str, checks: list[tuple[str, bool]]) -> None:

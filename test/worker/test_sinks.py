@@ -124,6 +124,7 @@ async def test_a_prompt_answer_is_not_reported() -> None:
     assert logs == []
 
 
+@pytest.mark.timing("asserts a stuck call's reported seconds to 0.05 ± 0.01 s")
 async def test_stuck_calls_are_reported_once_and_their_end_once() -> None:
     stalls = Stalls("kafka", after_s=0.05)
     back = asyncio.Event()

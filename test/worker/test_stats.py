@@ -198,6 +198,7 @@ async def timed_stats(redis):
     await cancel_and_wait([task])
 
 
+@pytest.mark.timing("asserts the first flush within 1 s and flushes at least 1.995 s apart")
 async def test_outcomes_soon_after_a_flush_wait_for_the_interval_and_go_together(timed_stats):
     started = time.monotonic()
     await timed_stats.record("a", "200")
@@ -208,6 +209,7 @@ async def test_outcomes_soon_after_a_flush_wait_for_the_interval_and_go_together
     assert second_started - first_started >= 2.0 - 0.005
 
 
+@pytest.mark.timing("asserts an outcome is flushed within 1 s of record()")
 async def test_an_outcome_after_a_quiet_interval_is_written_at_once(timed_stats):
     await timed_stats.record("a", "200")
     await wait_for(
