@@ -11,6 +11,8 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from test.harness.parallel import flocked
+
 APT_TIMEOUT_S = 600
 # One install at a time on the machine, whichever test process asks: the suite's workers
 # run side by side, and apt-get's own lock gives up after DPkg::Lock::Timeout while
@@ -39,8 +41,7 @@ def apt_install(packages: Sequence[str]) -> None:
     if shutil.which("apt-get") is None or os.geteuid() != 0:
         raise AptUnavailable("cannot be installed here (needs root and apt-get)")
     install = ("install", "-y", "--no-install-recommends", *packages)
-    with LOCK_FILE.open("a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+    with flocked(LOCK_FILE, fcntl.LOCK_EX):
         result = _apt_get(*install)  # installs nothing if the one before us did
         if result.returncode != 0:
             # A fresh machine may have no package lists yet: fetch them once, try again.

@@ -41,8 +41,8 @@ STORED_FROM_S = 0.1
 
 def workers_for(cores: int) -> int:
     """How many workers ``-n auto`` starts on ``cores`` CPUs: two a core, since the tests
-    mostly wait (four on this project's 2-core machine; docs/development.md has the
-    figures). ``PYTEST_XDIST_AUTO_NUM_WORKERS`` or ``-n N`` choose otherwise."""
+    mostly wait (four on this project's 2-core machine: docs/development.md has that
+    run's figures). ``PYTEST_XDIST_AUTO_NUM_WORKERS`` or ``-n N`` choose otherwise."""
     return max(2, 2 * cores)
 
 
@@ -94,7 +94,7 @@ class RunLock:
     ``flock`` alone would let a steady stream of shared holders starve an exclusive one,
     so a gate file comes first: the exclusive holder keeps the gate while it waits for the
     shared holders to leave and while it runs; a shared holder passes the gate only to
-    take its share. The locks go with the process, so a crashed worker holds nothing.
+    take its share.
     """
 
     def __init__(self, folder: Path) -> None:
@@ -102,47 +102,33 @@ class RunLock:
         self.gate = folder / "timing.gate"
         self.lock = folder / "timing.lock"
 
-    @staticmethod
-    def _open(path: Path) -> int:
-        return os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-
-    @contextlib.contextmanager
-    def alone(self, name: str) -> Iterator[None]:
-        """The run's lock ``name``, held by one test at a time (and apart from the rest)."""
-        fd = self._open(self.folder / f"{name}.lock")
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)
-
     @contextlib.contextmanager
     def shared(self) -> Iterator[None]:
-        lock = self._open(self.lock)
-        try:
-            gate = self._open(self.gate)
-            try:
-                fcntl.flock(gate, fcntl.LOCK_EX)
-                fcntl.flock(lock, fcntl.LOCK_SH)
-            finally:
-                os.close(gate)
+        with contextlib.ExitStack() as held:
+            with flocked(self.gate, fcntl.LOCK_EX):  # let go once the share is taken
+                held.enter_context(flocked(self.lock, fcntl.LOCK_SH))
             yield
-        finally:
-            os.close(lock)
 
     @contextlib.contextmanager
     def exclusive(self) -> Iterator[None]:
-        gate = self._open(self.gate)
-        try:
-            fcntl.flock(gate, fcntl.LOCK_EX)
-            lock = self._open(self.lock)
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX)
-                yield
-            finally:
-                os.close(lock)
-        finally:
-            os.close(gate)
+        with flocked(self.gate, fcntl.LOCK_EX), flocked(self.lock, fcntl.LOCK_EX):
+            yield
+
+    def alone(self, name: str) -> contextlib.AbstractContextManager[None]:
+        """The run's lock ``name``, held by one test at a time (and apart from the rest)."""
+        return flocked(self.folder / f"{name}.lock", fcntl.LOCK_EX)
+
+
+@contextlib.contextmanager
+def flocked(path: Path, how: int) -> Iterator[None]:
+    """``path`` locked with ``flock`` (``LOCK_SH`` or ``LOCK_EX``), created if missing; the
+    lock goes with the file's descriptor, so a process that dies holds nothing."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, how)
+        yield
+    finally:
+        os.close(fd)
 
 
 def run_lock(config: pytest.Config) -> RunLock | None:
