@@ -27,7 +27,7 @@ from aiohttp import web
 from yarl import URL
 
 from image_crawler import contract as c
-from test.harness.crawl import Capacity, Crawl, Outputs, tiny_jpeg
+from test.harness.crawl import Backlog, Capacity, Crawl, Outputs, tiny_jpeg
 from test.harness.origin import Origin
 from test.harness.services import wait_for
 from test.harness.windows import busiest_gaps_ms, max_in_window, over_bound, paced_bound
@@ -162,37 +162,39 @@ async def test_a_retry_after_holds_every_worker_and_its_url_is_tried_again(
     kafka, redis, redis_url, origin, tmp_path
 ):
     handler = RetryAfterWhenArmed(tiny_jpeg())
-    urls = [origin.add_handler(f"/{POLITE}/{i}.jpg", handler) for i in range(700)]
     crawl = Crawl(kafka, redis_url, tmp_path)
+    # Ten seconds of URLs at the rate ahead of the crawl, throughout the three holds.
+    backlog = Backlog(crawl, origin, POLITE, handler, ahead=int(POLITE_RPS * 10))
     try:
         async with Outputs(kafka.bootstrap) as outputs:
-            await crawl.queue(redis, POLITE, POLITE_RPS, urls)
+            await backlog.queue(redis, POLITE_RPS)
             await crawl.start(redis, [POLITE], workers=2, MAX_RETRY_AFTER_S=3)
             report = []
-            for value, hold_s, why in RETRY_AFTERS:
-                handler.arm(value)
-                answered = await wait_for(lambda: handler.answered_at, 10, what="the 429")
-                await wait_for(
-                    lambda a=answered, h=hold_s: time.monotonic() > a + h + 2.0,
-                    hold_s + 10,
-                    what="requests after the hold",
-                )
-                after = [t - answered for t in request_times(origin, POLITE, since=answered)]
-                held = [t for t in after if GRANTED_AHEAD_S < t < hold_s - 0.05]
-                resumed = next((t for t in after if t > GRANTED_AHEAD_S), None)
-                report.append(
-                    {"retry_after": value, "why": why, "hold_s": hold_s, "resumed_s": resumed}
-                )
-                print(
-                    f"\nRetry-After {value!r} ({why}): next request {resumed:.2f} s after "
-                    f"the 429, {len(after)} requests in the {hold_s + 2:g} s after it"
-                )
-                assert held == [], f"{len(held)} requests during the Retry-After"
-                assert resumed is not None and resumed < hold_s + 1.0  # and no longer
+            async with backlog.kept():
+                for value, hold_s, why in RETRY_AFTERS:
+                    handler.arm(value)
+                    answered = await wait_for(lambda: handler.answered_at, 10, what="the 429")
+                    await wait_for(
+                        lambda a=answered, h=hold_s: time.monotonic() > a + h + 2.0,
+                        hold_s + 10,
+                        what="requests after the hold",
+                    )
+                    after = [t - answered for t in request_times(origin, POLITE, since=answered)]
+                    held = [t for t in after if GRANTED_AHEAD_S < t < hold_s - 0.05]
+                    resumed = next((t for t in after if t > GRANTED_AHEAD_S), None)
+                    report.append(
+                        {"retry_after": value, "why": why, "hold_s": hold_s, "resumed_s": resumed}
+                    )
+                    print(
+                        f"\nRetry-After {value!r} ({why}): next request {resumed:.2f} s after "
+                        f"the 429, {len(after)} requests in the {hold_s + 2:g} s after it"
+                    )
+                    assert held == [], f"{len(held)} requests during the Retry-After"
+                    assert resumed is not None and resumed < hold_s + 1.0  # and no longer
             logged = {e["event"] for w in crawl.workers for e in w.events()}
             assert {"retry_after", "retry_after_capped", "retry_after_malformed"} <= logged
             # Every URL ends with its image: the 429s were tried again, none dead-lettered.
-            uuids = {f"{POLITE}-{i}" for i in range(len(urls))}
+            uuids = backlog.uuids()
             await wait_for(lambda: outputs.resolved >= uuids, 120, what="every URL crawled")
             assert not outputs.count(c.CRAWL_ERRORS_TOPIC)
             # Each 429 cost its URL one request more, no other: a URL whose retry was the
@@ -230,33 +232,39 @@ async def test_a_source_finds_what_its_server_can_take_and_climbs_back(
     kafka, redis, redis_url, origin, tmp_path
 ):
     server = Capacity(tiny_jpeg(), LOW_CAPACITY_RPS)
-    count = 8000  # more than the whole run takes, so there is a backlog throughout
-    urls = [origin.add_handler(f"/{LIMITED}/{i}.jpg", server) for i in range(count)]
     crawl = Crawl(kafka, redis_url, tmp_path)
+    # Twenty seconds of URLs at the configured rate ahead of the crawl (fifty at the low
+    # capacity) until the rate is back: a backlog throughout.
+    backlog = Backlog(crawl, origin, LIMITED, server, ahead=int(CONFIGURED_RPS * 20))
     try:
         async with Outputs(kafka.bootstrap) as outputs:
-            await crawl.queue(redis, LIMITED, CONFIGURED_RPS, urls)
+            await backlog.queue(redis, CONFIGURED_RPS)
             await crawl.start(redis, [LIMITED], workers=1)
-            await wait_for(lambda: request_times(origin, LIMITED), 30, what="the first request")
-            started = request_times(origin, LIMITED)[0]
-            raised_at = started + LOW_FOR_S
-            await wait_for(
-                lambda: time.monotonic() >= raised_at, LOW_FOR_S + 30, what="the low stretch"
-            )
-            pacing = c.PacingInfo.from_json(await redis.hget(c.RATES_HASH, LIMITED))
-            host = HostState.from_hash(
-                _text(await redis.hgetall(c.pace_host_key(LIMITED, URL(urls[0]).host)))
-            )
-            server.capacity_rps = HIGH_CAPACITY_RPS
+            async with backlog.kept():
+                await wait_for(lambda: request_times(origin, LIMITED), 30, what="the first request")
+                started = request_times(origin, LIMITED)[0]
+                raised_at = started + LOW_FOR_S
+                await wait_for(
+                    lambda: time.monotonic() >= raised_at, LOW_FOR_S + 30, what="the low stretch"
+                )
+                pacing = c.PacingInfo.from_json(await redis.hget(c.RATES_HASH, LIMITED))
+                host = HostState.from_hash(
+                    _text(await redis.hgetall(c.pace_host_key(LIMITED, URL(backlog.urls[0]).host)))
+                )
+                server.capacity_rps = HIGH_CAPACITY_RPS
 
-            def recovered() -> float | None:
-                recent = request_times(origin, LIMITED, since=time.monotonic() - RATE_WINDOW_S)
-                return time.monotonic() if len(recent) / RATE_WINDOW_S > 45 else None
+                def recovered() -> float | None:
+                    since = time.monotonic() - RATE_WINDOW_S
+                    recent = request_times(origin, LIMITED, since=since)
+                    return time.monotonic() if len(recent) / RATE_WINDOW_S > 45 else None
 
-            back_at = await wait_for(
-                recovered, RECOVERY_WITHIN_S + 30, interval_s=0.5, what="the rate back over 45/s"
-            )
-            uuids = {f"{LIMITED}-{i}" for i in range(count)}
+                back_at = await wait_for(
+                    recovered,
+                    RECOVERY_WITHIN_S + 30,
+                    interval_s=0.5,
+                    what="the rate back over 45/s",
+                )
+            uuids = backlog.uuids()
             await wait_for(lambda: outputs.resolved >= uuids, 300, what="every URL crawled")
             crawl_errors = outputs.count(c.CRAWL_ERRORS_TOPIC)
         ended = time.monotonic()

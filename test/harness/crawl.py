@@ -5,13 +5,14 @@ handlers, the outputs the workers publish, and a monitor with workers on loopbac
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import io
 import json
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any, Self
 
@@ -321,6 +322,63 @@ class Crawl:
         for process in [*self.workers, self.monitor]:
             if process is not None:
                 process.stop()
+
+
+class Backlog:
+    """A source's URLs, queued as its crawl takes them rather than all up front.
+
+    While ``kept`` is open, there are at least ``ahead`` URLs the origin has not been asked
+    for yet (checked every ``every_s``): a backlog throughout whatever the crawl's pace,
+    and, once it is closed, only about ``ahead`` left for the test to wait out, where a
+    list sized for the slowest pace leaves minutes of URLs to crawl after the measuring.
+    ``ahead`` must outlast ``every_s`` at the source's rate by far, so that the worker's
+    queue never runs dry between two top-ups.
+    """
+
+    def __init__(self, crawl: Crawl, origin: Any, source: str, handler: Any, ahead: int) -> None:
+        self._crawl, self._origin, self.source = crawl, origin, source
+        self._handler, self.ahead = handler, ahead
+        self.urls: list[str] = []
+
+    def _more(self, count: int) -> list[str]:
+        first = len(self.urls)
+        more = [
+            self._origin.add_handler(f"/{self.source}/{i}.jpg", self._handler)
+            for i in range(first, first + count)
+        ]
+        self.urls.extend(more)
+        return more
+
+    async def queue(self, redis: Redis, rate_rps: float) -> None:
+        """The first ``ahead`` URLs, as ``Crawl.queue`` does, at a rate."""
+        await self._crawl.queue(redis, self.source, rate_rps, self._more(self.ahead))
+
+    def requested(self) -> int:
+        """How many of the URLs the origin has been asked for, at least once."""
+        prefix = f"/{self.source}/"
+        return len({path for _, path in self._origin.request_log if path.startswith(prefix)})
+
+    async def top_up(self) -> None:
+        missing = self.requested() + self.ahead - len(self.urls)
+        if missing > 0:
+            first = len(self.urls)
+            await self._crawl.queue_more(self.source, self._more(missing), first)
+
+    @contextlib.asynccontextmanager
+    async def kept(self, every_s: float = 1.0) -> AsyncIterator[None]:
+        async def keep() -> None:
+            while True:
+                await self.top_up()
+                await asyncio.sleep(every_s)
+
+        task = asyncio.create_task(keep())
+        try:
+            yield
+        finally:
+            await cancel_and_wait([task])
+
+    def uuids(self) -> set[str]:
+        return {f"{self.source}-{i}" for i in range(len(self.urls))}
 
 
 def _holds_share(worker: CrawlerProcess, topics: Sequence[str], workers: int) -> bool:
