@@ -4,7 +4,9 @@ half-writes nothing, and resumes by itself once space is freed.
 
 The data folder is on a 40 MiB tmpfs the test mounts (root only: skipped otherwise),
 with a reserve of 8 MiB (``DISK_RESERVE_MB``). Mid-crawl, a filler file takes all but
-4 MiB of it: below the reserve, above what Redis and the logs need meanwhile.
+4 MiB of it: below the reserve, above what Redis and the logs need meanwhile. A few images
+are held at the origin until the space is freed, so that however fast the crawl (or slow
+the test), it cannot end every URL before the disk fills.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from test.e2e.test_up_restart import (
     serve,
     up_args,
 )
+from test.harness.crawl import Gate, tiny_jpeg
 from test.harness.origin import Origin
 from test.harness.services import wait_until
 
@@ -199,7 +202,8 @@ async def test_a_full_disk_pauses_the_crawl_and_space_freed_resumes_it(
     args = list(up_args(tmp_path))
     data = small_disk / "data"
     args[args.index("--data-dir") + 1] = str(data)
-    paths = serve(origin)
+    held = Gate(tiny_jpeg())
+    paths = serve(origin, held)
     uuids = set(paths)
 
     run = Up(*args, cwd=tmp_path)
@@ -237,6 +241,7 @@ async def test_a_full_disk_pauses_the_crawl_and_space_freed_resumes_it(
         print(f"paused with {done} of {len(uuids)} URLs ended, {free_bytes(small_disk)} B free")
 
         filler.unlink()
+        held.opened.set()
         await asyncio.to_thread(
             wait_until,
             lambda: up_events(data, "disk_space_recovered"),
