@@ -342,6 +342,9 @@ def test_produce_without_kafka_says_so_with_status_3(tmp_path: Path) -> None:
 # --- status, halt, resume, override -------------------------------------------------------
 
 
+@pytest.mark.timing(
+    "reads rate keys that live 1.5 s, and Retry-After's seconds left (119-120), after a CLI start"
+)
 async def test_status_once_prints_the_seeded_state(redis: Redis, redis_url: str) -> None:
     await redis.sadd(c.INBOUND_SOURCES_SET, "flickr", "phylopic", "busy")
     configured = c.PacingInfo(178.375, 178.375, "computed", c.PACE_CONFIGURED, "as configured")
