@@ -13,10 +13,12 @@ order the tests and keep the timing-bound ones apart (``test/harness/parallel.py
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import AsyncIterator, Generator, Iterator
 from pathlib import Path
+from typing import Any
 
 import fakeredis
 import pytest
@@ -54,12 +56,13 @@ def _uses_a_service(item: pytest.Item) -> bool:
     return False
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if _uses_a_service(item):
             item.add_marker(pytest.mark.integration)
         parallel.check_timing_marker(item)
     items[:] = parallel.run_order(items, parallel.load_durations())
+    parallel.write_timing_ids(config, items)
 
 
 # --- Parallel runs (test/harness/parallel.py) --------------------------------------------
@@ -79,6 +82,21 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     return parallel.workers_for(os.cpu_count() or 1)
 
 
+_LANES = parallel.Lanes.of(parallel.MACHINE_CPUS)
+# In each worker's input: whether the timing-bound tests have a lane of their own.
+LANES_INPUT = "image_crawler_timing_lane"
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    if _LANES is None or config.getvalue("dist") != "load":
+        return None  # one CPU, or a --dist of the caller's: xdist's own, and the lock
+    return parallel.TimingLaneScheduling(config, log)
+
+
+def pytest_configure_node(node: Any) -> None:
+    node.workerinput[LANES_INPUT] = _LANES is not None and node.config.getvalue("dist") == "load"
+
+
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object]:
     # Outermost (tryfirst), so that the wait for the lock is not counted in the test's
@@ -86,7 +104,16 @@ def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object
     lock = parallel.run_lock(item.config)
     if lock is None:
         return (yield)
-    with lock.exclusive() if parallel.is_timing(item) else lock.shared():
+    timing = parallel.is_timing(item)
+    if _LANES is not None and item.config.workerinput.get(LANES_INPUT):
+        # A timing-bound test on its CPU, the others on the rest (on every CPU once the
+        # timing-bound ones are done); the scheduler gives the timing-bound ones to one
+        # worker, and their lock makes sure none overlap.
+        lane_done = parallel.lane_done_path(parallel.run_folder(item.config)).exists()
+        os.sched_setaffinity(0, _LANES.cpus_for(item, lane_done))
+        with lock.alone(parallel.TIMING) if timing else contextlib.nullcontext():
+            return (yield)
+    with lock.exclusive() if timing else lock.shared():
         return (yield)
 
 

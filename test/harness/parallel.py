@@ -1,4 +1,4 @@
-"""The suite on several pytest-xdist workers, and its timing-bound tests alone.
+"""The suite on several pytest-xdist workers, and its timing-bound tests on a CPU of their own.
 
 Most of the suite's time is waiting, not computing (a broker group's rebalance, a service
 paused for 30 s, a pacing window), and waiting overlaps even on two cores, so
@@ -7,11 +7,16 @@ the cores. Every test's services are on free ports and in its own temporary fold
 the workers share nothing but the machine.
 
 A test whose assertions measure time, a rate at an origin, or CPU would measure the other
-workers too, so it is marked ``@pytest.mark.timing("why, in one line")``. It runs last
-(``run_order``) and alone: it holds a lock of the run exclusively, which every other test
-holds shared (``RunLock``), so it starts only once the tests running beside it have
-ended, and none starts beside it. Without xdist (``-n 0``) tests run one at a time
-anyway and the lock is not taken.
+workers too, so it is marked ``@pytest.mark.timing("why, in one line")``. The timing-bound
+tests have a lane of their own (``Lanes``): the scheduler (``TimingLaneScheduling``) gives
+them all to one worker, which runs them one after another on the machine's first CPU,
+while the other workers run every other test on the other CPUs (a test's processes
+inherit its CPUs). A timing-bound test is then never beside another one, and the rest of
+the suite cannot take its CPU. On a machine of one CPU, or with a ``--dist`` of the
+caller's, they run last and alone instead: such a test holds a lock of the run
+exclusively, which every other test holds shared (``RunLock``), so it starts only once
+the tests running beside it have ended, and none starts beside it. Without xdist
+(``-n 0``) tests run one at a time anyway and neither is needed.
 
 The order also starts the longest tests first, so that the run does not end with one
 worker finishing a two-minute test while the others idle: ``test/durations.json`` holds
@@ -22,16 +27,22 @@ does not know counts as a short one of its kind.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import json
 import os
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
+from xdist.scheduler import LoadScopeScheduling
 
 TIMING = "timing"
-DURATIONS_FILE = Path(__file__).resolve().parent.parent / "durations.json"
+# The CPUs this process may use, read when the suite starts, before any test narrows them.
+MACHINE_CPUS = frozenset(os.sched_getaffinity(0))
+ROOT = Path(__file__).resolve().parents[2]
+DURATIONS_FILE = ROOT / "test" / "durations.json"
 # What a test missing from the durations file is taken to last, by kind (seconds).
 UNKNOWN_SERVICE_TEST_S = 5.0
 UNKNOWN_TEST_S = 0.05
@@ -41,9 +52,104 @@ STORED_FROM_S = 0.1
 
 def workers_for(cores: int) -> int:
     """How many workers ``-n auto`` starts on ``cores`` CPUs: two a core, since the tests
-    mostly wait (four on this project's 2-core machine: docs/development.md has that
-    run's figures). ``PYTEST_XDIST_AUTO_NUM_WORKERS`` or ``-n N`` choose otherwise."""
+    mostly wait (four on this project's 2-core machine: the timing lane's, and three on
+    the other CPU; docs/development.md has that run's figures).
+    ``PYTEST_XDIST_AUTO_NUM_WORKERS`` or ``-n N`` choose otherwise."""
     return max(2, 2 * cores)
+
+
+@dataclasses.dataclass(frozen=True)
+class Lanes:
+    """The CPU of the timing-bound tests, and those of every other test."""
+
+    timing: frozenset[int]
+    rest: frozenset[int]
+
+    @classmethod
+    def of(cls, cpus: Iterable[int]) -> Lanes | None:
+        """The first CPU for the timing-bound tests, the others for the rest; None on a
+        machine of one CPU, where the timing-bound tests need the run lock instead."""
+        ordered = sorted(cpus)
+        if len(ordered) < 2:
+            return None
+        return cls(frozenset(ordered[:1]), frozenset(ordered[1:]))
+
+    def cpus_for(self, item: pytest.Item, lane_done: bool = False) -> frozenset[int]:
+        """A test's CPUs: once the timing-bound tests are done, every test has all."""
+        if lane_done:
+            return self.timing | self.rest
+        return self.timing if is_timing(item) else self.rest
+
+
+def timing_ids_path(folder: Path, worker: str) -> Path:
+    return folder / f"timing-tests-{worker}.json"
+
+
+def write_timing_ids(config: pytest.Config, items: Iterable[pytest.Item]) -> None:
+    """On a worker, the ids of its timing-bound tests, for the scheduler (which sees ids
+    only): every worker collects the same tests, each writes its own file."""
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is None:
+        return
+    ids = [item.nodeid for item in items if is_timing(item)]
+    path = timing_ids_path(run_folder(config), workerinput["workerid"])
+    path.write_text(json.dumps(ids))
+
+
+def lane_done_path(folder: Path) -> Path:
+    return folder / "timing-lane-done"
+
+
+class TimingIds:
+    """The timing-bound tests' ids, from the files the workers wrote in ``folder``; and
+    once every one has been run, a file that says so (``lane_done_path``)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self._ids: frozenset[str] | None = None
+        self._left: set[str] = set()
+
+    @property
+    def ids(self) -> frozenset[str]:
+        if self._ids is None:
+            # Asked once every worker has collected, so every worker's file is written.
+            files = self.folder.glob(timing_ids_path(Path(), "*").name)
+            self._ids = frozenset(i for f in files for i in json.loads(f.read_text()))
+            self._left = set(self._ids)
+            self._note_if_done()
+        return self._ids
+
+    def scope(self, nodeid: str) -> str:
+        """The scheduler's unit of work for a test: one for all the timing-bound tests."""
+        return TIMING if nodeid in self.ids else nodeid
+
+    def ran(self, nodeid: str) -> None:
+        if nodeid in self.ids and nodeid in self._left:
+            self._left.discard(nodeid)
+            self._note_if_done()
+
+    def _note_if_done(self) -> None:
+        if not self._left:
+            lane_done_path(self.folder).touch()
+
+
+class TimingLaneScheduling(LoadScopeScheduling):
+    """xdist's ``loadscope`` with the timing-bound tests as one scope and every other test
+    a scope of its own: one worker runs the timing-bound tests one after another (the
+    scope of the most tests goes first), and the others share the rest as they finish
+    tests (each is sent more when two or fewer are left to it). Once the last
+    timing-bound test has run (or if there is none), the rest may have every CPU."""
+
+    def __init__(self, config: pytest.Config, log: Any = None) -> None:
+        super().__init__(config, log)
+        self._timing = TimingIds(config._tmp_path_factory.getbasetemp())
+
+    def _split_scope(self, nodeid: str) -> str:
+        return self._timing.scope(nodeid)
+
+    def mark_test_complete(self, node: Any, item_index: int, duration: float = 0) -> None:
+        super().mark_test_complete(node, item_index, duration)
+        self._timing.ran(self.registered_collections[node][item_index])
 
 
 def is_timing(item: pytest.Item) -> bool:
@@ -80,8 +186,9 @@ def estimate_s(item: pytest.Item, durations: Mapping[str, float]) -> float:
 def run_order(items: Iterable[pytest.Item], durations: Mapping[str, float]) -> list[pytest.Item]:
     """The tests to run: the longest first, the timing-bound ones last (longest first too).
 
-    Each worker takes the next test as it finishes one (``--maxschedchunk 1``), so this is
-    the order in which they start. Ties keep the collection's order (sorted() is stable),
+    The workers are sent tests in this order as they finish theirs, so it is about the
+    order in which they start (the timing-bound ones go to their lane in their own order,
+    or, without one, run last). Ties keep the collection's order (sorted() is stable),
     which keeps a module's short tests together; the order is the same on every worker,
     as xdist requires.
     """
@@ -131,12 +238,17 @@ def flocked(path: Path, how: int) -> Iterator[None]:
         os.close(fd)
 
 
+def run_folder(config: pytest.Config) -> Path:
+    """On an xdist worker, the run's temporary folder: a worker's is one of the run's
+    (<run>/popen-gw0, <run>/popen-gw1, ...)."""
+    return Path(config._tmp_path_factory.getbasetemp().parent)
+
+
 def run_lock(config: pytest.Config) -> RunLock | None:
     """The run's lock on an xdist worker; None when the tests run in one process."""
     if not hasattr(config, "workerinput"):
         return None
-    # A worker's temporary folder is one of the run's: <run>/gw0, <run>/gw1, ...
-    return RunLock(config._tmp_path_factory.getbasetemp().parent)
+    return RunLock(run_folder(config))
 
 
 @contextlib.contextmanager

@@ -1,8 +1,12 @@
-"""The suite's parallel run (test/harness/parallel.py): its order and its lock."""
+"""The suite's parallel run (test/harness/parallel.py): its order, its lanes and its lock."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import textwrap
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -177,6 +181,125 @@ def test_a_named_lock_is_held_by_one_at_a_time(tmp_path: Path) -> None:
         assert not second_holds.wait(0.3)
     assert second_holds.wait(WAIT_S)
     thread.join(WAIT_S)
+
+
+# --- the lanes ------------------------------------------------------------------------
+
+
+def test_the_timing_bound_tests_get_the_first_cpu_and_the_rest_the_others() -> None:
+    lanes = parallel.Lanes.of([7, 3, 5])
+    assert lanes == parallel.Lanes(timing=frozenset({3}), rest=frozenset({5, 7}))
+    assert lanes.cpus_for(item("t", pytest.mark.timing("r"))) == {3}
+    assert lanes.cpus_for(item("u")) == {5, 7}
+    assert lanes.cpus_for(item("u"), lane_done=True) == {3, 5, 7}
+    assert parallel.Lanes.of([0]) is None  # one CPU: the lock instead
+
+
+def test_the_scheduler_reads_which_tests_are_timing_bound_from_every_worker(
+    tmp_path: Path,
+) -> None:
+    for worker in ("gw0", "gw1"):
+        parallel.timing_ids_path(tmp_path, worker).write_text(json.dumps(["a::t", "b::t"]))
+    timing = parallel.TimingIds(tmp_path)
+    assert [timing.scope(n) for n in ("a::t", "a::u", "b::t")] == ["timing", "a::u", "timing"]
+    done = parallel.lane_done_path(tmp_path)
+    for nodeid in ("a::t", "a::u", "a::t"):
+        timing.ran(nodeid)
+        assert not done.exists()
+    timing.ran("b::t")
+    assert done.exists()  # the last one: the others may have every CPU
+
+
+def test_without_timing_bound_tests_the_lane_is_done_from_the_start(tmp_path: Path) -> None:
+    parallel.timing_ids_path(tmp_path, "gw0").write_text("[]")
+    assert parallel.TimingIds(tmp_path).scope("a::u") == "a::u"
+    assert parallel.lane_done_path(tmp_path).exists()
+
+
+# A run of its own: a conftest with the suite's hooks, three timing-bound tests and six
+# others on three workers. Each test notes its process and CPUs; the first timing-bound
+# test and the first other one each wait for the other to have started, so the lanes are
+# shown to run side by side, not merely apart.
+LANE_CONFTEST = """
+from test.conftest import (
+    pytest_collection_modifyitems,
+    pytest_configure_node,
+    pytest_runtest_protocol,
+    pytest_xdist_make_scheduler,
+)
+"""
+LANE_TESTS = """
+import json, os, time
+from pathlib import Path
+import pytest
+
+NOTES = Path(os.environ["LANE_NOTES"])
+
+def note(kind, name):
+    cpus = sorted(os.sched_getaffinity(0))
+    with open(NOTES / "notes.jsonl", "a") as f:
+        f.write(json.dumps({"kind": kind, "name": name, "pid": os.getpid(), "cpus": cpus}) + "\\n")
+
+def meet(mine, theirs):
+    (NOTES / mine).touch()
+    deadline = time.monotonic() + 60
+    while not (NOTES / theirs).exists():
+        assert time.monotonic() < deadline, f"{theirs} never started"
+        time.sleep(0.01)
+
+@pytest.mark.timing("notes its CPUs")
+@pytest.mark.parametrize("n", range(3))
+def test_timing(n):
+    note("timing", n)
+    if n == 0:
+        meet("timing-started", "other-started")
+
+@pytest.mark.parametrize("n", range(6))
+def test_other(n):
+    note("other", n)
+    if n == 0:
+        meet("other-started", "timing-started")
+"""
+
+
+@pytest.mark.skipif(len(parallel.MACHINE_CPUS) < 2, reason="a lane needs a CPU of its own")
+# In the lane itself, where the first CPU is free for the run's own lane (its processes are
+# given every CPU); beside the timing-bound tests, it would take theirs.
+@pytest.mark.timing("runs a suite of its own, whose timing lane needs the first CPU")
+def test_a_run_gives_the_timing_bound_tests_one_worker_on_a_cpu_of_their_own(
+    tmp_path: Path,
+) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "conftest.py").write_text(textwrap.dedent(LANE_CONFTEST))
+    (run / "test_lanes.py").write_text(textwrap.dedent(LANE_TESTS))
+    (run / "pytest.ini").write_text(
+        "[pytest]\nasyncio_default_fixture_loop_scope = function\n"
+        "markers =\n    timing(reason): r\n"
+    )
+    env = {**os.environ, "LANE_NOTES": str(run), "PYTHONPATH": str(parallel.ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-n", "3", "-p", "no:cacheprovider", "."],
+        cwd=run,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=lambda: os.sched_setaffinity(0, parallel.MACHINE_CPUS),
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    notes = [json.loads(line) for line in (run / "notes.jsonl").read_text().splitlines()]
+    lanes = parallel.Lanes.of(parallel.MACHINE_CPUS)
+    assert lanes is not None
+    timing = [n for n in notes if n["kind"] == "timing"]
+    others = [n for n in notes if n["kind"] == "other"]
+    assert (len(timing), len(others)) == (3, 6)
+    assert len({n["pid"] for n in timing}) == 1  # one worker, so one test at a time
+    assert all(set(n["cpus"]) == lanes.timing for n in timing)
+    # The one that met a timing-bound test ran on the others' CPUs; any after the last
+    # timing-bound one may have had every CPU.
+    assert [set(n["cpus"]) for n in others if n["name"] == 0] == [lanes.rest]
+    assert all(set(n["cpus"]) in (lanes.rest, lanes.rest | lanes.timing) for n in others)
 
 
 def test_workers_are_two_a_core() -> None:
