@@ -30,6 +30,8 @@ from redis import Redis
 from crawlctl.localstack.disk import free_bytes
 from image_crawler import contract as c
 from test.e2e.test_up_restart import (
+    HELD,
+    IMAGES,
     SCRIPT,
     SOURCE,
     Up,
@@ -205,6 +207,7 @@ async def test_a_full_disk_pauses_the_crawl_and_space_freed_resumes_it(
     held = Gate(tiny_jpeg())
     paths = serve(origin, held)
     uuids = set(paths)
+    held_uuids = {f"ok{n}" for n in range(IMAGES - HELD, IMAGES)}  # as serve() holds them
 
     run = Up(*args, cwd=tmp_path)
     started.append(run)
@@ -233,6 +236,16 @@ async def test_a_full_disk_pauses_the_crawl_and_space_freed_resumes_it(
             unchanged_for(lambda: origin.total_requests, SETTLED_S),
             30,
             what="the requests granted before the pause to finish",
+        )
+
+        # And every URL answered by then has ended (its image processed, published and
+        # archived: a busy machine takes seconds), but the held ones, still in flight.
+        def answered_ended() -> bool:
+            answered = {u for u, path in paths.items() if origin.requests(path)} - held_uuids
+            return all_ended(data / "outputs") >= answered
+
+        await asyncio.to_thread(
+            wait_until, answered_ended, 60, what="the URLs answered before the pause to end"
         )
         requests, done = origin.total_requests, len(all_ended(data / "outputs"))
         await asyncio.sleep(WATCHED_S)  # a window to see that nothing starts: no event to await
