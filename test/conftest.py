@@ -111,7 +111,12 @@ def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object
         # worker, and their lock makes sure none overlap.
         lane_done = parallel.lane_done_path(parallel.run_folder(item.config)).exists()
         os.sched_setaffinity(0, _LANES.cpus_for(item, lane_done))
-        with lock.alone(parallel.TIMING) if timing else contextlib.nullcontext():
+        with contextlib.ExitStack() as held:
+            if timing:
+                held.enter_context(lock.alone(parallel.TIMING_LANE))
+            # One that needs the machine waits for the others to end, as without a lane.
+            exclusive = parallel.needs_the_machine(item)
+            held.enter_context(lock.exclusive() if exclusive else lock.shared())
             return (yield)
     with lock.exclusive() if timing else lock.shared():
         return (yield)

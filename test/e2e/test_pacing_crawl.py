@@ -67,8 +67,12 @@ MEASURED_S = 20.0
 WARM_UP_S = 4.0
 
 
+# With the machine: its bound at 50/s is a matter of milliseconds (11 requests in any
+# 0.2 s), and its two workers, monitor and broker on one CPU jittered by 8-13 ms (12 in
+# 0.2 s, once in four runs of the timing lane).
 @pytest.mark.timing(
-    "asserts requests per window at the origin and a utilisation of at least 95% of the rate"
+    "asserts requests per window at the origin and a utilisation of at least 95% of the rate",
+    alone=True,
 )
 async def test_two_workers_pace_each_source_one_request_per_interval(
     kafka, redis, redis_url, origin, tmp_path

@@ -12,10 +12,11 @@ tests have a lane of their own (``Lanes``): the scheduler (``TimingLaneSchedulin
 them all to one worker, which runs them one after another on the machine's first CPU,
 while the other workers run every other test on the other CPUs (a test's processes
 inherit its CPUs). A timing-bound test is then never beside another one, and the rest of
-the suite cannot take its CPU. On a machine of one CPU, or with a ``--dist`` of the
-caller's, they run last and alone instead: such a test holds a lock of the run
-exclusively, which every other test holds shared (``RunLock``), so it starts only once
-the tests running beside it have ended, and none starts beside it. Without xdist
+the suite cannot take its CPU. One whose own processes need more than a CPU is marked
+``alone=True`` (``needs_the_machine``), and runs last and alone: it holds a lock of the
+run exclusively, which every other test holds shared (``RunLock``), so it starts only
+once the tests running beside it have ended, and none starts beside it. On a machine of
+one CPU, or with a ``--dist`` of the caller's, every timing-bound test runs so. Without xdist
 (``-n 0``) tests run one at a time anyway and neither is needed.
 
 The order also starts the longest tests first, so that the run does not end with one
@@ -39,6 +40,8 @@ import pytest
 from xdist.scheduler import LoadScopeScheduling
 
 TIMING = "timing"
+# The lock the timing lane's tests take one at a time (not RunLock's own files).
+TIMING_LANE = "timing-lane"
 # The CPUs this process may use, read when the suite starts, before any test narrows them.
 MACHINE_CPUS = frozenset(os.sched_getaffinity(0))
 ROOT = Path(__file__).resolve().parents[2]
@@ -75,8 +78,9 @@ class Lanes:
         return cls(frozenset(ordered[:1]), frozenset(ordered[1:]))
 
     def cpus_for(self, item: pytest.Item, lane_done: bool = False) -> frozenset[int]:
-        """A test's CPUs: once the timing-bound tests are done, every test has all."""
-        if lane_done:
+        """A test's CPUs: every CPU for one that needs the machine, and for every test once
+        the timing-bound ones are done."""
+        if lane_done or needs_the_machine(item):
             return self.timing | self.rest
         return self.timing if is_timing(item) else self.rest
 
@@ -156,6 +160,14 @@ def is_timing(item: pytest.Item) -> bool:
     return item.get_closest_marker(TIMING) is not None
 
 
+def needs_the_machine(item: pytest.Item) -> bool:
+    """``@pytest.mark.timing(..., alone=True)``: a timing-bound test whose own processes
+    need more than one CPU to keep to its bounds; it runs last of its lane, with every CPU,
+    once every other test has ended."""
+    marker = item.get_closest_marker(TIMING)
+    return marker is not None and bool(marker.kwargs.get("alone"))
+
+
 def check_timing_marker(item: pytest.Item) -> None:
     """A timing mark says why the test is one, in a non-empty string."""
     marker = item.get_closest_marker(TIMING)
@@ -184,7 +196,8 @@ def estimate_s(item: pytest.Item, durations: Mapping[str, float]) -> float:
 
 
 def run_order(items: Iterable[pytest.Item], durations: Mapping[str, float]) -> list[pytest.Item]:
-    """The tests to run: the longest first, the timing-bound ones last (longest first too).
+    """The tests to run: the longest first, the timing-bound ones last (longest first too,
+    and those that need the machine after them).
 
     The workers are sent tests in this order as they finish theirs, so it is about the
     order in which they start (the timing-bound ones go to their lane in their own order,
@@ -192,7 +205,10 @@ def run_order(items: Iterable[pytest.Item], durations: Mapping[str, float]) -> l
     which keeps a module's short tests together; the order is the same on every worker,
     as xdist requires.
     """
-    return sorted(items, key=lambda item: (is_timing(item), -estimate_s(item, durations)))
+    return sorted(
+        items,
+        key=lambda item: (is_timing(item), needs_the_machine(item), -estimate_s(item, durations)),
+    )
 
 
 class RunLock:
@@ -223,7 +239,8 @@ class RunLock:
 
     def alone(self, name: str) -> contextlib.AbstractContextManager[None]:
         """The run's lock ``name``, held by one test at a time (and apart from the rest)."""
-        return flocked(self.folder / f"{name}.lock", fcntl.LOCK_EX)
+        # Prefixed, so that no name is the readers-writer lock's own file.
+        return flocked(self.folder / f"alone-{name}.lock", fcntl.LOCK_EX)
 
 
 @contextlib.contextmanager

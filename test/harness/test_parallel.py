@@ -41,6 +41,7 @@ def test_the_longest_start_first_and_the_timing_bound_last() -> None:
         item("e2e_short", pytest.mark.integration),
         item("unit_b"),
         item("quick_timing", pytest.mark.timing("r")),
+        item("machine_timing", pytest.mark.timing("r", alone=True)),
         item("e2e_long", pytest.mark.integration),
         item("unknown_e2e", pytest.mark.integration),
     ]
@@ -50,6 +51,7 @@ def test_the_longest_start_first_and_the_timing_bound_last() -> None:
         "e2e_short": 2.0,
         "e2e_long": 60.0,
         "unit_b": 0.5,
+        "machine_timing": 500.0,
     }
     assert names(parallel.run_order(items, durations)) == [
         "e2e_long",
@@ -59,6 +61,7 @@ def test_the_longest_start_first_and_the_timing_bound_last() -> None:
         "unit_a",  # an unknown test without: taken as short
         "slow_timing",
         "quick_timing",
+        "machine_timing",  # after the other timing-bound ones, however long
     ]
 
 
@@ -192,6 +195,7 @@ def test_the_timing_bound_tests_get_the_first_cpu_and_the_rest_the_others() -> N
     assert lanes.cpus_for(item("t", pytest.mark.timing("r"))) == {3}
     assert lanes.cpus_for(item("u")) == {5, 7}
     assert lanes.cpus_for(item("u"), lane_done=True) == {3, 5, 7}
+    assert lanes.cpus_for(item("m", pytest.mark.timing("r", alone=True))) == {3, 5, 7}
     assert parallel.Lanes.of([0]) is None  # one CPU: the lock instead
 
 
@@ -216,10 +220,10 @@ def test_without_timing_bound_tests_the_lane_is_done_from_the_start(tmp_path: Pa
     assert parallel.lane_done_path(tmp_path).exists()
 
 
-# A run of its own: a conftest with the suite's hooks, three timing-bound tests and six
-# others on three workers. Each test notes its process and CPUs; the first timing-bound
-# test and the first other one each wait for the other to have started, so the lanes are
-# shown to run side by side, not merely apart.
+# A run of its own: a conftest with the suite's hooks, three timing-bound tests, one that
+# needs the machine, and six others on three workers. Each test notes its process, CPUs
+# and times; the first timing-bound test and the first other one each wait for the other
+# to have started, so the lanes are shown to run side by side, not merely apart.
 LANE_CONFTEST = """
 from test.conftest import (
     pytest_collection_modifyitems,
@@ -235,10 +239,12 @@ import pytest
 
 NOTES = Path(os.environ["LANE_NOTES"])
 
-def note(kind, name):
+def note(kind, name, started):
     cpus = sorted(os.sched_getaffinity(0))
+    times = {"started": started, "ended": time.monotonic()}
     with open(NOTES / "notes.jsonl", "a") as f:
-        f.write(json.dumps({"kind": kind, "name": name, "pid": os.getpid(), "cpus": cpus}) + "\\n")
+        note = {"kind": kind, "name": name, "pid": os.getpid(), "cpus": cpus, **times}
+        f.write(json.dumps(note) + "\\n")
 
 def meet(mine, theirs):
     (NOTES / mine).touch()
@@ -250,15 +256,24 @@ def meet(mine, theirs):
 @pytest.mark.timing("notes its CPUs")
 @pytest.mark.parametrize("n", range(3))
 def test_timing(n):
-    note("timing", n)
+    started = time.monotonic()
     if n == 0:
         meet("timing-started", "other-started")
+    note("timing", n, started)
+
+@pytest.mark.timing("notes its CPUs", alone=True)
+def test_machine():
+    started = time.monotonic()
+    time.sleep(0.2)
+    note("machine", 0, started)
 
 @pytest.mark.parametrize("n", range(6))
 def test_other(n):
-    note("other", n)
+    started = time.monotonic()
     if n == 0:
         meet("other-started", "timing-started")
+    time.sleep(0.2)
+    note("other", n, started)
 """
 
 
@@ -293,8 +308,17 @@ def test_a_run_gives_the_timing_bound_tests_one_worker_on_a_cpu_of_their_own(
     assert lanes is not None
     timing = [n for n in notes if n["kind"] == "timing"]
     others = [n for n in notes if n["kind"] == "other"]
+    (machine,) = [n for n in notes if n["kind"] == "machine"]
     assert (len(timing), len(others)) == (3, 6)
-    assert len({n["pid"] for n in timing}) == 1  # one worker, so one test at a time
+    # One worker, so one test at a time; the one that needs the machine last, alone.
+    assert len({n["pid"] for n in [*timing, machine]}) == 1
+    assert set(machine["cpus"]) == lanes.timing | lanes.rest
+    beside = [
+        n
+        for n in [*timing, *others]
+        if n["started"] < machine["ended"] and machine["started"] < n["ended"]
+    ]
+    assert beside == []
     assert all(set(n["cpus"]) == lanes.timing for n in timing)
     # The one that met a timing-bound test ran on the others' CPUs; any after the last
     # timing-bound one may have had every CPU.
