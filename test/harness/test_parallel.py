@@ -221,9 +221,10 @@ def test_without_timing_bound_tests_the_lane_is_done_from_the_start(tmp_path: Pa
 
 
 # A run of its own: a conftest with the suite's hooks, three timing-bound tests, one that
-# needs the machine, and six others on three workers. Each test notes its process, CPUs
-# and times; the first timing-bound test and the first other one each wait for the other
-# to have started, so the lanes are shown to run side by side, not merely apart.
+# needs the machine, and six others on three workers. Each test notes its process and
+# CPUs; the first timing-bound test and the first other one each wait for the other to
+# have started, so the lanes are shown to run side by side, not merely apart; every other
+# test marks itself running, and the one that needs the machine finds none running.
 LANE_CONFTEST = """
 from test.conftest import (
     pytest_collection_modifyitems,
@@ -239,12 +240,10 @@ import pytest
 
 NOTES = Path(os.environ["LANE_NOTES"])
 
-def note(kind, name, started):
+def note(kind, name):
     cpus = sorted(os.sched_getaffinity(0))
-    times = {"started": started, "ended": time.monotonic()}
     with open(NOTES / "notes.jsonl", "a") as f:
-        note = {"kind": kind, "name": name, "pid": os.getpid(), "cpus": cpus, **times}
-        f.write(json.dumps(note) + "\\n")
+        f.write(json.dumps({"kind": kind, "name": name, "pid": os.getpid(), "cpus": cpus}) + "\\n")
 
 def meet(mine, theirs):
     (NOTES / mine).touch()
@@ -256,24 +255,40 @@ def meet(mine, theirs):
 @pytest.mark.timing("notes its CPUs")
 @pytest.mark.parametrize("n", range(3))
 def test_timing(n):
-    started = time.monotonic()
+    note("timing", n)
     if n == 0:
         meet("timing-started", "other-started")
-    note("timing", n, started)
+    if n == 2:  # the last before the one that needs the machine
+        (NOTES / "timing-done").touch()
 
 @pytest.mark.timing("notes its CPUs", alone=True)
 def test_machine():
-    started = time.monotonic()
-    time.sleep(0.2)
-    note("machine", 0, started)
+    running = NOTES / "machine-running"
+    running.touch()
+    try:
+        note("machine", 0)
+        assert not list(NOTES.glob("running-*")), "a test beside the one that needs the machine"
+    finally:
+        running.unlink()
 
 @pytest.mark.parametrize("n", range(6))
 def test_other(n):
-    started = time.monotonic()
-    if n == 0:
-        meet("other-started", "timing-started")
-    time.sleep(0.2)
-    note("other", n, started)
+    running = NOTES / f"running-{n}"
+    running.touch()
+    try:
+        note("other", n)
+        if n == 0:
+            meet("other-started", "timing-started")
+        if n == 1:
+            # Running when the lane reaches the one that needs the machine: that one must
+            # wait for it. A second to show it does (an absence: no event to await).
+            meet("other-waits", "timing-done")
+            deadline = time.monotonic() + 1.0
+            while time.monotonic() < deadline:
+                assert not (NOTES / "machine-running").exists(), "it did not wait"
+                time.sleep(0.01)
+    finally:
+        running.unlink()
 """
 
 
@@ -313,12 +328,6 @@ def test_a_run_gives_the_timing_bound_tests_one_worker_on_a_cpu_of_their_own(
     # One worker, so one test at a time; the one that needs the machine last, alone.
     assert len({n["pid"] for n in [*timing, machine]}) == 1
     assert set(machine["cpus"]) == lanes.timing | lanes.rest
-    beside = [
-        n
-        for n in [*timing, *others]
-        if n["started"] < machine["ended"] and machine["started"] < n["ended"]
-    ]
-    assert beside == []
     assert all(set(n["cpus"]) == lanes.timing for n in timing)
     # The one that met a timing-bound test ran on the others' CPUs; any after the last
     # timing-bound one may have had every CPU.
