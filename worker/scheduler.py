@@ -25,6 +25,7 @@ from typing import Any, Final
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
+from aiokafka.protocol.commit import OffsetCommitRequest
 from redis.exceptions import RedisError
 
 from image_crawler.contract import INBOUND_SOURCES_SET, source_of_topic, source_topic
@@ -628,6 +629,12 @@ class Scheduler:
                 offsets[tp] = offset
         if not offsets:
             return
+        if not is_a_member(self._consumer):
+            # Dropped from the group (a heartbeat or a commit was answered UnknownMemberId
+            # or IllegalGeneration): the partitions are another member's now, and whoever
+            # owns them reads them again from their committed offsets (at least once).
+            log.warning("commit_skipped", reason="not_a_member", partitions=len(offsets))
+            return
         log.debug(
             "committing", offsets={f"{tp.topic}:{tp.partition}": o for tp, o in offsets.items()}
         )
@@ -696,6 +703,19 @@ class Scheduler:
             log.warning("handing_back", tasks=len(pending))
             await cancel_and_wait(pending)
         await self.commit()
+
+
+def is_a_member(consumer: Any) -> bool:
+    """False while aiokafka has forgotten its member id and generation, from the moment
+    the broker says the member was dropped until it has joined again. A commit sent then
+    carries generation -1 and no member id, which is how a consumer outside any group
+    commits: the broker refuses it while the group has members (UnknownMemberId; tansu
+    too), but takes it once the group is empty, and it would then move back the offsets
+    the partitions' last owner committed. So it is not sent. (aiokafka has no public
+    accessor; a consumer without a coordinator, a test's fake, is taken as a member.)"""
+    coordinator = getattr(consumer, "_coordinator", None)
+    generation = getattr(coordinator, "generation", None)
+    return generation != OffsetCommitRequest.DEFAULT_GENERATION_ID
 
 
 class _Listener(ConsumerRebalanceListener):

@@ -244,6 +244,7 @@ async def test_a_monitor_killed_mid_split_loses_no_uuid(kafka, fresh_redis_serve
             lambda: _at_least(redis, c.NUM_SPLIT, total // 5), 60, interval_s=0.005, what="split"
         )
         fresh_redis_server.pause()
+
         # The regulator may find Redis gone first: the splitter's own event is the one.
         def held_at_record_split() -> bool:
             assert first.process.poll() is None, first.tail()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import types
 from collections import Counter
 
 import pytest
@@ -15,6 +16,7 @@ from aiokafka.errors import (
     KafkaError,
     RebalanceInProgressError,
 )
+from aiokafka.protocol.commit import OffsetCommitRequest
 from prometheus_client import REGISTRY
 from structlog.testing import capture_logs
 
@@ -368,6 +370,51 @@ async def test_a_revoke_whose_commit_is_refused_starts_over_from_the_committed_o
     revoked = [e for e in logs if e["event"] == "partitions_revoked"]
     assert [e["topic_partitions"] for e in revoked] == [["urls.a:0"]]
     assert any(e["event"] == "commit_failed" for e in logs)
+
+
+class DroppedConsumer(FakeConsumer):
+    """A consumer whose member was dropped from the group: aiokafka's coordinator then
+    holds generation -1 (reset_generation) until it has joined again."""
+
+    def __init__(self, messages: dict[TopicPartition, int]) -> None:
+        super().__init__(messages)
+        self._coordinator = types.SimpleNamespace(generation=7)
+        self.sent = 0
+
+    def drop(self) -> None:
+        self._coordinator.generation = OffsetCommitRequest.DEFAULT_GENERATION_ID
+
+    def rejoin(self) -> None:
+        self._coordinator.generation = 8
+
+    async def commit(self, offsets):
+        self.sent += 1
+        await super().commit(offsets)
+
+
+async def test_no_commit_is_sent_while_the_worker_is_no_longer_a_member(fake_redis):
+    handler = Handler()
+    handler.held = {b"urls.a:6"}
+    consumer = DroppedConsumer({tp("a"): 10})
+    with capture_logs() as logs:
+        consumer, _scheduler, stop, task = await start(
+            fake_redis, {tp("a"): 10}, handler, max_tasks=400, consumer=consumer
+        )
+        await wait(lambda: consumer.commits.get(tp("a")) == 6)
+        consumer.drop()
+        sent = consumer.sent
+        handler.release.set()
+        await wait(lambda: len(handler.done) == 10)
+        await wait(lambda: any(e["event"] == "commit_skipped" for e in logs))
+        assert consumer.sent == sent
+        assert consumer.commits[tp("a")] == 6
+        consumer.rejoin()
+        await wait(lambda: consumer.commits.get(tp("a")) == 10)
+        stop.set()
+        await task
+    skipped = [e for e in logs if e["event"] == "commit_skipped"]
+    assert {(e["reason"], e["partitions"]) for e in skipped} == {("not_a_member", 1)}
+    assert not any(e["event"] == "commit_failed" for e in logs)
 
 
 class OneByOne:
