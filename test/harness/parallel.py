@@ -32,8 +32,6 @@ import dataclasses
 import fcntl
 import json
 import os
-import sys
-import time
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -51,8 +49,6 @@ DURATIONS_FILE = ROOT / "test" / "durations.json"
 # What a test missing from the durations file is taken to last, by kind (seconds).
 UNKNOWN_SERVICE_TEST_S = 5.0
 UNKNOWN_TEST_S = 0.05
-# How long a test that needs the machine waits for it before running anyway.
-EXCLUSIVE_WAIT_S = 600.0
 # Shorter tests without services are left out of the file: they fill the gaps in any order.
 STORED_FROM_S = 0.1
 
@@ -237,26 +233,9 @@ class RunLock:
             yield
 
     @contextlib.contextmanager
-    def exclusive(self, wait_s: float = EXCLUSIVE_WAIT_S) -> Iterator[None]:
-        """Held alone; after ``wait_s`` without it, the test runs beside the holders (a
-        worker was once seen holding its share while idle at the end of a run, not yet
-        understood: a wait for ever would hang the whole run)."""
-        with flocked(self.gate, fcntl.LOCK_EX):
-            fd = os.open(self.lock, os.O_RDWR | os.O_CREAT, 0o600)
-            try:
-                deadline = time.monotonic() + wait_s
-                while True:
-                    try:
-                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                        break
-                    except BlockingIOError:
-                        if time.monotonic() >= deadline:
-                            print(f"\nrun lock: not had alone in {wait_s:g} s", file=sys.stderr)
-                            break
-                        time.sleep(0.05)  # a poll of a lock, not a wait for a condition
-                yield
-            finally:
-                os.close(fd)
+    def exclusive(self) -> Iterator[None]:
+        with flocked(self.gate, fcntl.LOCK_EX), flocked(self.lock, fcntl.LOCK_EX):
+            yield
 
     def alone(self, name: str) -> contextlib.AbstractContextManager[None]:
         """The run's lock ``name``, held by one test at a time (and apart from the rest)."""
