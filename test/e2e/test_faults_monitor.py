@@ -244,13 +244,10 @@ async def test_a_monitor_killed_mid_split_loses_no_uuid(kafka, fresh_redis_serve
             lambda: _at_least(redis, c.NUM_SPLIT, total // 5), 60, interval_s=0.005, what="split"
         )
         fresh_redis_server.pause()
-
         # The regulator may find Redis gone first: the splitter's own event is the one.
-        def held_at_record_split() -> bool:
-            assert first.process.poll() is None, first.tail()
-            return any(e["op"] == "record_split" for e in first.events("redis_unavailable"))
-
-        await wait_for(held_at_record_split, 20, interval_s=0.05, what="record_split to fail")
+        await asyncio.to_thread(
+            first.wait_for_event, "redis_unavailable", 20, lambda e: e["op"] == "record_split"
+        )
         committed = await committed_total(kafka.bootstrap, INBOUND_PARTITIONS)
         routed = len(await read_all(kafka.bootstrap, topics, min_messages=committed + 1))
         assert committed == await committed_total(kafka.bootstrap, INBOUND_PARTITIONS)

@@ -618,7 +618,7 @@ async def test_a_frozen_worker_whose_commits_are_refused_rejoins_and_loses_nothi
             return sum(1 for u in mine if outputs.first_ms.get(u, 0) > split_ms) >= 10
 
         await wait_for(a_finished_some, 60, interval_s=0.05, what="a crawling its share")
-        await freeze_ahead_of_its_commits(a, mine_layout, outputs, commits, split_ms, untouched)
+        await freeze_ahead_of_its_commits(a, mine_layout, outputs, commits, untouched)
 
         def b_has_all() -> bool:
             check_both()
@@ -630,7 +630,7 @@ async def test_a_frozen_worker_whose_commits_are_refused_rejoins_and_loses_nothi
 
         # Whichever comes first after waking: a commit that the broker refuses, or the
         # heartbeat learning that a was dropped, after which a sends no commit until it
-        # has joined again (tansu would take one).
+        # has joined again.
         def refused_or_skipped() -> dict[str, Any] | None:
             check_both()
             events = a.events("commit_failed") + a.events("commit_skipped")
@@ -673,25 +673,25 @@ async def freeze_ahead_of_its_commits(
     layout: Layout,
     outputs: Outputs,
     commits: CommitSampler,
-    since_ms: int,
     untouched: set[str],
 ) -> None:
-    """SIGSTOP ``worker``, whose partitions ``layout`` are its since ``since_ms``, while it
-    holds finished work it has not committed, so that waking up it has something to commit.
+    """SIGSTOP ``worker``, whose partitions ``layout`` are its since the group split, while
+    it holds finished work it has not committed, so that waking up it has something to
+    commit.
 
     A partition's committable offset moves only when the message at its committed offset
     ends, so finished work is not always uncommitted; and an output of that message is
-    the sign only if it is the worker's current work: not one from before ``since_ms``,
-    and not one of a task of the partition's previous tenure still running at the split
-    (it ends after ``since_ms``, but before the partition's new tenure has read that
-    offset again, so it is finished in no tracker: seen in runs of the whole suite). So
-    only the outputs of ``untouched`` messages count, those not requested before the split.
-    Checked again from a sample taken after the stop, because a commit may have landed
-    just before it; if one did, the worker goes on and is stopped again later."""
+    the sign only if it is the worker's current work: not one from the partition's
+    previous tenure, not even of a task still running at the split (it ends after the
+    split, but before the new tenure has read that offset again, so it is finished in no
+    tracker: seen in runs of the whole suite). So only the outputs of ``untouched``
+    messages count, those not requested before the split. Checked again from a sample
+    taken after the stop, because a commit may have landed just before it; if one did,
+    the worker goes on and is stopped again later."""
 
     def ahead() -> bool:
         committed = commits.latest()
-        redone = {o.uuid for o in outputs.records if o.time_ms > since_ms and o.uuid in untouched}
+        redone = {o.uuid for o in outputs.records if o.uuid in untouched}
         return any(
             (offset := committed.get(tp, 0)) < len(uuids) and uuids[offset] in redone
             for tp, uuids in layout.items()

@@ -7,7 +7,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -52,13 +52,20 @@ class CrawlerProcess:
                 found.append(event)
         return found
 
-    def wait_for_event(self, name: str, timeout_s: float) -> dict[str, Any]:
+    def wait_for_event(
+        self,
+        name: str,
+        timeout_s: float,
+        match: Callable[[dict[str, Any]], bool] = lambda event: True,
+    ) -> dict[str, Any]:
+        """The latest event ``name`` (of those ``match`` takes), waited for."""
+
         def seen() -> dict[str, Any] | None:
             if self.process.poll() is not None:
                 raise AssertionError(
                     f"{self.module} exited {self.process.returncode}:\n{self.tail()}"
                 )
-            events = self.events(name)
+            events = [e for e in self.events(name) if match(e)]
             return events[-1] if events else None
 
         return wait_until(seen, timeout_s, interval_s=0.05, what=f"{self.module} event {name!r}")
