@@ -101,9 +101,11 @@ def pytest_configure_node(node: Any) -> None:
 def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object]:
     # Outermost (tryfirst), so that the wait for the lock is not counted in the test's
     # timeout, and the lock covers the test's fixtures (its services) too.
+    # The backstop's watch starts once the lock is held, for the same reason.
     lock = parallel.run_lock(item.config)
     if lock is None:
-        return (yield)
+        with _watched(item):
+            return (yield)
     timing = parallel.is_timing(item)
     if _LANES is not None and item.config.workerinput.get(LANES_INPUT):
         # A timing-bound test on its CPU, the others on the rest (on every CPU once the
@@ -117,9 +119,25 @@ def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object
             # One that needs the machine waits for the others to end, as without a lane.
             exclusive = parallel.needs_the_machine(item)
             held.enter_context(lock.exclusive() if exclusive else lock.shared())
+            held.enter_context(_watched(item))
             return (yield)
-    with lock.exclusive() if timing else lock.shared():
+    with lock.exclusive() if timing else lock.shared(), _watched(item):
         return (yield)
+
+
+_backstop: parallel.Backstop | None = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _backstop
+    _backstop = parallel.Backstop(2)  # capture has not started yet: fd 2 is the real one
+
+
+def _watched(item: pytest.Item) -> contextlib.AbstractContextManager[object]:
+    timeout_s = parallel.timeout_s(item)
+    if _backstop is None or timeout_s is None or timeout_s <= 0:
+        return contextlib.nullcontext()
+    return _backstop.watch(item.nodeid, timeout_s)
 
 
 _durations = parallel.Durations()

@@ -29,14 +29,17 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import faulthandler
 import fcntl
 import json
 import os
-from collections.abc import Iterable, Iterator, Mapping
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
+import pytest_timeout
 from xdist.scheduler import LoadScopeScheduling
 
 TIMING = "timing"
@@ -275,6 +278,52 @@ def held_alone(config: pytest.Config, name: str) -> Iterator[None]:
     lock = run_lock(config)
     with contextlib.nullcontext() if lock is None else lock.alone(name):
         yield
+
+
+def timeout_s(item: pytest.Item) -> float | None:
+    """The test's pytest-timeout: its ``timeout`` marker's, else the run's (None: none)."""
+    marker = item.get_closest_marker("timeout")
+    if marker is not None:
+        value = marker.kwargs.get("timeout", marker.args[0] if marker.args else None)
+        if value is not None:
+            return float(value)
+    value = pytest_timeout.get_env_settings(item.config).timeout
+    return None if value is None else float(value)
+
+
+class Backstop:
+    """Ends the process, every thread's stack on stderr first, when a test runs past its
+    timeout by ``GRACE_S``: pytest-timeout (method signal) fails a test once and is then
+    disarmed, so a teardown that hangs after it hangs the worker, and the run with it, to
+    CI's limit. Ended, the worker is "crashed while running" the test, and xdist replaces it.
+    """
+
+    GRACE_S = 120.0
+
+    def __init__(self, stderr_fd: int, exit: Callable[[int], object] = os._exit) -> None:
+        # A copy of the real stderr, taken before capture: a test's captured stderr would
+        # be lost with the process.
+        self.stderr_fd = os.dup(stderr_fd)
+        self.exit = exit
+
+    @contextlib.contextmanager
+    def watch(self, nodeid: str, timeout_s: float) -> Iterator[threading.Timer]:
+        limit_s = timeout_s + self.GRACE_S
+        timer = threading.Timer(limit_s, self._fire, args=(nodeid, limit_s))
+        timer.daemon = True
+        timer.start()
+        try:
+            yield timer
+        finally:
+            timer.cancel()
+
+    def _fire(self, nodeid: str, limit_s: float) -> None:
+        os.write(
+            self.stderr_fd,
+            f"\n{nodeid} still running after {limit_s:.0f} s; ending its worker\n".encode(),
+        )
+        faulthandler.dump_traceback(self.stderr_fd, all_threads=True)
+        self.exit(1)
 
 
 class Durations:

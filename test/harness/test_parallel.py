@@ -337,3 +337,51 @@ def test_a_run_gives_the_timing_bound_tests_one_worker_on_a_cpu_of_their_own(
 
 def test_workers_are_two_a_core() -> None:
     assert [parallel.workers_for(n) for n in (1, 2, 4)] == [2, 4, 8]
+
+
+BACKSTOP_CONFTEST = """
+from test.conftest import pytest_configure, pytest_runtest_protocol
+from test.harness import parallel
+
+parallel.Backstop.GRACE_S = 1.0
+"""
+BACKSTOP_TESTS = """
+import time
+import pytest
+
+@pytest.fixture
+def hangs_on_teardown():
+    yield
+    time.sleep(600)  # after pytest-timeout has failed the test: nothing times this
+
+@pytest.mark.timeout(1)
+def test_hangs(hangs_on_teardown):
+    time.sleep(600)
+
+def test_after():
+    pass
+"""
+
+
+def test_a_teardown_that_hangs_past_the_timeout_ends_its_worker_and_not_the_run(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "conftest.py").write_text(textwrap.dedent(BACKSTOP_CONFTEST))
+    (tmp_path / "test_backstop.py").write_text(textwrap.dedent(BACKSTOP_TESTS))
+    (tmp_path / "pytest.ini").write_text(
+        "[pytest]\nasyncio_default_fixture_loop_scope = function\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-n", "1", "-p", "no:cacheprovider", "-rA", "."],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(parallel.ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    out = done.stdout + done.stderr
+    assert done.returncode == 1, out
+    assert "test_backstop.py::test_hangs still running after 2 s; ending its worker" in out
+    assert "in hangs_on_teardown" in out  # every thread's stack, the hung one among them
+    assert "crashed while running 'test_backstop.py::test_hangs'" in out
+    assert "PASSED test_backstop.py::test_after" in out
