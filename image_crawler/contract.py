@@ -435,6 +435,12 @@ class Status(enum.StrEnum):
     DECOMPRESSION_BOMB = "DecompressionBombError"
     IMAGE_DECODE_ERROR = "ImageDecodeError"
     PROCESS_CRASHED = "ProcessCrashed"
+    # The image is outside what its message's encoding accepts (Encoding: min_image_size,
+    # max_image_area, max_aspect_ratio), img2dataset's filters: the asker's choice, never
+    # the server's fault, so expected.
+    IMAGE_TOO_SMALL = "ImageTooSmall"
+    IMAGE_AREA_TOO_LARGE = "ImageAreaTooLarge"
+    ASPECT_RATIO_TOO_LARGE = "AspectRatioTooLarge"
     # The message.
     MALFORMED = "Malformed"
     INTERNAL_ERROR = "InternalError"  # a bug: the message is dead-lettered
@@ -488,6 +494,9 @@ EXPECTED_STATUSES: Final[frozenset[str]] = frozenset(
         Status.NOT_MODIFIED,
         Status.NOT_FOUND,
         Status.UNIDENTIFIED_IMAGE,
+        Status.IMAGE_TOO_SMALL,
+        Status.IMAGE_AREA_TOO_LARGE,
+        Status.ASPECT_RATIO_TOO_LARGE,
         Status.ROBOTS_DISALLOWED,
         Status.ROBOTS_UNAVAILABLE,
         Status.NO_INDEX,
@@ -674,22 +683,184 @@ class Earlier:
             obj["sha256"] = self.sha256
 
 
+# What an image may be encoded as (Encoding), with img2dataset's names and meanings.
+RESIZE_MODES: Final = ("no", "keep_ratio", "keep_ratio_largest", "center_crop", "border")
+ENCODE_FORMATS: Final = ("jpg", "png", "webp")
+# The largest side an encoding may ask for: a 16384 px square is 268 Mpx, three times the
+# decoded-pixel limit, so anything larger is a mistake, not a dataset.
+MAX_IMAGE_SIZE: Final = 16384
+# The most the caption and the kept columns of one message may take, as JSON: LAION's
+# captions average under 100 bytes and its rows' columns under 300, and each message is
+# stored in inbound_images and a urls.{source} topic, so 16 KiB is room, not a budget.
+MAX_ROW_DATA_BYTES: Final = 16 * 1024
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Encoding:
+    """How a crawled image is stored: resized, cropped or padded, and encoded, as
+    img2dataset's options of the same names do it (defaults too), for a dataset.
+
+    ``image_size`` is in pixels; ``resize_mode`` one of RESIZE_MODES: ``no``,
+    ``keep_ratio`` (the smaller side becomes image_size), ``keep_ratio_largest`` (the
+    larger one does), ``center_crop`` (keep_ratio, then the centre square) or ``border``
+    (keep_ratio_largest, then padded with white to a square); ``resize_only_if_bigger``
+    leaves an image that is not bigger as it is (no crop, no border either).
+    ``encode_format`` is one of ENCODE_FORMATS, the object's extension too;
+    ``encode_quality`` 1-100 for jpg and webp, the compression level 0-9 for png. An image
+    whose smaller side is under ``min_image_size``, whose width * height is over
+    ``max_image_area``, or whose longer side over its shorter is over ``max_aspect_ratio``
+    is refused (ImageTooSmall, ImageAreaTooLarge, AspectRatioTooLarge); None: no limit.
+
+    Without one, a worker makes the original's thumbnail: at most 640 px, never enlarged,
+    a JPEG of quality 85 (worker/images/kernel.py).
+    """
+
+    image_size: int = 256
+    resize_mode: str = "border"
+    resize_only_if_bigger: bool = False
+    encode_format: str = "jpg"
+    encode_quality: int = 95
+    min_image_size: int = 0
+    max_image_area: int | None = None
+    max_aspect_ratio: float | None = None
+
+    def __post_init__(self) -> None:
+        problem = self.problem()
+        if problem is not None:
+            raise ValueError(problem)
+
+    def problem(self) -> str | None:
+        """Why these values are not an encoding, or None."""
+        if not _is_int(self.image_size) or not 1 <= self.image_size <= MAX_IMAGE_SIZE:
+            return f"image_size must be an integer 1-{MAX_IMAGE_SIZE}, not {self.image_size!r}"
+        if self.resize_mode not in RESIZE_MODES:
+            return f"resize_mode must be one of {', '.join(RESIZE_MODES)}, not {self.resize_mode!r}"
+        if not isinstance(self.resize_only_if_bigger, bool):
+            return (
+                f"resize_only_if_bigger must be true or false, not {self.resize_only_if_bigger!r}"
+            )
+        if self.encode_format not in ENCODE_FORMATS:
+            formats = ", ".join(ENCODE_FORMATS)
+            return f"encode_format must be one of {formats}, not {self.encode_format!r}"
+        low, high = (0, 9) if self.encode_format == "png" else (1, 100)
+        if not _is_int(self.encode_quality) or not low <= self.encode_quality <= high:
+            return (
+                f"encode_quality of {self.encode_format} must be an integer {low}-{high}, "
+                f"not {self.encode_quality!r}"
+            )
+        if not _is_int(self.min_image_size) or self.min_image_size < 0:
+            return f"min_image_size must be an integer >= 0, not {self.min_image_size!r}"
+        area = self.max_image_area
+        if area is not None and (not _is_int(area) or area < 1):
+            return f"max_image_area must be an integer >= 1 or null, not {area!r}"
+        ratio = self.max_aspect_ratio
+        if ratio is not None and (
+            not isinstance(ratio, int | float) or isinstance(ratio, bool) or not ratio >= 1
+        ):
+            return f"max_aspect_ratio must be a number >= 1 or null, not {ratio!r}"
+        return None
+
+    @property
+    def extension(self) -> str:
+        return self.encode_format
+
+    def to_obj(self) -> dict[str, Any]:
+        """Its JSON object: only the fields that are not the defaults, as each message
+        carries it (100 bytes less a message than all of them)."""
+        return {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if getattr(self, f.name) != f.default
+        }
+
+    @classmethod
+    def from_obj(cls, value: object) -> Encoding:
+        """An encoding from its JSON object (fields left out take their defaults);
+        MalformedMessage, naming the field, for anything else."""
+        if not isinstance(value, dict):
+            raise MalformedMessage(f"field 'encoding' is not an object but {type(value).__name__}")
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(value) - names)
+        if unknown:
+            raise MalformedMessage(f"field 'encoding' has unknown field(s) {', '.join(unknown)}")
+        try:
+            return cls(**value)
+        except ValueError as e:
+            raise MalformedMessage(f"field 'encoding': {e}") from None
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RowData:
+    """What a dataset keeps of a URL's input row beside its image, carried unchanged from
+    the inbound message to its resolution message: ``caption`` (text, byte for byte) and
+    ``columns``, the row's kept columns by name (JSON values). Both together take at most
+    MAX_ROW_DATA_BYTES as JSON; more is a malformed message, never a cut one."""
+
+    caption: str | None = None
+    columns: Mapping[str, Any] | None = None
+
+    def put(self, obj: dict[str, Any]) -> None:
+        """Add the fields that are set to ``obj``, a message being encoded."""
+        if self.caption is not None:
+            obj["caption"] = self.caption
+        if self.columns is not None:
+            obj["columns"] = dict(self.columns)
+
+    @classmethod
+    def from_fields(cls, obj: dict[str, Any]) -> RowData | None:
+        """The row data of a decoded message, None when it carries none."""
+        caption = obj.get("caption")
+        columns = obj.get("columns")
+        if caption is None and columns is None:
+            return None
+        if caption is not None and not isinstance(caption, str):
+            raise MalformedMessage(f"field 'caption' is not a string but {type(caption).__name__}")
+        if columns is not None and not isinstance(columns, dict):
+            raise MalformedMessage(f"field 'columns' is not an object but {type(columns).__name__}")
+        data = cls(caption=caption, columns=columns)
+        size = data.size_bytes()
+        if size > MAX_ROW_DATA_BYTES:
+            raise MalformedMessage(
+                f"caption and columns take {size} bytes as JSON, over the limit of "
+                f"{MAX_ROW_DATA_BYTES} (MAX_ROW_DATA_BYTES)"
+            )
+        return data
+
+    def size_bytes(self) -> int:
+        """What the caption and columns take in a message, as JSON."""
+        obj: dict[str, Any] = {}
+        self.put(obj)
+        return len(_encode(obj))
+
+
+def _encoding(obj: dict[str, Any]) -> Encoding | None:
+    value = obj.get("encoding")
+    return None if value is None else Encoding.from_obj(value)
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class InboundImage:
-    """A message of ``inbound_images``: one URL to crawl, or with ``earlier``, to re-check."""
+    """A message of ``inbound_images``: one URL to crawl, or with ``earlier``, to re-check.
+
+    ``row`` is what a dataset keeps beside the image (a caption, kept columns), and
+    ``encoding`` how the image is to be stored; both optional, and both go to the
+    resolution message (``row`` as it came)."""
 
     url: str
     uuid: str
     source: str
     attempts: int = 0
     earlier: Earlier | None = None
+    row: RowData | None = None
+    encoding: Encoding | None = None
 
     def to_json(self) -> bytes:
         obj: dict[str, Any] = {"url": self.url, "uuid": self.uuid, "source": self.source}
-        if self.attempts:
-            obj["attempts"] = self.attempts
-        if self.earlier is not None:
-            self.earlier.put(obj)
+        _put_task_fields(obj, self.attempts, self.earlier, self.row, self.encoding)
         return _encode(obj)
 
     @classmethod
@@ -701,12 +872,36 @@ class InboundImage:
             source=_required_str(obj, "source"),
             attempts=_attempts(obj),
             earlier=Earlier.from_fields(obj),
+            row=RowData.from_fields(obj),
+            encoding=_encoding(obj),
         )
 
     def to_source_task(self) -> SourceTask:
         return SourceTask(
-            url=self.url, uuid=self.uuid, attempts=self.attempts, earlier=self.earlier
+            url=self.url,
+            uuid=self.uuid,
+            attempts=self.attempts,
+            earlier=self.earlier,
+            row=self.row,
+            encoding=self.encoding,
         )
+
+
+def _put_task_fields(
+    obj: dict[str, Any],
+    attempts: int,
+    earlier: Earlier | None,
+    row: RowData | None,
+    encoding: Encoding | None,
+) -> None:
+    if attempts:
+        obj["attempts"] = attempts
+    if earlier is not None:
+        earlier.put(obj)
+    if row is not None:
+        row.put(obj)
+    if encoding is not None:
+        obj["encoding"] = encoding.to_obj()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -717,13 +912,12 @@ class SourceTask:
     uuid: str
     attempts: int = 0
     earlier: Earlier | None = None
+    row: RowData | None = None
+    encoding: Encoding | None = None
 
     def to_json(self) -> bytes:
         obj: dict[str, Any] = {"url": self.url, "uuid": self.uuid}
-        if self.attempts:
-            obj["attempts"] = self.attempts
-        if self.earlier is not None:
-            self.earlier.put(obj)
+        _put_task_fields(obj, self.attempts, self.earlier, self.row, self.encoding)
         return _encode(obj)
 
     @classmethod
@@ -734,6 +928,8 @@ class SourceTask:
             uuid=_required_str(obj, "uuid"),
             attempts=_attempts(obj),
             earlier=Earlier.from_fields(obj),
+            row=RowData.from_fields(obj),
+            encoding=_encoding(obj),
         )
 
     def with_source(self, source: str) -> InboundImage:
@@ -743,7 +939,32 @@ class SourceTask:
             source=source,
             attempts=self.attempts,
             earlier=self.earlier,
+            row=self.row,
+            encoding=self.encoding,
         )
+
+
+def object_key(uuid: str, encoding: Encoding | None) -> str:
+    """The key of an image in the store: the original's ``{uuid}.jpg`` thumbnail, or
+    ``{uuid}.{encode_format}`` for an encoding."""
+    return f"{uuid}.{'jpg' if encoding is None else encoding.extension}"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StoredImage:
+    """What was stored of an image that was asked an encoding: its object's key and its
+    pixel size (after resize, crop or border), in its resolution message's ``image``."""
+
+    key: str
+    width: int
+    height: int
+
+    def to_obj(self) -> dict[str, Any]:
+        return {"key": self.key, "width": self.width, "height": self.height}
+
+    @classmethod
+    def from_obj(cls, value: dict[str, Any]) -> StoredImage:
+        return cls(key=value["key"], width=value["width"], height=value["height"])
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -758,7 +979,9 @@ class ResolutionMessage:
     sends them back. ``opt_outs`` names what the server reserved (OPT_OUTS; in the order
     found) and ``tdm_policy`` is the TDMRep policy URL given with a ``tdm-reservation``:
     both are left out of the JSON when empty, so a message of a server that says nothing
-    is as before.
+    is as before. ``row`` (``caption``, ``columns``) is the inbound message's, unchanged,
+    and ``image`` what was stored for a message that asked an encoding; both left out when
+    the message had none.
     """
 
     identifier: str
@@ -772,6 +995,8 @@ class ResolutionMessage:
     phash: str | None = None
     etag: str | None = None
     last_modified: str | None = None
+    row: RowData | None = None
+    image: StoredImage | None = None
 
     def to_json(self) -> bytes:
         # Not ``dataclasses.asdict``, which deep-copies each value: 6.3 us against 3.2 us a
@@ -795,6 +1020,10 @@ class ResolutionMessage:
             obj["opt_outs"] = list(self.opt_outs)
         if self.tdm_policy is not None:
             obj["tdm_policy"] = self.tdm_policy
+        if self.row is not None:
+            self.row.put(obj)
+        if self.image is not None:
+            obj["image"] = self.image.to_obj()
         return _encode(obj)
 
     @classmethod
@@ -812,6 +1041,8 @@ class ResolutionMessage:
             phash=obj.get("phash"),
             etag=obj.get("etag"),
             last_modified=obj.get("last_modified"),
+            row=RowData.from_fields(obj),
+            image=StoredImage.from_obj(obj["image"]) if obj.get("image") else None,
         )
 
 

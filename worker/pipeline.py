@@ -60,13 +60,16 @@ from image_crawler.contract import (
     METADATA_TOPIC,
     RETRYABLE_STATUSES,
     CrawlError,
+    Encoding,
     ExifMessage,
     LinkRotMessage,
     MalformedMessage,
     ResolutionMessage,
     SourceTask,
     Status,
+    StoredImage,
     UnparseableMessage,
+    object_key,
     utc_now_iso,
 )
 from image_crawler.logs import get_logger
@@ -183,8 +186,12 @@ class Pipeline:
         max_backoff_s: float = 10.0,
         rng: random.Random | None = None,
         pacing_key: str = "host",
+        encoding: Encoding | None = None,
     ) -> None:
         self._pacer = pacer
+        # A message's own encoding wins; without one, this (the worker's settings), and
+        # without that, the original's thumbnail.
+        self._encoding = encoding
         self._pacing_key = pacing_key
         self._fetcher = fetcher
         self._processor = processor
@@ -400,7 +407,8 @@ class Pipeline:
         self, source: str, task: SourceTask, fetched: FetchResult, host: Signals
     ) -> str:
         assert fetched.body is not None
-        image = await self._processor.process(fetched.body)
+        encoding = task.encoding or self._encoding
+        image = await self._processor.process(fetched.body, encoding)
         if isinstance(image, ImageFailure):
             log.info(
                 "image_failed",
@@ -411,7 +419,9 @@ class Pipeline:
             )
             return image.status
         thumbnail = image.thumbnail
-        await self._reliably("s3_put", lambda: self._store.put(f"{task.uuid}.jpg", thumbnail))
+        key = object_key(task.uuid, encoding)
+        await self._reliably("s3_put", lambda: self._store.put(key, thumbnail))
+        stored = None if encoding is None else StoredImage(key, *image.thumbnail_size)
         resolution = ResolutionMessage(
             identifier=task.uuid,
             width=image.width,
@@ -422,6 +432,8 @@ class Pipeline:
             phash=image.phash,
             etag=fetched.etag,
             last_modified=fetched.last_modified,
+            row=task.row,
+            image=stored,
         )
         said = host | fetched.signals
         if said:

@@ -271,3 +271,98 @@ def test_what_each_status_means(status, expected, retried, backoff):
     assert c.Status.expected(status) is expected
     assert c.Status.retried(status) is retried
     assert c.Status.backoff(status) is backoff
+
+
+# --- Dataset rows and encodings (issue 52) ------------------------------------------------
+
+ROW = c.RowData(caption="a red fox, «snow»\n", columns={"license": "cc-by", "similarity": 0.31})
+WEBP = c.Encoding(image_size=256, resize_mode="center_crop", encode_format="webp")
+
+
+def test_a_caption_columns_and_encoding_travel_through_the_splitter_and_back() -> None:
+    inbound = c.InboundImage(
+        url="https://example.gov/a.jpg", uuid="u-1", source="example", row=ROW, encoding=WEBP
+    )
+    task = c.SourceTask.from_json(inbound.to_source_task().to_json())
+    assert (task.row, task.encoding) == (ROW, WEBP)
+    assert c.InboundImage.from_json(task.with_source("example").to_json()) == inbound
+    # The caption byte for byte, not escaped to ASCII.
+    assert "«snow»".encode() in inbound.to_json()
+
+
+def test_an_encoding_carries_only_what_is_not_its_default() -> None:
+    assert json.loads(c.InboundImage("http://x/a", "u", "s", encoding=WEBP).to_json())[
+        "encoding"
+    ] == {"resize_mode": "center_crop", "encode_format": "webp"}
+    assert c.Encoding.from_obj({}) == c.Encoding()  # img2dataset's defaults
+    assert c.Encoding().to_obj() == {}
+
+
+def test_a_message_without_row_or_encoding_is_as_before() -> None:
+    raw = b'{"url":"http://x/a","uuid":"u","source":"s"}'
+    message = c.InboundImage.from_json(raw)
+    assert (message.row, message.encoding) == (None, None)
+    assert message.to_json() == raw
+
+
+def test_the_object_key_names_the_encoded_format() -> None:
+    assert c.object_key("u", None) == "u.jpg"
+    assert c.object_key("u", WEBP) == "u.webp"
+
+
+def test_a_resolution_message_carries_the_row_unchanged_and_what_was_stored() -> None:
+    message = c.ResolutionMessage(
+        identifier="u",
+        width=1024,
+        height=768,
+        filesize=3,
+        compression_quality=90,
+        row=ROW,
+        image=c.StoredImage("u.webp", 256, 256),
+    )
+    obj = json.loads(message.to_json())
+    assert obj["caption"] == ROW.caption
+    assert obj["columns"] == ROW.columns
+    assert obj["image"] == {"key": "u.webp", "width": 256, "height": 256}
+    assert c.ResolutionMessage.from_json(message.to_json()) == message
+
+
+def test_row_data_over_the_limit_is_malformed_and_never_cut() -> None:
+    base = {"url": "http://x/a", "uuid": "u", "source": "s"}
+    fits = "x" * (c.MAX_ROW_DATA_BYTES - len('{"caption":""}'))
+    assert c.InboundImage.from_json(json.dumps({**base, "caption": fits})).row == c.RowData(fits)
+    with pytest.raises(c.MalformedMessage, match="over the limit of 16384"):
+        c.InboundImage.from_json(json.dumps({**base, "caption": fits + "x"}))
+    with pytest.raises(c.MalformedMessage, match="over the limit"):
+        c.SourceTask.from_json(json.dumps({**base, "columns": {"a": "é" * 9000}}))
+
+
+@pytest.mark.parametrize(
+    ("fields", "reason"),
+    [
+        ({"caption": 3}, "'caption' is not a string"),
+        ({"columns": ["a"]}, "'columns' is not an object"),
+        ({"encoding": "webp"}, "'encoding' is not an object"),
+        ({"encoding": {"size": 3}}, "unknown field"),
+        ({"encoding": {"image_size": 0}}, "image_size must be an integer 1-16384"),
+        ({"encoding": {"image_size": 256.0}}, "image_size must be an integer"),
+        ({"encoding": {"resize_mode": "fit"}}, "resize_mode must be one of"),
+        ({"encoding": {"resize_only_if_bigger": 1}}, "must be true or false"),
+        ({"encoding": {"encode_format": "gif"}}, "encode_format must be one of jpg, png, webp"),
+        ({"encoding": {"encode_quality": 0}}, "encode_quality of jpg must be an integer 1-100"),
+        ({"encoding": {"encode_format": "png"}}, "encode_quality of png must be an integer 0-9"),
+        ({"encoding": {"min_image_size": -1}}, "min_image_size must be"),
+        ({"encoding": {"max_image_area": 0}}, "max_image_area must be"),
+        ({"encoding": {"max_aspect_ratio": 0.5}}, "max_aspect_ratio must be"),
+        ({"encoding": {"max_aspect_ratio": True}}, "max_aspect_ratio must be"),
+    ],
+)
+def test_bad_row_data_and_encodings_make_a_malformed_message(fields, reason) -> None:
+    raw = json.dumps({"url": "http://x/a", "uuid": "u", "source": "s", **fields})
+    with pytest.raises(c.MalformedMessage, match=reason):
+        c.InboundImage.from_json(raw)
+
+
+def test_an_encoding_that_a_filter_refuses_is_an_expected_status() -> None:
+    for status in ("ImageTooSmall", "ImageAreaTooLarge", "AspectRatioTooLarge"):
+        assert c.Status.expected(status) and not c.Status.retried(status)

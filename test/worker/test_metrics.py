@@ -246,7 +246,7 @@ async def test_the_pool_queue_counts_images_waiting_or_in_the_pool() -> None:
     pool = PoolProcessor(1)
     release = asyncio.Event()
 
-    async def slow(body: Any) -> ImageOutcome:
+    async def slow(body: Any, encoding: Any = None) -> ImageOutcome:
         await release.wait()
         if body == b"bad":
             raise RuntimeError("a bug")

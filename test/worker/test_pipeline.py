@@ -38,7 +38,9 @@ def task(uuid="u-1", url="http://origin.test/a.jpg", attempts=0):
 FAST_RETRIES = RetryPolicy(backoff_base_s=0.001, backoff_cap_s=0.004)
 
 
-def make(results=None, *, pacer=None, store=None, timeout_s=3600.0, retries=FAST_RETRIES):
+def make(
+    results=None, *, pacer=None, store=None, timeout_s=3600.0, retries=FAST_RETRIES, encoding=None
+):
     parts = {
         "pacer": pacer or FakePacer(),
         "fetcher": FakeFetcher(results or {}),
@@ -48,7 +50,11 @@ def make(results=None, *, pacer=None, store=None, timeout_s=3600.0, retries=FAST
         "stats": FakeStats(),
     }
     pipeline = Pipeline(
-        **parts, retries=retries, rate_limit_timeout_s=timeout_s, max_backoff_s=0.01
+        **parts,
+        retries=retries,
+        rate_limit_timeout_s=timeout_s,
+        max_backoff_s=0.01,
+        encoding=encoding,
     )
     return pipeline, parts
 
@@ -87,6 +93,50 @@ async def test_an_image_without_exif_sends_no_exif_message():
     assert [set(m) for m in p["sink"].messages[c.METADATA_TOPIC]] == [
         {"identifier", "width", "height", "filesize", "compression_quality", "sha256", "phash"}
     ]
+
+
+ROW = c.RowData(caption="a fox", columns={"license": "cc-by"})
+CROP = c.Encoding(image_size=64, resize_mode="center_crop", encode_format="webp")
+
+
+async def test_a_dataset_row_is_stored_as_asked_and_its_caption_and_columns_published():
+    image = jpeg_with_exif()
+    pipeline, p = make({"http://origin.test/a.jpg": FetchResult("200", body=image.body)})
+    message = c.SourceTask(url="http://origin.test/a.jpg", uuid="u-1", row=ROW, encoding=CROP)
+    assert await pipeline.handle("example", message.to_json(), TOPIC) == Ending("200", CRAWLED)
+    assert set(p["store"].objects) == {"u-1.webp"}
+    assert p["store"].objects["u-1.webp"][:4] == b"RIFF"
+    resolution = p["sink"].messages[c.METADATA_TOPIC][0]
+    assert (resolution["width"], resolution["height"]) == (image.width, image.height)
+    assert resolution["image"] == {"key": "u-1.webp", "width": 64, "height": 64}
+    assert (resolution["caption"], resolution["columns"]) == (ROW.caption, ROW.columns)
+
+
+async def test_a_worker_s_encoding_is_for_the_messages_that_ask_none():
+    image = jpeg_with_exif()
+    results = {
+        f"http://origin.test/{n}.jpg": FetchResult("200", body=image.body) for n in ("a", "b")
+    }
+    pipeline, p = make(results, encoding=c.Encoding(encode_format="png", encode_quality=1))
+    await pipeline.handle("example", task(url="http://origin.test/a.jpg"), TOPIC)
+    asked = c.SourceTask(url="http://origin.test/b.jpg", uuid="u-2", encoding=CROP)
+    await pipeline.handle("example", asked.to_json(), TOPIC)
+    assert set(p["store"].objects) == {"u-1.png", "u-2.webp"}
+    assert [m["image"]["key"] for m in p["sink"].messages[c.METADATA_TOPIC][::2]] == [
+        "u-1.png",
+        "u-2.webp",
+    ]
+
+
+async def test_an_image_an_encoding_refuses_is_dead_lettered_with_the_filter_s_status():
+    image = jpeg_with_exif()
+    pipeline, p = make({"http://origin.test/a.jpg": FetchResult("200", body=image.body)})
+    small = c.Encoding(min_image_size=image.width + image.height)
+    message = c.SourceTask(url="http://origin.test/a.jpg", uuid="u-1", encoding=small)
+    ending = await pipeline.handle("example", message.to_json(), TOPIC)
+    assert ending == Ending("ImageTooSmall", DEAD_LETTERED)
+    assert not p["store"].objects
+    assert [e["status"] for e in p["sink"].messages[c.CRAWL_ERRORS_TOPIC]] == ["ImageTooSmall"]
 
 
 async def test_404_goes_to_link_rot():

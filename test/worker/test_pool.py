@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from image_crawler.contract import Encoding
 from test.harness.corpus import broken_images, good_images
 from test.harness.real_images import many_frames
 from worker.images import pool as pool_module
@@ -69,6 +70,25 @@ async def test_the_pools_limits_are_the_ones_its_processes_apply(share):
         outcome = await processor.process(body)
         assert outcome == process_image(body, limits) != process_image(body)
         assert processor.shares_memory is share
+    finally:
+        processor.close()
+
+
+@pytest.mark.parametrize("share", [True, False])
+async def test_each_job_s_encoding_goes_with_it(share):
+    processor = PoolProcessor(1, share=share)
+    # Bigger than the body: the image made may not fit where the body was.
+    large = Encoding(
+        image_size=2048, resize_mode="keep_ratio", encode_format="png", encode_quality=0
+    )
+    try:
+        body = a_jpeg().body
+        outcomes = []
+        for encoding in (large, None, Encoding(encode_format="webp")):
+            outcomes.append(await processor.process(body, encoding))
+            assert outcomes[-1] == process_image(body, encoding=encoding)
+        assert processor.shares_memory is share
+        assert len(outcomes[0].thumbnail) > len(body)
     finally:
         processor.close()
 

@@ -32,7 +32,7 @@ import numpy as np
 import simplejpeg
 from PIL import AvifImagePlugin, Image, JpegImagePlugin
 
-from image_crawler.contract import Status
+from image_crawler.contract import Encoding, Status
 from worker.images import ico
 from worker.images.exif import EXIF_IFD, GPS_IFD, ExifLimits, exif_to_json
 from worker.images.phash import phash
@@ -133,11 +133,23 @@ class ProcessedImage:
     thumbnail: bytes = field(repr=False)
     sha256: str
     phash: str
+    # The (width, height) of `thumbnail`: the plan's canvas.
+    thumbnail_size: tuple[int, int] = (0, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class _Output:
+    """How the image made is encoded: `format` one of ENCODE_FORMATS, and `quality` its
+    quality (jpg, webp: 1-100) or compression level (png: 0-9)."""
+
+    format: str
+    quality: int
 
 
 @dataclass(frozen=True, slots=True)
 class _Thumbnail:
-    """A thumbnail's JPEG, and the perceptual hash of its pixels before they were encoded."""
+    """The image made, encoded, and the perceptual hash of its pixels before they were
+    cropped, padded or encoded (so that a crop does not change an image's hash much)."""
 
     jpeg: bytes
     phash: str
@@ -172,13 +184,81 @@ def thumbnail_size(width: int, height: int, max_px: int) -> tuple[int, int]:
     return (max_px, scaled) if width >= height else (scaled, max_px)
 
 
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What is made of a `width` x `height` image: it is resized to `resized` (its own
+    size: not resized), then placed at `offset` on a canvas of `canvas` pixels, a white
+    one: a negative offset crops it (center_crop), a positive one pads it (border)."""
+
+    resized: tuple[int, int]
+    canvas: tuple[int, int]
+    offset: tuple[int, int] = (0, 0)
+
+
+def thumbnail_plan(width: int, height: int, max_px: int) -> Plan:
+    """The original's thumbnail: `thumbnail_size`, nothing cut or added."""
+    size = thumbnail_size(width, height, max_px)
+    return Plan(size, size)
+
+
+def plan_of(width: int, height: int, encoding: Encoding) -> Plan:
+    """What `encoding` makes of a `width` x `height` image, as img2dataset's resizer does
+    it: the new side is ``round(side * scale)`` in floating point (albumentations' rule,
+    Python's rounding half to even), a crop starts at ``(side - size) // 2`` and a border
+    at ``(size - side) // 2``. Without resize_only_if_bigger it enlarges too; with it, an
+    image that is not bigger is left as it is, crop and border included."""
+    size, mode = encoding.image_size, encoding.resize_mode
+    original = (width, height)
+    if mode == "no":
+        return Plan(original, original)
+    by_smaller = mode in ("keep_ratio", "center_crop")
+    side = min(width, height) if by_smaller else max(width, height)
+    if encoding.resize_only_if_bigger and side <= size:
+        return Plan(original, original)
+    scale = size / side
+    resized = (max(1, round(width * scale)), max(1, round(height * scale)))
+    if mode == "center_crop":
+        rw, rh = resized
+        return Plan(resized, (size, size), (-((rw - size) // 2), -((rh - size) // 2)))
+    if mode == "border":
+        rw, rh = resized
+        return Plan(resized, (size, size), ((size - rw) // 2, (size - rh) // 2))
+    return Plan(resized, resized)
+
+
+def refusal(width: int, height: int, encoding: Encoding) -> ImageFailure | None:
+    """Why `encoding`'s filters refuse a `width` x `height` image, or None: img2dataset's
+    min_image_size, max_image_area and max_aspect_ratio, in its order."""
+    short, long = min(width, height), max(width, height)
+    if short < encoding.min_image_size:
+        return ImageFailure(
+            Status.IMAGE_TOO_SMALL,
+            f"{width}x{height}: the smaller side is under {encoding.min_image_size} px",
+        )
+    area = encoding.max_image_area
+    if area is not None and width * height > area:
+        return ImageFailure(Status.IMAGE_AREA_TOO_LARGE, f"{width}x{height} is over {area} pixels")
+    ratio = encoding.max_aspect_ratio
+    if ratio is not None and long / short > ratio:
+        return ImageFailure(
+            Status.ASPECT_RATIO_TOO_LARGE,
+            f"{width}x{height}: an aspect ratio of {long / short:.3g}, over {ratio:g}",
+        )
+    return None
+
+
 def process_image(
-    body: bytes | mmap.mmap, limits: ImageLimits = DEFAULT_LIMITS
+    body: bytes | mmap.mmap,
+    limits: ImageLimits = DEFAULT_LIMITS,
+    encoding: Encoding | None = None,
 ) -> ProcessedImage | ImageFailure:
     """Decode `body` once and describe it, or say why it cannot be.
 
     `body` is the downloaded bytes, or a read-only map of exactly them (how the worker's
-    pool processes see a body, without copying it); the results are the same.
+    pool processes see a body, without copying it); the results are the same. The image
+    made of it is the original's thumbnail (`limits.thumbnail_px`, a JPEG of
+    `limits.thumbnail_quality`), or what `encoding` asks (`plan_of`), which may also
+    refuse the image (`refusal`).
 
     CPU only, no I/O. Pillow's warnings about the data (decompression bombs, corrupt
     EXIF) are silenced inside this call only, with `warnings.catch_warnings()`, which is
@@ -197,7 +277,7 @@ def process_image(
             if ico_size is not None and (too_big := _over_limit(*ico_size, limits)):
                 return too_big
             with Image.open(fp, formats=limits.formats) as im:
-                return _process(im, body, limits)
+                return _process(im, body, limits, encoding)
         except Image.UnidentifiedImageError:
             return _unidentified(fp, body, limits)
         except Image.DecompressionBombError as err:
@@ -245,11 +325,13 @@ def _readable(body: bytes | mmap.mmap) -> IO[bytes]:
 
 
 def _process(
-    im: Image.Image, body: bytes | mmap.mmap, limits: ImageLimits
+    im: Image.Image, body: bytes | mmap.mmap, limits: ImageLimits, encoding: Encoding | None
 ) -> ProcessedImage | ImageFailure:
     width, height = im.size
     if (too_big := _over_limit(width, height, limits)) is not None:
         return too_big
+    if encoding is not None and (refused := refusal(width, height, encoding)) is not None:
+        return refused
     jpeg = im if isinstance(im, JpegImagePlugin.JpegImageFile) else None  # MPO too
     quality = estimate_jpeg_quality(jpeg.quantization) if jpeg is not None else None
     if im.format == "PNG":
@@ -258,10 +340,23 @@ def _process(
         im.load()
     exif = _read_exif(im, limits.exif)
 
-    target = thumbnail_size(width, height, limits.thumbnail_px)
-    thumbnail = _turbo_thumbnail(im, body, target, limits.thumbnail_quality) if jpeg else None
+    if encoding is None:
+        plan = thumbnail_plan(width, height, limits.thumbnail_px)
+        output = _Output("jpg", limits.thumbnail_quality)
+    else:
+        plan = plan_of(width, height, encoding)
+        rw, rh = plan.resized
+        if rw * rh > limits.max_pixels:
+            # keep_ratio enlarges by the smaller side: a 10000 x 1 image to 256 px would
+            # be 2,560,000 x 256 before its crop.
+            return ImageFailure(
+                Status.DECOMPRESSION_BOMB,
+                f"{width}x{height} resized to {rw}x{rh} is over {limits.max_pixels} pixels",
+            )
+        output = _Output(encoding.encode_format, encoding.encode_quality)
+    thumbnail = _turbo_thumbnail(im, body, plan, output) if jpeg else None
     if thumbnail is None:
-        thumbnail = _pillow_thumbnail(im, jpeg, target, limits.thumbnail_quality)
+        thumbnail = _pillow_thumbnail(im, jpeg, plan, output)
     return ProcessedImage(
         width=width,
         height=height,
@@ -271,35 +366,72 @@ def _process(
         thumbnail=thumbnail.jpeg,
         sha256=hashlib.sha256(body).hexdigest(),  # a map too, without a copy
         phash=thumbnail.phash,
+        thumbnail_size=plan.canvas,
     )
 
 
 def _turbo_thumbnail(
-    im: Image.Image, body: bytes | mmap.mmap, target: tuple[int, int], quality: int
+    im: Image.Image, body: bytes | mmap.mmap, plan: Plan, output: _Output
 ) -> _Thumbnail | None:
-    """The thumbnail of a YCbCr or greyscale JPEG through libjpeg-turbo and OpenCV, or
+    """The image of a YCbCr or greyscale JPEG through libjpeg-turbo and OpenCV, or
     None to let Pillow do it (CMYK, 12-bit, or anything libjpeg-turbo calls damaged:
     Pillow then gives the verdict it always gave, including on files it tolerates)."""
     if im.mode not in ("RGB", "L"):  # Pillow's names for YCbCr (or RGB) and grey JPEGs
         return None
     grey = im.mode == "L"
     width, height = im.size
-    tw, th = target
+    tw, th = plan.resized
     try:
         pixels = simplejpeg.decode_jpeg(
-            body, colorspace="GRAY" if grey else "RGB", min_width=tw, min_height=th
+            body,
+            colorspace="GRAY" if grey else "RGB",
+            min_width=min(tw, width),
+            min_height=min(th, height),
         )
     except ValueError:
         return None
-    pixels = _resize(pixels, width, height, target)
+    pixels = _resize(pixels, width, height, plan.resized)
+    hashed = phash(pixels)
+    pixels = _placed(pixels, plan)
+    if output.format != "jpg":
+        return _Thumbnail(_pillow_encoded(Image.fromarray(pixels), output), hashed)
+    ch, cw = pixels.shape[:2]
     if grey:
         jpeg = simplejpeg.encode_jpeg(
-            pixels.reshape(th, tw, 1), quality, colorspace="GRAY", colorsubsampling="Gray"
+            pixels.reshape(ch, cw, 1), output.quality, colorspace="GRAY", colorsubsampling="Gray"
         )
     else:
         # 4:2:0, as Pillow writes at this quality.
-        jpeg = simplejpeg.encode_jpeg(pixels, quality, colorspace="RGB", colorsubsampling="420")
-    return _Thumbnail(bytes(jpeg), phash(pixels))
+        jpeg = simplejpeg.encode_jpeg(
+            pixels, output.quality, colorspace="RGB", colorsubsampling="420"
+        )
+    return _Thumbnail(bytes(jpeg), hashed)
+
+
+def _placed(pixels: Any, plan: Plan) -> Any:
+    """`pixels` (the resized image) on the plan's white canvas, at its offset."""
+    if plan.canvas == plan.resized:
+        return pixels
+    (cw, ch), (x, y) = plan.canvas, plan.offset
+    if x <= 0 and y <= 0:  # a crop
+        return np.ascontiguousarray(pixels[-y : -y + ch, -x : -x + cw])
+    canvas = np.full((ch, cw, *pixels.shape[2:]), 255, dtype=pixels.dtype)
+    rows, cols = pixels.shape[:2]
+    canvas[max(y, 0) : max(y, 0) + rows, max(x, 0) : max(x, 0) + cols] = pixels[
+        max(-y, 0) : max(-y, 0) + ch, max(-x, 0) : max(-x, 0) + cw
+    ]
+    return canvas
+
+
+def _pillow_encoded(frame: Image.Image, output: _Output) -> bytes:
+    out = io.BytesIO()
+    if output.format == "jpg":
+        frame.save(out, "JPEG", quality=output.quality, optimize=False)
+    elif output.format == "png":
+        frame.save(out, "PNG", compress_level=output.quality)
+    else:
+        frame.save(out, "WEBP", quality=output.quality)
+    return out.getvalue()
 
 
 def _resize(pixels: Any, width: int, height: int, target: tuple[int, int]) -> Any:
@@ -358,15 +490,16 @@ def _stretched_bicubic(ratio: float) -> Any:
 def _pillow_thumbnail(
     im: Image.Image,
     jpeg: JpegImagePlugin.JpegImageFile | None,
-    target: tuple[int, int],
-    quality: int,
+    plan: Plan,
+    output: _Output,
 ) -> _Thumbnail:
     width, height = im.size
+    target = plan.resized
     box: tuple[float, float, float, float] | None = None
     if jpeg is not None and target != (width, height):
         # DCT scaling: libjpeg decodes straight to 1/2, 1/4 or 1/8 of the size, the
         # smallest of those that is still at least the target.
-        drafted = jpeg.draft("RGB", target)
+        drafted = jpeg.draft("RGB", (min(target[0], width), min(target[1], height)))
         if drafted is not None:
             box = drafted[1]
     im.load()
@@ -375,10 +508,13 @@ def _pillow_thumbnail(
     if frame.size != target:
         frame = frame.resize(target, Image.Resampling.BICUBIC, box=box, reducing_gap=_REDUCING_GAP)
     frame = _flatten(frame)
-    out = io.BytesIO()
-    frame.save(out, "JPEG", quality=quality, optimize=False)
     # Pillow's own grey: half the CPU of unpacking its RGB into an array for OpenCV.
-    return _Thumbnail(out.getvalue(), phash(np.asarray(frame.convert("L"))))
+    hashed = phash(np.asarray(frame.convert("L")))
+    if plan.canvas != plan.resized:
+        placed = Image.new(frame.mode, plan.canvas, "white")
+        placed.paste(frame, plan.offset)
+        frame = placed
+    return _Thumbnail(_pillow_encoded(frame, output), hashed)
 
 
 def _read_exif(im: Image.Image, limits: ExifLimits) -> dict[str, Any] | None:

@@ -38,7 +38,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Final, Protocol
 
-from image_crawler.contract import Status
+from image_crawler.contract import Encoding, Status
 from image_crawler.logs import get_logger
 from worker.images.kernel import (
     DEFAULT_LIMITS,
@@ -98,7 +98,7 @@ def joined(body: Body) -> bytes:
 
 
 class ImageProcessor(Protocol):
-    async def process(self, body: Body) -> ImageOutcome: ...
+    async def process(self, body: Body, encoding: Encoding | None = None) -> ImageOutcome: ...
 
 
 class InlineProcessor:
@@ -107,8 +107,8 @@ class InlineProcessor:
     def __init__(self, limits: ImageLimits = DEFAULT_LIMITS) -> None:
         self._limits = limits
 
-    async def process(self, body: Body) -> ImageOutcome:
-        return process_image(joined(body), self._limits)
+    async def process(self, body: Body, encoding: Encoding | None = None) -> ImageOutcome:
+        return process_image(joined(body), self._limits, encoding)
 
 
 class ProcessDied(Exception):
@@ -121,6 +121,7 @@ def process_shared(
     size: int,
     limits: ImageLimits,
     opened: dict[tuple[int, int], int] | None = None,
+    encoding: Encoding | None = None,
 ) -> ImageOutcome | str:
     """``process_image`` of the first ``size`` bytes of file descriptor ``fd`` of
     ``owner_pid``, or ``"unreadable"``. With ``opened``, the file stays open there for
@@ -136,13 +137,13 @@ def process_shared(
         return _UNREADABLE
     try:
         if size == 0:  # mmap's length 0 would map the whole file
-            return process_image(b"", limits)
+            return process_image(b"", limits, encoding)
         try:
             view = mmap.mmap(own_fd, size, access=mmap.ACCESS_READ)
         except (OSError, ValueError):  # ValueError: the file is shorter than ``size``
             return _UNREADABLE
         try:
-            return process_image(view, limits)
+            return process_image(view, limits, encoding)
         finally:
             view.close()
     finally:
@@ -165,7 +166,8 @@ def _open_shared(owner_pid: int, fd: int, opened: dict[tuple[int, int], int] | N
 def _serve(conn: Connection, limits: ImageLimits) -> None:
     """A pool process: one job in, one outcome out, until the worker closes the pipe.
 
-    ``limits`` are the pool's, for its whole life: given once, not pickled with every job.
+    ``limits`` are the pool's, for its whole life: given once, not pickled with every job;
+    a job's encoding (None, the thumbnail, for most) comes with it.
     """
     # The worker decides when to stop; a Ctrl-C reaching the whole process group must
     # not kill images midway. A worker killed outright closes the pipe: EOF ends us.
@@ -181,11 +183,11 @@ def _serve(conn: Connection, limits: ImageLimits) -> None:
         except (EOFError, OSError):
             os._exit(0)
         if job[0] != "fd":
-            _, body = job
-            conn.send(process_image(body, limits))
+            _, body, encoding = job
+            conn.send(process_image(body, limits, encoding))
             continue
-        _, owner_pid, fd, size = job
-        outcome = process_shared(owner_pid, fd, size, limits, opened)
+        _, owner_pid, fd, size, encoding = job
+        outcome = process_shared(owner_pid, fd, size, limits, opened, encoding)
         if isinstance(outcome, ProcessedImage):
             # The thumbnail goes back the way the body came (the body is read by now):
             # only its length crosses the pipe.
@@ -464,21 +466,21 @@ class PoolProcessor:
         """The pool's processes, for tools and tests."""
         return [p.process.pid for p in self._all if p.process.pid is not None]
 
-    async def process(self, body: Body) -> ImageOutcome:
+    async def process(self, body: Body, encoding: Encoding | None = None) -> ImageOutcome:
         self._queued += 1
         try:
-            return await self._process(body)
+            return await self._process(body, encoding)
         finally:
             self._queued -= 1
 
-    async def _process(self, body: Body) -> ImageOutcome:
+    async def _process(self, body: Body, encoding: Encoding | None) -> ImageOutcome:
         while True:
             try:
                 lane = await self._acquire()
             except _PoolClosed:
                 return ImageFailure(Status.PROCESS_CRASHED, "the image pool is closed")
             try:
-                outcome = await self._run(lane, body)
+                outcome = await self._run(lane, body, encoding)
                 if outcome is None:  # it goes through the pipe now: to an idle process
                     self._release(lane)
                     continue
@@ -496,14 +498,14 @@ class PoolProcessor:
             self._release(lane)
             return outcome
 
-    async def _run(self, lane: _Lane, body: Body) -> ImageOutcome | None:
+    async def _run(self, lane: _Lane, body: Body, encoding: Encoding | None) -> ImageOutcome | None:
         """The outcome of ``body`` through ``lane``, which holds no job when this returns;
         None when the body must go through the pipe and ``lane`` cannot take it."""
         if self.shares_memory:
             if lane.write_body(body):
                 assert lane.memfd is not None
                 answer = await lane.process.submit(
-                    lane, ("fd", self._owner_pid, lane.memfd, body_size(body))
+                    lane, ("fd", self._owner_pid, lane.memfd, body_size(body), encoding)
                 )
                 if isinstance(answer, tuple):  # the thumbnail is in the memfd
                     size, image = answer
@@ -516,7 +518,7 @@ class PoolProcessor:
                 self._stop_sharing("memfd_create or writing to it failed")
             if not self._usable(lane):
                 return None
-        answer = await lane.process.submit(lane, ("bytes", joined(body)))
+        answer = await lane.process.submit(lane, ("bytes", joined(body), encoding))
         if isinstance(answer, str | tuple):  # only the memfd path answers with those
             raise ProcessDied(f"unexpected answer {answer!r}")
         return answer
