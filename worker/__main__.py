@@ -231,6 +231,7 @@ def _build_pipeline(
         rate_limit_timeout_s=settings.rate_limit_timeout_s,
         robots=robots,
         pacing_key=settings.hosts.pacing_key,
+        encoding=settings.encoding,
     )
     return _Parts(pipeline, pacer, stats, processor, dns)
 

@@ -9,7 +9,7 @@ import re
 from collections.abc import Mapping
 from importlib import metadata
 from pathlib import Path
-from typing import Literal
+from typing import Final, Literal
 
 from image_crawler import contract
 from image_crawler.config import (
@@ -152,6 +152,9 @@ class WorkerSettings:
     waiting: HostQueueSettings = dataclasses.field(default_factory=HostQueueSettings)
     # Where /metrics and /healthz are served (METRICS_PORT unset: not at all).
     metrics: MetricsSettings = dataclasses.field(default_factory=MetricsSettings)
+    # How images are stored for the messages that ask no encoding (IMAGE_SIZE, ...);
+    # None: the original's thumbnail.
+    encoding: contract.Encoding | None = None
     # Task slots of this process, shared fairly among sources.
     max_tasks: int = 3000
     # Processes decoding and thumbnailing images; 0 means one per CPU.
@@ -214,6 +217,7 @@ class WorkerSettings:
             s3=S3Settings.from_env(env),
             thumbnails=ThumbnailSettings.from_env(env),
             metrics=MetricsSettings.from_env(env),
+            encoding=_encoding(env),
             fetch=fetch,
             max_tasks=env_int(env, "MAX_TASKS", default.max_tasks, minimum=1),
             image_processes=env_int(env, "IMAGE_PROCESSES", default.image_processes),
@@ -318,6 +322,52 @@ def _hosts(env: Mapping[str, str]) -> HostSettings:
         max_host_rps=None if max_host_rps == math.inf else max_host_rps,
         give_up_s=_positive_seconds(env, "HOST_GIVE_UP_S", default.give_up_s),
     )
+
+
+# The worker's encoding, for the messages that ask none: img2dataset's option names as
+# variables. None set: the original's 640 px thumbnail.
+ENCODING_VARIABLES: Final = {
+    "IMAGE_SIZE": "image_size",
+    "RESIZE_MODE": "resize_mode",
+    "RESIZE_ONLY_IF_BIGGER": "resize_only_if_bigger",
+    "ENCODE_FORMAT": "encode_format",
+    "ENCODE_QUALITY": "encode_quality",
+    "MIN_IMAGE_SIZE": "min_image_size",
+    "MAX_IMAGE_AREA": "max_image_area",
+    "MAX_ASPECT_RATIO": "max_aspect_ratio",
+}
+_TRUE: Final = ("1", "true", "yes", "on")
+_FALSE: Final = ("0", "false", "no", "off")
+
+
+def _encoding(env: Mapping[str, str]) -> contract.Encoding | None:
+    given = {
+        field: env[name].strip()
+        for name, field in ENCODING_VARIABLES.items()
+        if env.get(name, "").strip()
+    }
+    if not given:
+        return None
+    values: dict[str, object] = {}
+    for name, field in ENCODING_VARIABLES.items():
+        if field not in given:
+            continue
+        raw = given[field]
+        if field in ("resize_mode", "encode_format"):
+            values[field] = raw.lower()
+        elif field == "resize_only_if_bigger":
+            if raw.lower() not in _TRUE + _FALSE:
+                raise ConfigError(f"{name} must be true or false, got {raw!r}")
+            values[field] = raw.lower() in _TRUE
+        elif field == "max_aspect_ratio":
+            values[field] = env_float(env, name, math.inf, minimum=1.0)
+        else:
+            values[field] = env_int(env, name, 0)
+    try:
+        return contract.Encoding(**values)  # type: ignore[arg-type]
+    except ValueError as e:
+        names = ", ".join(n for n, f in ENCODING_VARIABLES.items() if f in given)
+        raise ConfigError(f"{names}: {e}") from None
 
 
 def _waiting(env: Mapping[str, str]) -> HostQueueSettings:

@@ -7,6 +7,7 @@ import io
 import pytest
 from PIL import Image
 
+from image_crawler.config import ConfigError
 from image_crawler.contract import Encoding
 from worker.images.kernel import (
     ImageFailure,
@@ -16,6 +17,7 @@ from worker.images.kernel import (
     plan_of,
     process_image,
 )
+from worker.settings import WorkerSettings
 
 
 @pytest.mark.parametrize(
@@ -173,3 +175,36 @@ def test_an_enlargement_past_the_pixel_limit_is_refused() -> None:
     assert isinstance(result, ImageFailure)
     assert result.status == "DecompressionBombError"
     assert "resized to 256000x256" in result.detail
+
+
+# --- The worker's own encoding (its environment) ------------------------------------------
+
+
+def test_without_encoding_variables_a_worker_makes_the_thumbnail() -> None:
+    assert WorkerSettings.from_env({}).encoding is None
+
+
+def test_the_encoding_variables_give_img2dataset_s_defaults_for_the_rest() -> None:
+    env = {"IMAGE_SIZE": "384", "RESIZE_MODE": "Center_Crop", "RESIZE_ONLY_IF_BIGGER": "yes"}
+    assert WorkerSettings.from_env(env).encoding == Encoding(
+        image_size=384, resize_mode="center_crop", resize_only_if_bigger=True
+    )
+    env = {"ENCODE_FORMAT": "png", "ENCODE_QUALITY": "9", "MAX_ASPECT_RATIO": "3.5"}
+    assert WorkerSettings.from_env(env).encoding == Encoding(
+        encode_format="png", encode_quality=9, max_aspect_ratio=3.5
+    )
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"ENCODE_FORMAT": "png"}, "ENCODE_FORMAT: encode_quality of png must be an integer 0-9"),
+        ({"IMAGE_SIZE": "big"}, "IMAGE_SIZE must be an integer"),
+        ({"IMAGE_SIZE": "0"}, "IMAGE_SIZE: image_size must be an integer 1-16384"),
+        ({"RESIZE_ONLY_IF_BIGGER": "maybe"}, "RESIZE_ONLY_IF_BIGGER must be true or false"),
+        ({"MAX_ASPECT_RATIO": "0.5"}, "MAX_ASPECT_RATIO must be at least 1.0"),
+    ],
+)
+def test_a_bad_encoding_variable_is_a_clear_error_at_start(env, message) -> None:
+    with pytest.raises(ConfigError, match=message):
+        WorkerSettings.from_env(env)
