@@ -434,6 +434,7 @@ class Pipeline:
             last_modified=fetched.last_modified,
             row=task.row,
             image=stored,
+            has_exif=bool(image.exif),
         )
         said = host | fetched.signals
         if said:

@@ -78,6 +78,7 @@ async def test_a_crawled_image_is_stored_published_and_counted():
         "compression_quality": image.quality,
         "sha256": hashlib.sha256(image.body).hexdigest(),
         "phash": resolution["phash"],  # worker/images/phash.py's tests hold its value
+        "has_exif": True,
     }
     assert exif["identifier"] == "u-1"
     assert exif["exif"].items() >= image.exif.items()
