@@ -1,0 +1,1 @@
+"""A URL list made a dataset (``image-crawler download``), in img2dataset's layout."""
