@@ -105,12 +105,14 @@ class InputRow:
 
     shard: int
     index: int
-    url: str
+    url: str | None  # None: the row gave none
     caption: str | None = None
     columns: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def to_obj(self) -> dict[str, Any]:
-        obj: dict[str, Any] = {"shard": self.shard, "index": self.index, "url": self.url}
+        obj: dict[str, Any] = {"shard": self.shard, "index": self.index}
+        if self.url is not None:
+            obj["url"] = self.url
         if self.caption is not None:
             obj["caption"] = self.caption
         if self.columns:
@@ -122,7 +124,7 @@ class InputRow:
         return cls(
             shard=obj["shard"],
             index=obj["index"],
-            url=obj["url"],
+            url=obj.get("url"),
             caption=obj.get("caption"),
             columns=obj.get("columns") or {},
         )
