@@ -4,6 +4,7 @@ Subcommands (each has ``--help``)::
 
     up        start broker, redis-server, monitor and workers on loopback; Ctrl-C stops them
     demo      ``up`` plus a local origin of bundled samples, crawled end to end
+    download  a URL list crawled into a dataset, with img2dataset's options and output
     produce   feed inbound_images from a JSON Lines, CSV, TSV or Parquet file
     recheck   re-check an earlier crawl's images (its etag, last_modified, sha256)
     status    a live table of every source's backlog, ETA, pacing, counters and halt state
@@ -38,6 +39,7 @@ from crawlctl.console import EXIT_INTERRUPTED, EXIT_USAGE, PROG, Parser, UsageEr
 COMMANDS: Final = {
     "up": "up",
     "demo": "demo",
+    "download": "download",
     "produce": "produce",
     "recheck": "recheck",
     "status": "status",

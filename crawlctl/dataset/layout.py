@@ -91,6 +91,14 @@ class Layout:
         digits = self._index_digits
         return f"{(10**digits) * shard + index:0{SHARD_DIGITS + digits}d}"
 
+    def shard_of(self, key: str) -> int:
+        """The shard of a key this layout made."""
+        return int(key) // (10**self._index_digits)
+
+    def rows_in(self, shard: int, rows: int) -> int:
+        """How many of ``rows`` rows in all are in ``shard``."""
+        return max(0, min(self.per_shard, rows - shard * self.per_shard))
+
     def shards(self, rows: int) -> int:
         return -(-rows // self.per_shard)
 

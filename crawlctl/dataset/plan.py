@@ -59,7 +59,8 @@ def _placed(item: ListRow | FailedRow, shard: int, index: int) -> tuple[InputRow
         status = (
             Status.MALFORMED if item.url is None and item.reason != "no url" else Status.INVALID_URL
         )
-        return InputRow(shard, index, item.url, item.caption), Ending(status, detail=item.reason)
+        row = InputRow(shard, index, item.url, item.caption, item.columns)
+        return row, Ending(status, detail=item.reason)
     row = InputRow(shard, index, item.url, item.caption, item.columns)
     size = RowData(item.caption, dict(item.columns) or None).size_bytes()
     if size > MAX_ROW_DATA_BYTES:

@@ -81,6 +81,7 @@ class FailedRow:
     url: str | None = None
     caption: str | None = None
     count: int = 1
+    columns: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
 ListItem = ListRow | FailedRow | Ignored
@@ -163,15 +164,16 @@ def _row(values: Mapping[str, Any], columns: ListColumns) -> ListRow | FailedRow
     caption = values.get(columns.caption) if columns.caption else None
     if caption is not None and not isinstance(caption, str):
         caption = str(caption)
+    kept = {name: _plain(values.get(name)) for name in columns.kept}
     if url is None or (isinstance(url, str) and not url.strip()):
-        return FailedRow("no url", caption=caption)
+        return FailedRow("no url", caption=caption, columns=kept)
     if not isinstance(url, str):
-        return FailedRow(f"the url is not text: {url!r}", caption=caption)
+        return FailedRow(f"the url is not text: {url!r}", caption=caption, columns=kept)
     url = url.strip()
     parts = urlsplit(url)
     if parts.scheme.lower() not in ("http", "https") or not parts.netloc:
-        return FailedRow(f"not an http(s) URL: {url[:200]!r}", url=url, caption=caption)
-    kept = {name: _plain(values.get(name)) for name in columns.kept}
+        reason = f"not an http(s) URL: {url[:200]!r}"
+        return FailedRow(reason, url=url, caption=caption, columns=kept)
     return ListRow(url, caption, kept)
 
 

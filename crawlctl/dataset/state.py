@@ -213,7 +213,16 @@ class DatasetState:
         """The dataset is whole: drop the stack, the images and what was in flight, keep
         ``run.json`` (a rerun then finds nothing to do)."""
         self.close()
-        for name in ("stack", "images", "input", "sent", "ended", "staging", "offsets.json"):
+        for name in (
+            "stack",
+            "images",
+            "input",
+            "sent",
+            "ended",
+            "staging",
+            "offsets.json",
+            "sources.json",
+        ):
             path = self.root / name
             if path.is_dir():
                 shutil.rmtree(path)

@@ -126,7 +126,8 @@ async def inbound(kafka: KafkaBroker) -> list[c.InboundImage]:
 # --- help and usage -----------------------------------------------------------------------
 
 SUBCOMMANDS = (
-    "up", "demo", "produce", "recheck", "status", "halt", "resume", "override", "robots-exempt"
+    "up", "demo", "download", "produce", "recheck", "status", "halt", "resume", "override",
+    "robots-exempt",
 )  # fmt: skip
 
 
@@ -189,6 +190,17 @@ def test_every_subcommand_has_help(subcommand: str, capsys: pytest.CaptureFixtur
         (["status", "--redis", "http://example.com"], "REDIS_URL must start with redis://"),
         (["up", "--workers", "0"], "--workers must be at least 1"),
         (["up", "--sources-file", "/nonexistent/sources.json"], "not a readable file"),
+        (["download", "/nonexistent/urls.txt", "--output-folder", "o"], "no such file"),
+        (["download", __file__, "--output-folder", "o", "--workers", "0"], "--workers must be"),
+        (
+            ["download", __file__, "--output-folder", "o", "--save-additional-columns", "key"],
+            "may not keep key",
+        ),
+        (
+            ["download", __file__, "--output-folder", "o", "--encode-quality", "101"],
+            "encode_quality of jpg must be an integer 1-100",
+        ),
+        (["download", __file__, "--output-folder", "o", "--max-host-rate", "0"], "above 0"),
         (["produce", "/nonexistent/urls.jsonl"], "no such file"),
         (["produce", __file__], "use --format jsonl|csv|tsv"),
         (["produce", __file__, "--format", "xml"], "invalid choice: 'xml'"),

@@ -49,6 +49,7 @@ def test_every_row_is_an_item_in_file_order_the_failed_ones_too(tmp_path, fmt) -
     assert [type(r) for r in rows] == [ListRow, FailedRow, FailedRow, ListRow]
     assert rows[0].url == "http://127.0.0.2/a.jpg" and rows[0].caption == "a fox"
     assert rows[1].reason == "no url" and rows[1].caption == "no url"
+    assert rows[2].columns["similarity"] in (0.1, "0.1")  # a failed row keeps its columns
     assert rows[2].reason.startswith("not an http(s) URL") and rows[2].url.startswith("ftp:")
     assert rows[3].caption == "ünï «c»"
     similarity = rows[0].columns["similarity"]

@@ -2,21 +2,28 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from test.harness.services import wait_until
+import psutil
+
+from test.harness.services import free_port, wait_until
 
 if TYPE_CHECKING:
     from aiokafka import TopicPartition
 
 ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = Path(sys.executable).with_name("image-crawler")
 
 
 class CrawlerProcess:
@@ -120,3 +127,97 @@ async def commit(bootstrap: str, group: str, offsets: Mapping[TopicPartition, in
         await consumer.commit(dict(offsets))
     finally:
         await consumer.stop()
+
+
+class Command:
+    """``image-crawler COMMAND ...`` in a subprocess, as an operator runs it (the console
+    script), its output collected as it comes."""
+
+    def __init__(self, command_name: str, *args: str, cwd: Path) -> None:
+        command = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "crawlctl"]
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
+        for name in ("KAFKA_HOSTS", "REDIS_URL", "REDIS_HOST", "REDIS_PORT", "SOURCES_FILE"):
+            env.pop(name, None)
+        # A stop hands back what is in flight at once instead of finishing it; a held
+        # image waits for the stop without timing out, however long the first run takes.
+        env.update(
+            SHUTDOWN_GRACE_S="1",
+            COMMIT_INTERVAL_S="0.2",
+            LOG_FREQUENCY_S="1",
+            FETCH_READ_TIMEOUT_S="600",
+            FETCH_TOTAL_TIMEOUT_S="600",
+            # A dashboard port of its own: the default, 9100, is one a machine, and the
+            # suite's tests run side by side.
+            METRICS_PORT=str(free_port()),
+        )
+        self.process = subprocess.Popen(
+            [*command, command_name, *args],
+            env=env,
+            cwd=cwd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.out: list[str] = []
+        self.err: list[str] = []
+        assert self.process.stdout is not None and self.process.stderr is not None
+        self._threads = [
+            threading.Thread(target=self._collect, args=(self.process.stdout, self.out)),
+            threading.Thread(target=self._collect, args=(self.process.stderr, self.err)),
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    @staticmethod
+    def _collect(stream: io.TextIOBase, lines: list[str]) -> None:
+        for line in stream:
+            lines.append(line.rstrip("\n"))
+
+    @property
+    def stderr(self) -> str:
+        return "\n".join(self.err)
+
+    def wait_for_line(
+        self, pattern: str, timeout_s: float, *, stderr: bool = False
+    ) -> re.Match[str]:
+        lines = self.err if stderr else self.out
+
+        def found() -> re.Match[str] | None:
+            if self.process.poll() is not None:
+                raise AssertionError(
+                    f"exited {self.process.returncode}:\n" + "\n".join(self.out + self.err)
+                )
+            return next(filter(None, (re.search(pattern, line) for line in lines)), None)
+
+        return wait_until(found, timeout_s, interval_s=0.05, what=repr(pattern))
+
+    def stop(self, sig: int, timeout_s: float = 90) -> int:
+        self.process.send_signal(sig)
+        return self._reap(timeout_s)
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self._reap(10)
+
+    def _reap(self, timeout_s: float) -> int:
+        code = self.process.wait(timeout_s)
+        for thread in self._threads:
+            thread.join(5)
+        for stream in (self.process.stdout, self.process.stderr):
+            if stream is not None:
+                stream.close()
+        return code
+
+
+def kill_all(run: Command) -> list[psutil.Process]:
+    """``kill -9`` of the command and of every process it started, at once; they are gone."""
+    root = psutil.Process(run.process.pid)
+    everyone = [root, *root.children(recursive=True)]
+    for process in everyone:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
+    run.kill()
+    _, alive = psutil.wait_procs(everyone, timeout=10)
+    assert not alive
+    return everyone

@@ -1,0 +1,245 @@
+"""``image-crawler download``, as a user runs it: a Parquet list in, a dataset out, read
+by webdataset, Hugging Face ``datasets`` and pyarrow; run again, it goes on; killed with
+every process it started, and run again, every row is in the dataset once.
+
+The list's rows cover every way a row ends: images, 404s, a body that is no image, a
+path robots.txt disallows, an image whose server opted out (X-Robots-Tag: noai), and a
+URL the crawler cannot fetch (ended before anything is sent).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import gc
+import io
+import json
+import tarfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from PIL import Image
+
+from test.harness.crawl import Gate
+from test.harness.origin import Origin
+from test.harness.processes import Command, kill_all
+from test.harness.services import wait_until
+
+PER_SHARD = 4
+IMAGES = 12
+# How each row of the list ends: its path on the origin (None: a URL not crawled).
+ROWS: list[tuple[str, str | None]] = [
+    *((f"image{n}", f"/img/{n}.jpg") for n in range(IMAGES)),
+    ("404", "/gone/1.jpg"),
+    ("UnidentifiedImageError", "/bad/1.jpg"),
+    ("RobotsDisallowed", "/private/1.jpg"),
+    ("OptedOut", "/opted/1.jpg"),
+    ("InvalidURL", None),
+    ("404", "/gone/2.jpg"),
+]
+SHARDS = -(-len(ROWS) // PER_SHARD)
+
+
+def _photo(n: int) -> bytes:
+    out = io.BytesIO()
+    Image.new("RGB", (120 + 7 * n, 90 + 3 * n), (20 * n % 256, 90, 160)).save(out, "JPEG")
+    return out.getvalue()
+
+
+def serve(origin: Origin, held: Gate | None = None, held_from: int = IMAGES) -> None:
+    """The list's paths on ``origin``; the images from ``held_from`` on behind ``held``."""
+    origin.set_robots("User-agent: *\nDisallow: /private/\n")
+    for n in range(IMAGES):
+        if held is not None and n >= held_from:
+            origin.add_handler(f"/img/{n}.jpg", held)
+        else:
+            origin.add(f"/img/{n}.jpg", _photo(n), "image/jpeg")
+    origin.add("/bad/1.jpg", b"<html>not an image</html>", "image/jpeg")
+    origin.add("/private/1.jpg", _photo(1), "image/jpeg")
+    origin.add("/opted/1.jpg", _photo(2), "image/jpeg", headers={"X-Robots-Tag": "noai"})
+
+
+def write_list(path: Path, origin: Origin) -> None:
+    """LAION's column names; a caption and two kept columns a row."""
+    urls = [origin.url(p) if p else "ftp://127.0.0.1/x.jpg" for _, p in ROWS]
+    table = pa.table(
+        {
+            "URL": urls,
+            "TEXT": [f"row {i}: «{name}» ü\n" for i, (name, _) in enumerate(ROWS)],
+            "license": [f"cc-{i}" for i in range(len(ROWS))],
+            "similarity": [i / 100 for i in range(len(ROWS))],
+            "ignored": list(range(len(ROWS))),
+        }
+    )
+    pq.write_table(table, path)
+
+
+def download_args(list_path: Path, out: Path, *extra: str) -> tuple[str, ...]:
+    return (
+        str(list_path),
+        "--input-format", "parquet",
+        "--url-col", "URL",
+        "--caption_col", "TEXT",  # img2dataset's own spelling is taken too
+        "--save-additional-columns", '["license","similarity"]',
+        "--output-format", "webdataset",
+        "--output-folder", str(out),
+        "--image-size", "64",
+        "--resize-mode", "center_crop",
+        "--encode-format", "webp",
+        "--number-sample-per-shard", str(PER_SHARD),
+        "--max-host-rate", "20",
+        *extra,
+    )  # fmt: skip
+
+
+class Download(Command):
+    def __init__(self, *args: str, cwd: Path) -> None:
+        super().__init__("download", *args, cwd=cwd)
+
+
+@pytest.fixture
+def started() -> Iterator[list[Download]]:
+    runs: list[Download] = []
+    yield runs
+    for run in runs:
+        run.kill()
+
+
+def dataset_files(out: Path) -> list[str]:
+    return sorted(p.name for p in out.iterdir() if not p.name.startswith("."))
+
+
+def expected_files() -> list[str]:
+    names = [
+        f"{s:05d}{suffix}" for s in range(SHARDS) for suffix in (".parquet", ".tar", "_stats.json")
+    ]
+    return sorted(names)
+
+
+def check_dataset(out: Path) -> None:
+    """Every row in the Parquet files once, in order, ending as its row says; every image
+    in the tars once, 64 x 64 WebP, beside its caption byte for byte and its record."""
+    assert dataset_files(out) == expected_files()
+    table = pq.read_table(sorted(out.glob("*.parquet")))
+    rows = table.to_pylist()
+    keys = [f"{s:05d}{i}" for s in range(SHARDS) for i in range(PER_SHARD)][: len(ROWS)]
+    assert [r["key"] for r in rows] == keys
+    assert table.schema.field("similarity").type == pa.float64()
+    for (name, _), r, i in zip(ROWS, rows, range(len(ROWS)), strict=True):
+        assert r["caption"] == f"row {i}: «{name}» ü\n" and r["license"] == f"cc-{i}"
+        want = "200" if name.startswith("image") else name
+        assert r["crawl_status"] == want, r
+        assert (r["status"] == "success") == name.startswith("image"), r
+    statuses = collections.Counter(r["status"] for r in rows)
+    assert statuses == {"success": IMAGES, "failed_to_download": 5, "failed_to_resize": 1}
+    # The opted-out image was fetched (its header said so) and is not in the shards.
+    opted = next(r for r in rows if r["crawl_status"] == "OptedOut")
+    assert opted["opt_outs"] == ["noai"] and opted["width"] is None
+
+    members: collections.Counter[str] = collections.Counter()
+    for tar_path in sorted(out.glob("*.tar")):
+        with tarfile.open(tar_path) as tar:
+            for member in tar.getmembers():
+                members[member.name] += 1
+                data = tar.extractfile(member).read()  # type: ignore[union-attr]
+                key, ext = member.name.split(".", 1)
+                row = rows[keys.index(key)]
+                if ext == "webp":
+                    assert Image.open(io.BytesIO(data)).size == (64, 64)
+                elif ext == "txt":
+                    assert data == row["caption"].encode()
+                else:
+                    assert json.loads(data)["key"] == key
+    successes = {r["key"] for r in rows if r["status"] == "success"}
+    assert set(members) == {f"{k}.{e}" for k in successes for e in ("webp", "txt", "json")}
+    assert set(members.values()) == {1}
+
+
+def read_by_the_clients(out: Path, cache: Path) -> None:
+    import datasets
+    import webdataset as wds
+
+    tars = [str(p) for p in sorted(out.glob("*.tar"))]
+    samples = list(wds.WebDataset(tars, shardshuffle=False).decode("pil"))
+    gc.collect()  # webdataset's open tar files closed here, where their warnings are ignored
+    assert len(samples) == IMAGES
+    assert all(s["webp"].size == (64, 64) for s in samples)
+    loaded = datasets.load_dataset(
+        "webdataset", data_files={"train": str(out / "*.tar")}, split="train", cache_dir=str(cache)
+    )
+    assert loaded.num_rows == IMAGES
+
+
+@pytest.mark.filterwarnings("ignore::ResourceWarning")
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+async def test_a_list_becomes_a_dataset_and_a_rerun_finds_it_whole(
+    origin: Origin, tmp_path: Path, started: list[Download]
+) -> None:
+    serve(origin)
+    write_list(tmp_path / "list.parquet", origin)
+    out = tmp_path / "out"
+    run = Download(*download_args(tmp_path / "list.parquet", out), cwd=tmp_path)
+    started.append(run)
+    assert await asyncio.to_thread(run.process.wait, 240) == 0, run.stderr
+    run.kill()
+    assert f"{len(ROWS)}/{len(ROWS)} rows ended: {IMAGES} images, 6 failed" in "\n".join(run.out)
+    assert "ignored column(s) 'ignored'" in run.stderr
+    check_dataset(out)
+    read_by_the_clients(out, tmp_path / "hf-cache")
+    # Its own state, once whole: only what says what it was made of.
+    assert [p.name for p in (out / ".image-crawler").iterdir()] == ["run.json"]
+    # Each image fetched once; robots.txt kept the disallowed one from being asked.
+    assert all(origin.requests(f"/img/{n}.jpg") == 1 for n in range(IMAGES))
+    assert origin.requests("/private/1.jpg") == 0
+
+    requests = origin.total_requests
+    again = Download(*download_args(tmp_path / "list.parquet", out), cwd=tmp_path)
+    started.append(again)
+    assert await asyncio.to_thread(again.process.wait, 60) == 0, again.stderr
+    again.kill()
+    assert "is whole" in "\n".join(again.out)
+    assert origin.total_requests == requests
+    other = Download(
+        *download_args(tmp_path / "list.parquet", out, "--image-size", "32"), cwd=tmp_path
+    )
+    started.append(other)
+    assert await asyncio.to_thread(other.process.wait, 60) == 1
+    other.kill()
+    assert "made with other options (encoding)" in other.stderr
+
+
+async def test_a_kill_9_of_download_and_all_it_started_then_a_rerun_makes_each_row_once(
+    origin: Origin, tmp_path: Path, started: list[Download]
+) -> None:
+    # The images of the last shards are held until the first run is gone: it cannot end.
+    held = Gate(_photo(0))
+    serve(origin, held, held_from=IMAGES - 5)
+    write_list(tmp_path / "list.parquet", origin)
+    out = tmp_path / "out"
+    args = download_args(tmp_path / "list.parquet", out)
+    first = Download(*args, cwd=tmp_path)
+    started.append(first)
+    await asyncio.to_thread(
+        wait_until, lambda: (out / "00000_stats.json").exists(), 180, what="a first shard written"
+    )
+    await asyncio.to_thread(wait_until, lambda: held.waiting > 0, 60, what="a held request")
+    killed = kill_all(first)
+    assert len(killed) >= 7  # download, SeaweedFS, tansu, redis-server, monitor, worker, ...
+    written_first = [n for n in dataset_files(out) if n.endswith("_stats.json")]
+    assert 1 <= len(written_first) < SHARDS
+    held.opened.set()
+
+    second = Download(*args, cwd=tmp_path)
+    started.append(second)
+    assert await asyncio.to_thread(second.process.wait, 240) == 0, second.stderr
+    second.kill()
+    assert "going on with" in second.stderr
+    check_dataset(out)
+    # A row of a shard written before the kill was not crawled again.
+    assert all(origin.requests(f"/img/{n}.jpg") == 1 for n in range(PER_SHARD))
+    print(
+        f"first run wrote {len(written_first)} of {SHARDS} shards; requests {origin.total_requests}"
+    )
