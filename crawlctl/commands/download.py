@@ -19,7 +19,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Final
 
-from crawlctl.commands.produce import FeedError
+from crawlctl.commands.produce import FeedError, column_list
 from crawlctl.commands.up import with_stack
 from crawlctl.console import (
     EXIT_FAILED,
@@ -137,23 +137,6 @@ def image_options(download: argparse.ArgumentParser) -> None:
     _option(download, "max-aspect-ratio", type=float, metavar="R", help="default: no limit")
 
 
-def kept_columns(raw: str | None) -> tuple[str, ...]:
-    """``--save-additional-columns``: ``a,b`` or img2dataset's JSON list ``["a","b"]``."""
-    if not raw:
-        return ()
-    text = raw.strip()
-    if text.startswith("["):
-        try:
-            names = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise UsageError(f"--save-additional-columns is not a JSON list: {e}") from None
-        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-            raise UsageError("--save-additional-columns must list column names")
-    else:
-        names = text.split(",")
-    return tuple(n.strip() for n in names if n.strip())
-
-
 def encoding_of(args: argparse.Namespace) -> Encoding:
     quality = args.encode_quality
     if quality is None:
@@ -180,9 +163,7 @@ def _checked(args: argparse.Namespace) -> tuple[Path, ListColumns, Encoding, Lay
     path = Path(args.url_list).expanduser()
     if not path.is_file():
         raise UsageError(f"no such file: {args.url_list}")
-    columns = ListColumns(
-        args.url_col, args.caption_col, kept_columns(args.save_additional_columns)
-    )
+    columns = ListColumns(args.url_col, args.caption_col, column_list(args.save_additional_columns))
     if (problem := columns.problem()) is not None:
         raise UsageError(problem)
     for name in ("workers", "shards_in_flight", "number_sample_per_shard"):

@@ -126,6 +126,55 @@ class Fields:
 FEED: Final = Fields(FIELDS, ALIASES, USED)
 
 
+def plain_value(value: Any) -> Any:
+    """A value as JSON carries it: a Parquet file's date or decimal as its text."""
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    if isinstance(value, list | tuple):
+        return [plain_value(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): plain_value(v) for k, v in value.items()}
+    return str(value)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Kept:
+    """What produce carries of each row beyond url, uuid and source (``--caption-col``,
+    ``--save-additional-columns``): the caption's column and the kept columns, by name.
+    A header matches them without case (JSON Lines: as written); they go into the
+    message's ``caption`` and ``columns``."""
+
+    caption: str | None = None
+    columns: tuple[str, ...] = ()
+
+    def _names(self) -> list[str]:
+        return [*([self.caption] if self.caption else []), *self.columns]
+
+    def fields(self, *, exact: bool = False) -> Fields:
+        """produce's fields and these (lower-cased unless ``exact``)."""
+        if not self._names():
+            return FEED
+        extra = tuple(n if exact else n.lower() for n in self._names())
+        used = ", ".join([USED, *self._names()])
+        loose = frozenset(n if exact else n.lower() for n in self.columns)
+        return Fields((*FIELDS, *extra), ALIASES, used, loose=loose)
+
+    def message_fields(self, values: Mapping[str, Any], *, exact: bool = False) -> dict[str, Any]:
+        """The ``caption`` and ``columns`` of a record's values (none when not asked)."""
+
+        def value(name: str) -> Any:
+            return values.get(name if exact else name.lower())
+
+        found: dict[str, Any] = {}
+        if self.caption:
+            caption = value(self.caption)
+            if caption is not None:
+                found["caption"] = caption if isinstance(caption, str) else str(caption)
+        if self.columns:
+            found["columns"] = {name: plain_value(value(name)) for name in self.columns}
+        return found
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Record:
     """One record of a file, not yet judged: the values of the fields it gives (a field it
@@ -236,6 +285,7 @@ def validate(
     default_source: str | None,
     new_uuid: Callable[[], str],
     unit: str = "line",
+    row_fields: Mapping[str, Any] | None = None,
 ) -> Row:
     """One record's ``url``, ``uuid`` and ``source`` -> a row the crawler accepts, or the
     reason it would not. A None or blank value is a missing one."""
@@ -263,7 +313,7 @@ def validate(
         return BadRow(line, f"source is not a string: {source!r}", unit)
     if not is_valid_source_name(source.strip()):
         return BadRow(line, f"invalid source name {source.strip()!r} ({SOURCE_NAME_RULE})", unit)
-    candidate = {"url": full_url, "uuid": raw_uuid, "source": source}
+    candidate = {"url": full_url, "uuid": raw_uuid, "source": source, **(row_fields or {})}
     # The contract's decoder is the judge: what passes here is what the splitter accepts.
     try:
         image = InboundImage.from_json(json.dumps(candidate))
@@ -774,7 +824,46 @@ def register(subcommands: Subcommands) -> None:
     produce.add_argument(
         "--format", choices=FORMATS, help="the file's format (default: by its extension)"
     )
+    produce.add_argument(
+        "--caption-col",
+        metavar="NAME",
+        help="a column to send as each message's caption (img2dataset's name)",
+    )
+    produce.add_argument(
+        "--save-additional-columns",
+        metavar="A,B",
+        help='columns to send as each message\'s columns: comma separated, or ["a","b"]',
+    )
     produce.set_defaults(run=run)
+
+
+def column_list(raw: str | None) -> tuple[str, ...]:
+    """``--save-additional-columns``: ``a,b`` or img2dataset's JSON list ``["a","b"]``."""
+    if not raw:
+        return ()
+    text = raw.strip()
+    if text.startswith("["):
+        try:
+            names = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise UsageError(f"--save-additional-columns is not a JSON list: {e}") from None
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise UsageError("--save-additional-columns must list column names")
+    else:
+        names = text.split(",")
+    return tuple(n.strip() for n in names if n.strip())
+
+
+def kept_option(args: argparse.Namespace) -> Kept:
+    """``--caption-col`` and ``--save-additional-columns``, checked."""
+    kept = Kept(args.caption_col, column_list(args.save_additional_columns))
+    names = [n.lower() for n in kept._names()]
+    if any(names.count(n) > 1 for n in names) or set(names) & {*FIELDS, *ALIASES}:
+        raise UsageError(
+            "--caption-col and --save-additional-columns must name other columns than each "
+            f"other and than {USED}"
+        )
+    return kept
 
 
 def file_format(name: str, explicit: str | None) -> Format:
@@ -799,23 +888,66 @@ def run(args: argparse.Namespace) -> int:
     path = Path(args.file)
     fmt = file_format(args.file, args.format)
     source = source_option(args.source)
-    return asyncio.run(_produce(path, fmt, source, kafka_settings(args)))
+    kept = kept_option(args)
+    return asyncio.run(_produce(path, fmt, source, kafka_settings(args), kept))
 
 
 def open_feed(
-    path: Path, fmt: Format, default_source: str | None, stack: contextlib.ExitStack
+    path: Path,
+    fmt: Format,
+    default_source: str | None,
+    stack: contextlib.ExitStack,
+    kept: Kept = Kept(),
 ) -> Iterator[Item]:
-    """The items of the file at ``path``, its text kept open by ``stack``."""
-    records = open_records(path, fmt, FEED, feed_header(default_source), stack)
-    return _validated(records, default_source, lambda: str(uuid.uuid4()))
+    """The items of the file at ``path``, its text kept open by ``stack``; each message
+    with what ``kept`` asks of its row."""
+    exact = fmt == "jsonl"
+    fields = kept.fields(exact=exact)
+    records = open_records(path, fmt, fields, _kept_header(default_source, kept, fields), stack)
+    if fields is FEED:
+        return _validated(records, default_source, lambda: str(uuid.uuid4()))
+    return _validated_with(records, default_source, kept, exact)
+
+
+def _kept_header(default_source: str | None, kept: Kept, fields: Fields) -> HeaderRule:
+    base = feed_header(default_source)
+
+    def check(columns: Columns) -> None:
+        base(columns)
+        missing = [n for n in fields.names[len(FIELDS) :] if n not in columns.used]
+        if missing:
+            raise FeedError(f"no column(s) {', '.join(map(repr, missing))}, which were asked for")
+
+    return check
+
+
+def _validated_with(
+    records: Records, default_source: str | None, kept: Kept, exact: bool
+) -> Iterator[Item]:
+    for record in records:
+        if not isinstance(record, Record):
+            yield record
+            continue
+        yield validate(
+            record.values,
+            record.line,
+            default_source=default_source,
+            new_uuid=lambda: str(uuid.uuid4()),
+            unit=record.unit,
+            row_fields=kept.message_fields(record.values, exact=exact),
+        )
 
 
 async def _produce(
-    path: Path, fmt: Format, default_source: str | None, kafka: KafkaSettings
+    path: Path,
+    fmt: Format,
+    default_source: str | None,
+    kafka: KafkaSettings,
+    kept: Kept = Kept(),
 ) -> int:
     with contextlib.ExitStack() as stack:
         try:
-            items = judged_start(open_feed(path, fmt, default_source, stack))
+            items = judged_start(open_feed(path, fmt, default_source, stack, kept))
         except FeedError as e:
             error(f"{path}: {e}")
             out("sent 0, bad 0")

@@ -31,6 +31,7 @@ from crawlctl.commands.produce import (
     Ignored,
     Record,
     no_column,
+    plain_value,
     read_parquet_records,
     read_records,
 )
@@ -164,7 +165,7 @@ def _row(values: Mapping[str, Any], columns: ListColumns) -> ListRow | FailedRow
     caption = values.get(columns.caption) if columns.caption else None
     if caption is not None and not isinstance(caption, str):
         caption = str(caption)
-    kept = {name: _plain(values.get(name)) for name in columns.kept}
+    kept = {name: plain_value(values.get(name)) for name in columns.kept}
     if url is None or (isinstance(url, str) and not url.strip()):
         return FailedRow("no url", caption=caption, columns=kept)
     if not isinstance(url, str):
@@ -175,17 +176,6 @@ def _row(values: Mapping[str, Any], columns: ListColumns) -> ListRow | FailedRow
         reason = f"not an http(s) URL: {url[:200]!r}"
         return FailedRow(reason, url=url, caption=caption, columns=kept)
     return ListRow(url, caption, kept)
-
-
-def _plain(value: Any) -> Any:
-    """A value as JSON carries it: a date or a decimal of a Parquet file as its text."""
-    if value is None or isinstance(value, str | int | float | bool):
-        return value
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    return str(value)
 
 
 def _txt_rows(path: Path) -> Iterator[ListItem]:

@@ -202,6 +202,7 @@ def test_every_subcommand_has_help(subcommand: str, capsys: pytest.CaptureFixtur
         ),
         (["download", __file__, "--output-folder", "o", "--max-host-rate", "0"], "above 0"),
         (["produce", "/nonexistent/urls.jsonl"], "no such file"),
+        (["produce", __file__, "--format", "csv", "--caption-col", "URL"], "other columns"),
         (["produce", __file__], "use --format jsonl|csv|tsv"),
         (["produce", __file__, "--format", "xml"], "invalid choice: 'xml'"),
         (["recheck", "/nonexistent/earlier.jsonl"], "no such file: /nonexistent/earlier.jsonl"),

@@ -5,8 +5,10 @@ against a real broker."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import itertools
+import json
 import sys
 import uuid as uuidlib
 from pathlib import Path
@@ -17,6 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from crawlctl import cli
+from crawlctl.commands import produce as produce_module
 from crawlctl.commands.produce import (
     BadRow,
     FeedError,
@@ -606,3 +609,49 @@ def test_produce_refuses_a_file_of_ignored_columns_only_before_connecting(
     assert code == 1
     assert captured.err.strip() == f"image-crawler: error: {path}: empty: no rows to send"
     assert captured.out.strip() == "sent 0, bad 0"
+
+
+# --- a caption and kept columns (issue 52) -------------------------------------------------
+
+
+def _kept_items(path: Path, fmt: str, kept: produce_module.Kept) -> list[Any]:
+    with contextlib.ExitStack() as stack:
+        return list(produce_module.open_feed(path, fmt, "example", stack, kept))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("fmt", ["csv", "jsonl", "parquet"])
+def test_a_caption_and_kept_columns_go_into_each_message(tmp_path: Path, fmt: str) -> None:
+    rows = [
+        {"url": "http://127.0.0.2/a.jpg", "TEXT": "a fox «ü»", "similarity": 0.25, "other": 1},
+        {"url": "http://127.0.0.2/b.jpg", "TEXT": "x" * 17_000, "similarity": 0.5, "other": 2},
+    ]
+    path = tmp_path / f"list.{fmt}"
+    if fmt == "csv":
+        path.write_text(
+            "url,TEXT,similarity,other\n"
+            + "".join(f"{r['url']},{r['TEXT']},{r['similarity']},{r['other']}\n" for r in rows)
+        )
+    elif fmt == "jsonl":
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    else:
+        pq.write_table(pa.Table.from_pylist(rows), path)
+    kept = produce_module.Kept("TEXT", ("similarity",))
+    items = [i for i in _kept_items(path, fmt, kept) if not isinstance(i, produce_module.Ignored)]
+    good, bad = items
+    assert isinstance(good, produce_module.GoodRow)
+    assert good.image.row is not None and good.image.row.caption == "a fox «ü»"
+    assert good.image.row.columns == {"similarity": "0.25" if fmt == "csv" else 0.25}
+    # Too large for a message: the row is reported, never cut.
+    assert isinstance(bad, produce_module.BadRow)
+    assert "over the limit of 16384" in bad.reason
+
+
+def test_a_caption_column_that_is_not_there_is_refused_before_anything_is_sent(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "list.csv"
+    path.write_text("url\nhttp://127.0.0.2/a.jpg\n")
+    with pytest.raises(
+        produce_module.FeedError, match=r"no column\(s\) 'caption', which were asked"
+    ):
+        _kept_items(path, "csv", produce_module.Kept("caption"))
