@@ -49,6 +49,8 @@ DEFAULT_SOURCE: Final = "dataset"
 # host there and, while it answers well, would climb to the source's rate.
 DEFAULT_MAX_HOST_RATE: Final = 1.0
 DEFAULT_WINDOW: Final = 8
+# A worker that keeps dying (a bad deploy, no memory) ends the run after this many starts.
+MAX_WORKER_RESTARTS: Final = 5
 
 
 def _flag(value: str) -> bool:
@@ -283,16 +285,40 @@ def _crawl(args: argparse.Namespace, dataset: Dataset, state: DatasetState) -> i
     return with_stack(settings, body, interrupted=EXIT_INTERRUPTED)
 
 
+class Supervisor:
+    """Whether the stack can go on: a worker that exits is started again (its work was
+    handed back, or is delivered again: nothing is lost), up to MAX_WORKER_RESTARTS
+    times in all; any other process that exits ends the run."""
+
+    def __init__(self, stack: LocalStack) -> None:
+        self.stack = stack
+        self.restarts = 0
+
+    def __call__(self) -> str | None:
+        exited = self.stack.exited()
+        others = [c for c in exited if c not in self.stack.workers]
+        if others:
+            names = ", ".join(f"{c.name} (status {c.returncode})" for c in others)
+            return f"{names} exited unexpectedly; see {self.stack.settings.log_dir}"
+        for worker in self.stack.workers:
+            if worker not in exited:
+                continue
+            if self.restarts >= MAX_WORKER_RESTARTS:
+                return (
+                    f"workers exited {self.restarts + 1} times; see {self.stack.settings.log_dir}"
+                )
+            self.restarts += 1
+            note(
+                f"download: {worker.name} exited with status {worker.returncode}; starting it again"
+            )
+            worker.wait(0)
+            worker.start()
+        return None
+
+
 async def _follow(stack: LocalStack, dataset: Dataset, state: DatasetState, window: int) -> int:
     stop = asyncio.Event()
-
-    def failed() -> str | None:
-        exited = stack.exited()
-        if not exited:
-            return None
-        names = ", ".join(f"{c.name} (status {c.returncode})" for c in exited)
-        return f"{names} exited unexpectedly; see {stack.settings.log_dir}"
-
+    failed = Supervisor(stack)
     download = DownloadRun(
         dataset, state, KafkaSettings(stack.broker.bootstrap),
         window=window, stop=stop, failed=failed, note=note,
