@@ -218,7 +218,7 @@ def img2dataset_env() -> dict[str, str]:
     return env
 
 
-class _TreeSampler:
+class TreeSampler:
     """The last CPU reading of every process seen in the tree, every ``interval`` s (for
     the descendants still alive after the command exits, and the split by process)."""
 
@@ -227,6 +227,8 @@ class _TreeSampler:
         self.root = psutil.Process(pid)
         self.cpu: dict[int, float] = {}
         self.procs: dict[int, psutil.Process] = {}
+        # Each process's command line as first seen (a process gone later has none).
+        self.cmdlines: dict[int, list[str]] = {}
         self._stop = threading.Event()
         self._interval = interval
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -246,7 +248,10 @@ class _TreeSampler:
                 t = p.cpu_times()
             except psutil.Error:
                 continue
-            self.procs.setdefault(p.pid, p)
+            if p.pid not in self.procs:
+                self.procs[p.pid] = p
+                with contextlib.suppress(psutil.Error):
+                    self.cmdlines[p.pid] = p.cmdline()
             self.cpu[p.pid] = max(self.cpu.get(p.pid, 0.0), t.user + t.system)
 
     def stop(self) -> None:
@@ -297,8 +302,8 @@ def run_once(
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group: killed whole on a timeout
         )
-        sampler = _TreeSampler(proc.pid)
-        status, usage = _wait4(proc, started + timeout_s)
+        sampler = TreeSampler(proc.pid)
+        status, usage = wait4(proc, started + timeout_s)
     wall = time.monotonic() - started
     sampler.stop()
     orphans = sampler.survivors_cpu()
@@ -324,7 +329,7 @@ def run_once(
     }
 
 
-def _wait4(proc: subprocess.Popen[bytes], deadline: float) -> tuple[int | None, Any]:
+def wait4(proc: subprocess.Popen[bytes], deadline: float) -> tuple[int | None, Any]:
     """``os.wait4`` the process (its CPU and that of every descendant it reaped); kill
     its process group at the deadline. Returns (status or None on timeout, rusage)."""
     killed = threading.Event()
