@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import secrets
 import shutil
 from pathlib import Path
@@ -270,13 +269,13 @@ def _crawl(args: argparse.Namespace, dataset: Dataset, state: DatasetState) -> i
     sources.write_text(
         json.dumps([{"source_name": dataset.info.source, "image_count": MAX_IMAGES}])
     )
-    # The workers' ceiling per host; an operator's own MAX_HOST_RATE is not overridden.
-    os.environ.setdefault("MAX_HOST_RATE", f"{args.max_host_rate:g}")
     settings = StackSettings(
         data_dir=state.stack_dir,
         thumbnails_dir=state.images_dir,
         workers=args.workers,
         sources_file=sources,
+        # The workers' ceiling per host (an operator's own MAX_HOST_RATE beats it).
+        defaults={"MAX_HOST_RATE": f"{args.max_host_rate:g}"},
     )
 
     def body(stack: LocalStack) -> int:

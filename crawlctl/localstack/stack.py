@@ -70,6 +70,9 @@ class StackSettings:
     start_timeout_s: float = 60.0
     # Keep Redis's state, the queued URLs and the outputs in ``data_dir`` across restarts.
     persistent: bool = True
+    # More of the crawler's variables at the stack's values, which the operator's
+    # environment beats, as it beats the stack's own defaults (download's MAX_HOST_RATE).
+    defaults: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def log_dir(self) -> Path:
@@ -115,6 +118,7 @@ def crawler_env(
         "SHUTDOWN_GRACE_S": f"{DEFAULT_SHUTDOWN_GRACE_S:g}",
         # One image process per CPU for the whole stack, not per worker.
         "IMAGE_PROCESSES": str(max(1, cpus // max(1, settings.workers))),
+        **settings.defaults,
     }
     for name in env:
         # The operator's value, also under a variable's old name (SHUTDOWN_GRACE_SECONDS).

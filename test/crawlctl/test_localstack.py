@@ -20,7 +20,7 @@ from crawlctl.localstack import services as localstack
 from crawlctl.localstack import topics as topic_io
 from crawlctl.localstack.archive import OutputArchive, archive_line, archive_path
 from crawlctl.localstack.lock import DataDirInUse, DataDirLock
-from crawlctl.localstack.objects import ObjectStore
+from crawlctl.localstack.objects import ObjectStore, socket_path
 from crawlctl.localstack.processes import ModuleProcess, wait_until
 from crawlctl.localstack.spool import SpoolError, SpoolRecord
 from crawlctl.localstack.stack import LocalStack, StackSettings, crawler_env, read_events
@@ -213,6 +213,19 @@ def durable_broker(tmp_path: Path) -> tuple[ObjectStore, localstack.KafkaBroker]
     broker = localstack.KafkaBroker(log_dir=tmp_path / "logs", storage=objects.storage_url)
     broker.storage_env = objects.client_env
     return objects, broker.start()
+
+
+def test_seaweedfs_starts_in_a_folder_too_deep_for_a_unix_socket_there(tmp_path: Path) -> None:
+    # An output folder a user may well have: its sockets then live in a temporary folder
+    # named after it (a path of 108 bytes or more cannot be bound: SeaweedFS exited 255).
+    deep = tmp_path / ("d" * 60) / ("e" * 40)
+    assert len(str(deep / "broker" / "filer.sock")) > 108
+    socket = socket_path(deep / "broker", "filer.sock")
+    assert socket.parent.name.startswith("image-crawler-") and len(str(socket)) < 108
+    assert socket == socket_path(deep / "broker", "filer.sock")  # the same folder each time
+    assert socket_path(tmp_path / "broker", "s3.sock") == tmp_path / "broker" / "s3.sock"
+    objects = ObjectStore(data_dir=deep / "broker", log_dir=tmp_path / "logs").start()
+    objects.stop()
 
 
 def test_the_durable_broker_keeps_records_and_offsets_across_a_kill_9(tmp_path: Path) -> None:

@@ -224,8 +224,12 @@ async def test_a_kill_9_of_download_and_all_it_started_then_a_rerun_makes_each_r
     first = Download(*args, cwd=tmp_path)
     started.append(first)
     await asyncio.to_thread(
-        wait_until, lambda: (out / "00000_stats.json").exists(), 180, what="a first shard written"
+        wait_until,
+        lambda: (out / "00000_stats.json").exists() or first.process.poll() is not None,
+        180,
+        what="a first shard written",
     )
+    assert first.process.poll() is None, first.stderr
     await asyncio.to_thread(wait_until, lambda: held.waiting > 0, 60, what="a held request")
     killed = kill_all(first)
     assert len(killed) >= 7  # download, SeaweedFS, tansu, redis-server, monitor, worker, ...

@@ -32,7 +32,6 @@ from image_crawler import contract as c
 from test.e2e.test_up_restart import (
     HELD,
     IMAGES,
-    SCRIPT,
     SOURCE,
     Up,
     all_ended,
@@ -43,6 +42,7 @@ from test.e2e.test_up_restart import (
 )
 from test.harness.crawl import Gate, tiny_jpeg
 from test.harness.origin import Origin
+from test.harness.processes import SCRIPT
 from test.harness.services import wait_until
 
 DISK_MIB = 40
