@@ -6,20 +6,40 @@ list is cut into shards once (``crawlctl.dataset.plan``) into the output folder'
 state; the local stack (``up``'s, durable, in that state) crawls the rows; each shard is
 written once all its rows have ended (``crawlctl.dataset.run``). Run again on the same
 folder, it goes on: complete shards are kept, what is missing is crawled.
+
+With ``--kafka`` or ``--redis`` no stack is started: the rows go to an existing cluster
+(the compose stack), whose monitor must rate the source and whose workers store the
+images in its S3 bucket; ``--output-folder s3://bucket/prefix`` puts the dataset in S3
+(``crawlctl.dataset.stores``).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
+import hashlib
 import json
+import os
 import secrets
 import shutil
 from pathlib import Path
 from typing import Any, Final
 
+import redis.asyncio as aioredis
+from aiokafka.errors import KafkaError
+from botocore.exceptions import BotoCoreError, ClientError
+from redis.exceptions import RedisError
+
 from crawlctl.commands.produce import FeedError, column_list
 from crawlctl.commands.up import with_stack
+from crawlctl.connections import (
+    kafka_option,
+    kafka_settings,
+    redis_client,
+    redis_option,
+    redis_settings,
+)
 from crawlctl.console import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -34,12 +54,30 @@ from crawlctl.dataset.layout import OUTPUT_FORMATS, Layout
 from crawlctl.dataset.plan import plan_list
 from crawlctl.dataset.rows import INPUT_FORMATS, ListColumns, parquet_types, read_list
 from crawlctl.dataset.run import Dataset, DownloadRun
-from crawlctl.dataset.shards import ShardFormat, complete_shards
+from crawlctl.dataset.shards import ShardFormat
 from crawlctl.dataset.state import DatasetState, RunInfo
+from crawlctl.dataset.stores import (
+    Destination,
+    FolderDestination,
+    FolderImages,
+    Images,
+    S3Destination,
+    S3Images,
+    S3Location,
+    is_s3,
+    s3_client,
+)
 from crawlctl.localstack.stack import LocalStack, StackSettings
 from crawlctl.signals import loop_signals
-from image_crawler.config import KafkaSettings
-from image_crawler.contract import ENCODE_FORMATS, MAX_IMAGES, RESIZE_MODES, Encoding
+from image_crawler.config import ConfigError, KafkaSettings, RedisSettings, S3Settings
+from image_crawler.contract import (
+    ENCODE_FORMATS,
+    MAX_IMAGES,
+    RATES_HASH,
+    RESIZE_MODES,
+    Encoding,
+    host_rate_key,
+)
 
 DEFAULT_SOURCE: Final = "dataset"
 # One request a second to any one host, whatever its robots.txt allows: a dataset's list
@@ -72,6 +110,7 @@ def _option(parser: argparse.ArgumentParser, name: str, **kwargs: Any) -> None:
 def register(subcommands: Subcommands) -> None:
     download = subcommands.add_parser(
         "download",
+        parents=[kafka_option(), redis_option()],
         help="crawl a URL list into a dataset (img2dataset's options and output)",
         description=(
             "Crawl every row of URL_LIST on a local stack (as `up` runs it, durable) and write "
@@ -81,11 +120,17 @@ def register(subcommands: Subcommands) -> None:
             "_stats.json. Polite: robots.txt obeyed, each host paced (--max-host-rate), 429 "
             "and Retry-After heeded. Shows progress, prints a summary, exits 0 once every row "
             "has ended and every shard is written; run again on the same folder, it goes on "
-            "where it stopped (complete shards kept, nothing written twice)."
+            "where it stopped (complete shards kept, nothing written twice). With --kafka "
+            "or --redis, the crawl is an existing cluster's (the compose stack): its monitor "
+            "must rate --source, and its workers' images are read from its S3_BUCKET. "
+            "--output-folder s3://bucket/prefix writes the dataset to S3 (S3_ENDPOINT_URL)."
         ),
     )
     download.add_argument("url_list", metavar="URL_LIST", help="the list of URLs (a file)")
-    _option(download, "output-folder", required=True, metavar="DIR", help="where the dataset goes")
+    _option(
+        download, "output-folder", required=True, metavar="DIR",
+        help="where the dataset goes: a folder, or s3://bucket/prefix",
+    )  # fmt: skip
     _option(download, "input-format", choices=INPUT_FORMATS, default="txt", help="default: txt")
     _option(download, "url-col", default="url", metavar="NAME", help="default: url")
     _option(download, "caption-col", metavar="NAME", help="default: none (no captions)")
@@ -104,8 +149,14 @@ def register(subcommands: Subcommands) -> None:
         help="rows a shard (default: 10000)",
     )  # fmt: skip
     _option(
-        download, "max-host-rate", type=float, default=DEFAULT_MAX_HOST_RATE, metavar="RPS",
-        help=f"requests a second to any one host, at most (default: {DEFAULT_MAX_HOST_RATE:g})",
+        download, "max-host-rate", type=float, metavar="RPS",
+        help=f"requests a second to any one host, at most (default: {DEFAULT_MAX_HOST_RATE:g}; "
+        "on a cluster, its host_rate:SOURCE if an operator set one)",
+    )  # fmt: skip
+    _option(
+        download, "state-folder", metavar="DIR",
+        help="where the run's own state is kept (default: the output folder's hidden "
+        ".image-crawler/; for s3:// a folder of ~/.cache/image-crawler/download/)",
     )  # fmt: skip
     _option(
         download, "workers", type=int, default=1, metavar="N", help="worker processes (default: 1)"
@@ -170,7 +221,7 @@ def _checked(args: argparse.Namespace) -> tuple[Path, ListColumns, Encoding, Lay
     for name in ("workers", "shards_in_flight", "number_sample_per_shard"):
         if getattr(args, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
-    if not args.max_host_rate > 0:
+    if args.max_host_rate is not None and not args.max_host_rate > 0:
         raise UsageError("--max-host-rate must be above 0")
     try:
         layout = Layout(args.number_sample_per_shard)
@@ -201,11 +252,14 @@ def run(args: argparse.Namespace) -> int:
     except ImportError:
         raise UsageError("download needs pyarrow: pip install 'image-crawler[local]'") from None
     path, columns, encoding, layout = _checked(args)
-    folder = Path(args.output_folder).expanduser().resolve()
-    folder.mkdir(parents=True, exist_ok=True)
+    cluster = _cluster(args)
+    client = None
+    if cluster is not None or is_s3(args.output_folder):
+        client = s3_client(_s3_settings())
+    destination, state = _destination(args, client)
     options = _options(args, path, columns, encoding)
-    with DatasetState(folder) as state:
-        info = _run_info(state, args, path, columns, layout, options)
+    with state:
+        info = _run_info(state, str(destination), args, path, columns, layout, options)
         if info is None:
             return EXIT_FAILED
         fmt = ShardFormat(
@@ -215,19 +269,73 @@ def run(args: argparse.Namespace) -> int:
             columns=columns.kept,
             column_types=parquet_types(path, columns) if args.input_format == "parquet" else {},
         )
-        dataset = Dataset(folder, info, layout, fmt, encoding, state.images_dir)
-        if len(complete_shards(folder)) == info.shards:
-            out(f"download: {folder} is whole: {info.shards} shard(s) of {info.rows} rows")
+        images: Images = (
+            FolderImages(state.images_dir)
+            if cluster is None
+            else S3Images(client, _s3_settings().bucket)
+        )
+        dataset = Dataset(destination, info, layout, fmt, encoding, images)
+        if len(destination.complete()) == info.shards:
+            out(f"download: {destination} is whole: {info.shards} shard(s) of {info.rows} rows")
             state.clear_crawl()
             return EXIT_OK
-        code = _crawl(args, dataset, state)
+        if cluster is None:
+            code = _crawl(args, dataset, state)
+        else:
+            code = asyncio.run(_crawl_on(cluster, args, dataset, state))
     if code == EXIT_OK:
         state.clear_crawl()
     return code
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Cluster:
+    kafka: KafkaSettings
+    redis: RedisSettings
+
+
+def _cluster(args: argparse.Namespace) -> Cluster | None:
+    """The existing cluster to crawl on (--kafka or --redis given), or None: a local stack."""
+    if not (args.kafka or args.redis):
+        return None
+    return Cluster(kafka_settings(args), redis_settings(args))
+
+
+def _s3_settings() -> S3Settings:
+    try:
+        return S3Settings.from_env(os.environ)
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
+
+
+def _destination(args: argparse.Namespace, client: Any) -> tuple[Destination, DatasetState]:
+    """Where the dataset goes, and where the run's own state is kept."""
+    state_folder = (
+        None if args.state_folder is None else Path(args.state_folder).expanduser().resolve()
+    )
+    if not is_s3(args.output_folder):
+        folder = Path(args.output_folder).expanduser().resolve()
+        folder.mkdir(parents=True, exist_ok=True)
+        return FolderDestination(folder), DatasetState(folder, root=state_folder)
+    try:
+        location = S3Location.parse(args.output_folder)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    try:
+        client.head_bucket(Bucket=location.bucket)
+    except (BotoCoreError, ClientError) as e:
+        raise UsageError(f"cannot write to {location}: {e}") from None
+    if state_folder is None:
+        cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+        digest = hashlib.sha256(str(location).encode()).hexdigest()[:12]
+        state_folder = cache / "image-crawler" / "download" / f"{location.bucket}-{digest}"
+    state_folder.mkdir(parents=True, exist_ok=True)
+    return S3Destination(client, location), DatasetState(state_folder, root=state_folder)
+
+
 def _run_info(
     state: DatasetState,
+    where: str,
     args: argparse.Namespace,
     path: Path,
     columns: ListColumns,
@@ -241,13 +349,11 @@ def _run_info(
         if dict(info.options) != options:
             changed = sorted(k for k in options if info.options.get(k) != options[k])
             error(
-                f"{state.root.parent} holds a dataset made with other options "
+                f"{where} holds a dataset made with other options "
                 f"({', '.join(changed)}); use another --output-folder, or the same options"
             )
             return None
-        note(
-            f"download: going on with {state.root.parent} ({info.rows} rows, {info.shards} shards)"
-        )
+        note(f"download: going on with {where} ({info.rows} rows, {info.shards} shards)")
         return info
     if state.root.exists():  # a cut that did not finish: start it again
         shutil.rmtree(state.root)
@@ -275,7 +381,7 @@ def _crawl(args: argparse.Namespace, dataset: Dataset, state: DatasetState) -> i
         workers=args.workers,
         sources_file=sources,
         # The workers' ceiling per host (an operator's own MAX_HOST_RATE beats it).
-        defaults={"MAX_HOST_RATE": f"{args.max_host_rate:g}"},
+        defaults={"MAX_HOST_RATE": f"{args.max_host_rate or DEFAULT_MAX_HOST_RATE:g}"},
     )
 
     def body(stack: LocalStack) -> int:
@@ -324,6 +430,57 @@ async def _follow(stack: LocalStack, dataset: Dataset, state: DatasetState, wind
     )  # fmt: skip
     with loop_signals(stop):
         why = await download.run()
+    return _ended(download, dataset, why)
+
+
+async def _crawl_on(
+    cluster: Cluster, args: argparse.Namespace, dataset: Dataset, state: DatasetState
+) -> int:
+    """The crawl on an existing cluster: its monitor must rate the source (it crawls only
+    the sources of its SOURCES_FILE or SOURCES_URL); the source's ceiling per host is
+    host_rate:SOURCE in its Redis."""
+    source = dataset.info.source
+    redis = redis_client(cluster.redis)
+    try:
+        if not await redis.hexists(RATES_HASH, source):
+            error(
+                f"download: the cluster's monitor does not rate the source {source!r}: add "
+                f'{{"source_name": "{source}", "image_count": {MAX_IMAGES}}} to its '
+                "SOURCES_FILE (or SOURCES_URL; the count sets the source's rate, this one "
+                "the most there is), or give --source one it rates"
+            )
+            return EXIT_FAILED
+        await _set_host_rate(redis, source, args.max_host_rate)
+    except RedisError as e:
+        error(f"download: the cluster's Redis ({cluster.redis.redacted_url}): {e}")
+        return EXIT_FAILED
+    finally:
+        await redis.aclose()
+    stop = asyncio.Event()
+    download = DownloadRun(
+        dataset, state, cluster.kafka, window=args.shards_in_flight, stop=stop, note=note
+    )
+    with loop_signals(stop):
+        try:
+            why = await download.run()
+        except KafkaError as e:
+            why = f"the cluster's broker ({cluster.kafka.bootstrap_servers}): {e!r}"
+    return _ended(download, dataset, why)
+
+
+async def _set_host_rate(redis: aioredis.Redis, source: str, rate: float | None) -> None:
+    """--max-host-rate as host_rate:SOURCE; without it, an operator's value stays."""
+    key = host_rate_key(source)
+    if rate is not None:
+        await redis.set(key, f"{rate:g}")
+    elif not await redis.set(key, f"{DEFAULT_MAX_HOST_RATE:g}", nx=True):
+        note(f"download: keeping the cluster's {key} (--max-host-rate sets it)")
+    current = await redis.get(key)
+    text = current.decode() if isinstance(current, bytes) else current
+    note(f"download: at most {text} request(s)/s to any one host ({key})")
+
+
+def _ended(download: DownloadRun, dataset: Dataset, why: str | None) -> int:
     _summary(download, dataset)
     if why is None:
         return EXIT_OK
@@ -339,7 +496,7 @@ def _summary(download: DownloadRun, dataset: Dataset) -> None:
     out(f"download: {tally.line()}")
     out(
         f"  shards      {tally.shards_written} of {dataset.info.shards} written to "
-        f"{dataset.folder} ({dataset.fmt.output_format})"
+        f"{dataset.destination} ({dataset.fmt.output_format})"
     )
     for status, count in tally.failed.most_common():
         out(f"  failed      {count} {status}")

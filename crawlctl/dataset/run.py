@@ -4,11 +4,12 @@ write each shard once all its rows have ended.
 At most ``window`` shards are in flight (sent, not yet written), so that what is kept
 (each row's key until it ends, and its ending on disk) is bounded by the window, not by
 the list. Endings are read from the output topics in no consumer group (every
-partition, from the offsets the state saved: tansu's slow group protocol stays out of
-it), joined (``outcomes.Joiner``), appended to the shard's ledger, and every
-``CHECKPOINT_S`` the ledgers go to disk and then the offsets. A shard whose rows have all
-ended is written (``shards.write_shard``, whole or not at all) from its rows, its ledger
-and the images the workers stored, which are then deleted with its state.
+partition, from the offsets the state saved, a first run's from the topics' ends:
+tansu's slow group protocol stays out of it), joined (``outcomes.Joiner``), appended to
+the shard's ledger, and every ``CHECKPOINT_S`` the ledgers go to disk and then the
+offsets. A shard whose rows have all ended is written (to a folder or S3, whole or not at
+all: ``stores``) from its rows, its ledger and the images the workers stored, which are
+then deleted with its state.
 """
 
 from __future__ import annotations
@@ -16,10 +17,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
-import json
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any, Final
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -27,14 +26,9 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from crawlctl.commands.produce import SendSettings, send_images
 from crawlctl.dataset.layout import SUCCESS, Ending, Layout, verdict
 from crawlctl.dataset.outcomes import OUTCOME_TOPICS, Joiner
-from crawlctl.dataset.shards import (
-    ShardFormat,
-    ShardRow,
-    complete_shards,
-    stats_path,
-    write_shard,
-)
+from crawlctl.dataset.shards import ShardFormat, ShardRow
 from crawlctl.dataset.state import DatasetState, RunInfo
+from crawlctl.dataset.stores import Destination, Images
 from image_crawler.config import KafkaSettings
 from image_crawler.contract import Encoding, InboundImage, RowData, object_key
 
@@ -46,14 +40,15 @@ RATE_WINDOW_S: Final = 60.0
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Dataset:
-    """What a download makes, where, and how its rows are sent."""
+    """What a download makes, where, and how its rows are sent; where the workers'
+    images are read from."""
 
-    folder: Path
+    destination: Destination
     info: RunInfo
     layout: Layout
     fmt: ShardFormat
     encoding: Encoding
-    images_dir: Path
+    images: Images
 
 
 class Tally:
@@ -130,7 +125,7 @@ class DownloadRun:
         self._note = note
         self.tally = Tally(dataset.info.rows)
         self._joiner = Joiner(dataset.info.key_of)
-        self._complete = complete_shards(dataset.folder)
+        self._complete = dataset.destination.complete()
         # Each shard in flight: the keys of its rows not ended yet.
         self._pending: dict[int, set[str]] = {}
         self._next: dict[tuple[str, int], int] = {}
@@ -153,6 +148,8 @@ class DownloadRun:
         consumer.subscribe(list(OUTCOME_TOPICS))
         await consumer.start()
         try:
+            if not self._next and not self.state.sent():
+                await self._start_at_ends(consumer)
             return await self._follow(consumer)
         finally:
             self._checkpoint()
@@ -165,10 +162,26 @@ class DownloadRun:
             if shard in self._complete:
                 self.state.forget(shard)
         for shard in sorted(self._complete):
-            self.tally.add_written(json.loads(stats_path(self.dataset.folder, shard).read_text()))
+            self.tally.add_written(self.dataset.destination.stats(shard))
         for shard in sorted(self.state.sent() - self._complete):
             self._load(shard)
         self._next = self.state.load_offsets()
+
+    async def _start_at_ends(self, consumer: AIOKafkaConsumer) -> None:
+        """Nothing sent yet: every ending to come is past the topics' ends now. On a
+        cluster the output topics hold every other crawl's messages (weeks of them), none
+        of which is this run's. Saved before anything is sent, so that a rerun reads from
+        here; a partition that appears later is read from its start."""
+        await consumer.topics()  # the cluster's metadata, the output topics' partitions
+        partitions = [
+            TopicPartition(topic, p)
+            for topic in OUTCOME_TOPICS
+            for p in consumer.partitions_for_topic(topic) or ()
+        ]
+        if partitions:
+            ends = await consumer.end_offsets(partitions)
+            self._next = {(tp.topic, tp.partition): offset for tp, offset in ends.items()}
+        self.state.save_offsets(self._next)
 
     def _load(self, shard: int) -> list[str]:
         """Put ``shard`` in flight: its rows not ended; returns their keys."""
@@ -278,22 +291,20 @@ class DownloadRun:
         dataset, state = self.dataset, self.state
         endings = state.endings(shard)
         rows = []
-        images: list[Path] = []
+        stored: list[str] = []
         for row in state.read_input(shard):
             key = dataset.layout.key(row.shard, row.index)
             ending = endings[key]
             image = None
-            if verdict(ending, dataset.fmt.skip_opted_out)[0] == SUCCESS:
-                path = dataset.images_dir / object_key(
-                    dataset.info.identifier(key), dataset.encoding
-                )
-                image = path.read_bytes()
-                images.append(path)
+            if ending.crawled:  # stored, a success or not (an opted-out image is)
+                name = object_key(dataset.info.identifier(key), dataset.encoding)
+                stored.append(name)
+                if verdict(ending, dataset.fmt.skip_opted_out)[0] == SUCCESS:
+                    image = dataset.images.read(name)
             rows.append(ShardRow(row, ending, image))
-        write_shard(
-            dataset.folder, state.staging_dir, shard, rows, dataset.layout, dataset.fmt,
+        dataset.destination.write(
+            shard, rows, dataset.layout, dataset.fmt, state.staging_dir,
             start_time=self._sent_at.get(shard, time.time()), end_time=time.time(),
         )  # fmt: skip
         state.forget(shard)
-        for path in images:
-            path.unlink(missing_ok=True)
+        dataset.images.delete(stored)

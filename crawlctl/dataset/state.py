@@ -64,8 +64,10 @@ class RunInfo:
 class DatasetState:
     """The files under ``folder/.image-crawler``."""
 
-    def __init__(self, folder: Path) -> None:
-        self.root = folder / STATE_DIR
+    def __init__(self, folder: Path, *, root: Path | None = None) -> None:
+        """The state of the dataset in ``folder``, kept in its hidden folder, or in
+        ``root`` (a dataset that goes to S3 keeps its state on the local disk)."""
+        self.root = folder / STATE_DIR if root is None else root
         self._ledgers: dict[int, IO[str]] = {}
 
     def __enter__(self) -> DatasetState:

@@ -24,10 +24,11 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from test.harness.crawl import Gate
+from image_crawler import contract as c
+from test.harness.crawl import Gate, sources_file, worker_env
 from test.harness.origin import Origin
-from test.harness.processes import Command, kill_all
-from test.harness.services import wait_until
+from test.harness.processes import Command, CrawlerProcess, kill_all
+from test.harness.services import create_bucket, s3_client, wait_for, wait_until
 
 PER_SHARD = 4
 IMAGES = 12
@@ -78,7 +79,7 @@ def write_list(path: Path, origin: Origin) -> None:
     pq.write_table(table, path)
 
 
-def download_args(list_path: Path, out: Path, *extra: str) -> tuple[str, ...]:
+def download_args(list_path: Path, out: Path | str, *extra: str) -> tuple[str, ...]:
     return (
         str(list_path),
         "--input-format", "parquet",
@@ -97,8 +98,8 @@ def download_args(list_path: Path, out: Path, *extra: str) -> tuple[str, ...]:
 
 
 class Download(Command):
-    def __init__(self, *args: str, cwd: Path) -> None:
-        super().__init__("download", *args, cwd=cwd)
+    def __init__(self, *args: str, cwd: Path, env: dict[str, str] | None = None) -> None:
+        super().__init__("download", *args, cwd=cwd, env=env)
 
 
 @pytest.fixture
@@ -274,3 +275,73 @@ async def test_a_worker_killed_mid_run_is_started_again_and_the_dataset_is_whole
     # was fetched again (at least once inside: issue 53 is about the second); once in the
     # dataset all the same.
     assert max(origin.requests(f"/img/{n}.jpg") for n in range(IMAGES)) <= 2
+
+
+@pytest.mark.filterwarnings("ignore::ResourceWarning")
+async def test_on_an_existing_cluster_a_list_becomes_a_dataset_in_s3(
+    origin: Origin, tmp_path: Path, started: list[Download], kafka, redis, redis_url, s3_server,
+    s3_bucket: str,
+) -> None:  # fmt: skip
+    """--kafka and --redis: the crawl is a running cluster's (its monitor, its worker, the
+    workers' images in its S3 bucket); --output-folder s3://: the dataset goes to S3."""
+    serve(origin)
+    write_list(tmp_path / "list.parquet", origin)
+    monitor_env = {
+        **kafka.env,
+        "REDIS_URL": redis_url,
+        "SOURCES_FILE": sources_file(tmp_path, dataset=c.MAX_IMAGES),
+    }
+    processes = [CrawlerProcess("crawl_monitor", monitor_env, tmp_path / "monitor.log")]
+    try:
+        await wait_for(
+            lambda: redis.hexists(c.RATES_HASH, "dataset"), 30, what="the monitor's rates"
+        )
+        env = {**s3_server.env, "S3_BUCKET": s3_bucket}
+        cluster = ("--kafka", kafka.bootstrap, "--redis", redis_url)
+        # A source the monitor does not rate is never crawled: said, and nothing sent.
+        unknown = Download(
+            *download_args(tmp_path / "list.parquet", tmp_path / "unused"),
+            *cluster, "--source", "nobody", cwd=tmp_path, env=env,
+        )  # fmt: skip
+        started.append(unknown)
+        assert await asyncio.to_thread(unknown.process.wait, 60) == 1
+        assert "does not rate the source 'nobody'" in unknown.stderr
+        processes.append(
+            CrawlerProcess(
+                "worker",
+                worker_env(kafka, redis_url, s3_server, s3_bucket, IMAGE_PROCESSES=1),
+                tmp_path / "worker.log",
+            )
+        )
+        out_bucket = f"{s3_bucket}-out"
+        create_bucket(s3_server.endpoint_url, out_bucket)
+        args = (
+            *download_args(tmp_path / "list.parquet", f"s3://{out_bucket}/sets/one"),
+            *cluster, "--state-folder", str(tmp_path / "state"),
+        )  # fmt: skip
+        run = Download(*args, cwd=tmp_path, env=env)
+        started.append(run)
+        assert await asyncio.to_thread(run.process.wait, 240) == 0, run.stderr
+        run.kill()
+        assert "keeping the cluster's" not in run.stderr
+        requests = origin.total_requests
+        again = Download(*args, cwd=tmp_path, env=env)
+        started.append(again)
+        assert await asyncio.to_thread(again.process.wait, 60) == 0, again.stderr
+        assert "is whole" in "\n".join(again.out) and origin.total_requests == requests
+    finally:
+        for process in processes:
+            process.stop()
+    assert await redis.get(c.host_rate_key("dataset")) == "20"
+    # The dataset, read back from S3: as on a disk, and nothing else under its prefix.
+    out = tmp_path / "from-s3"
+    out.mkdir()
+    client = s3_client(s3_server.endpoint_url)
+    listed = client.list_objects_v2(Bucket=out_bucket, Prefix="sets/one/")["Contents"]
+    for obj in listed:
+        body = client.get_object(Bucket=out_bucket, Key=obj["Key"])["Body"].read()
+        (out / obj["Key"].removeprefix("sets/one/")).write_bytes(body)
+    check_dataset(out)
+    # The workers' images are gone from their bucket once in the shards.
+    assert client.list_objects_v2(Bucket=s3_bucket).get("KeyCount", 0) == 0
+    assert all(origin.requests(f"/img/{n}.jpg") == 1 for n in range(IMAGES))

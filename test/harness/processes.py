@@ -133,14 +133,17 @@ class Command:
     """``image-crawler COMMAND ...`` in a subprocess, as an operator runs it (the console
     script), its output collected as it comes."""
 
-    def __init__(self, command_name: str, *args: str, cwd: Path) -> None:
+    def __init__(
+        self, command_name: str, *args: str, cwd: Path, env: Mapping[str, str] | None = None
+    ) -> None:
+        """``env``: variables of the command's own, over the suite's."""
         command = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "crawlctl"]
-        env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
+        full_env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
         for name in ("KAFKA_HOSTS", "REDIS_URL", "REDIS_HOST", "REDIS_PORT", "SOURCES_FILE"):
-            env.pop(name, None)
+            full_env.pop(name, None)
         # A stop hands back what is in flight at once instead of finishing it; a held
         # image waits for the stop without timing out, however long the first run takes.
-        env.update(
+        full_env.update(
             SHUTDOWN_GRACE_S="1",
             COMMIT_INTERVAL_S="0.2",
             LOG_FREQUENCY_S="1",
@@ -150,9 +153,10 @@ class Command:
             # suite's tests run side by side.
             METRICS_PORT=str(free_port()),
         )
+        full_env.update(env or {})
         self.process = subprocess.Popen(
             [*command, command_name, *args],
-            env=env,
+            env=full_env,
             cwd=cwd,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
