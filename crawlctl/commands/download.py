@@ -326,7 +326,7 @@ def _destination(args: argparse.Namespace, client: Any) -> tuple[Destination, Da
     except (BotoCoreError, ClientError) as e:
         raise UsageError(f"cannot write to {location}: {e}") from None
     if state_folder is None:
-        cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+        cache = Path.home() / ".cache"
         digest = hashlib.sha256(str(location).encode()).hexdigest()[:12]
         state_folder = cache / "image-crawler" / "download" / f"{location.bucket}-{digest}"
     state_folder.mkdir(parents=True, exist_ok=True)

@@ -21,7 +21,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from crawl_monitor.settings import MonitorSettings
-from crawlctl.commands import up
+from crawlctl.commands import download, up
 from crawlctl.connections import kafka_settings, redis_settings
 from crawlctl.localstack.disk import disk_reserve_bytes
 from crawlctl.localstack.stack import StackSettings, crawler_env, monitor_metrics_port
@@ -382,6 +382,7 @@ def cli_names_read() -> set[str]:
         kafka_settings(argparse.Namespace(kafka=None))
         redis_settings(argparse.Namespace(redis=None))
         up._sources_file(None)
+        download._s3_settings()
     crawler_env(StackSettings(Path("data"), Path("thumbnails")), "kafka:9092", "redis://r", env)
     monitor_metrics_port(env)
     disk_reserve_bytes(env)
@@ -417,6 +418,7 @@ ENVIRONMENT_USERS: dict[str, str | None] = {
     "crawlctl/connections.py:kafka_settings": "image-crawler",
     "crawlctl/connections.py:redis_settings": "image-crawler",
     "crawlctl/commands/up.py:_sources_file": "image-crawler",
+    "crawlctl/commands/download.py:_s3_settings": "image-crawler",
     "crawlctl/localstack/stack.py:LocalStack.start": "image-crawler",
     "crawlctl/localstack/processes.py:ModuleProcess.start": None,
     "crawlctl/localstack/services.py:KafkaBroker._env": None,
