@@ -148,6 +148,12 @@ def register(subcommands: Subcommands) -> None:
         download, "number-sample-per-shard", type=int, default=10_000, metavar="N",
         help="rows a shard (default: 10000)",
     )  # fmt: skip
+    crawl_options(download)
+    download.set_defaults(run=run)
+
+
+def crawl_options(download: argparse.ArgumentParser) -> None:
+    """Ours: how the list is crawled."""
     _option(
         download, "max-host-rate", type=float, metavar="RPS",
         help=f"requests a second to any one host, at most (default: {DEFAULT_MAX_HOST_RATE:g}; "
@@ -168,7 +174,6 @@ def register(subcommands: Subcommands) -> None:
         download, "shards-in-flight", type=int, default=DEFAULT_WINDOW, metavar="N",
         help=f"shards sent and not yet written, at most (default: {DEFAULT_WINDOW})",
     )  # fmt: skip
-    download.set_defaults(run=run)
 
 
 def image_options(download: argparse.ArgumentParser) -> None:
