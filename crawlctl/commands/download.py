@@ -258,9 +258,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("download needs pyarrow: pip install 'image-crawler[local]'") from None
     path, columns, encoding, layout = _checked(args)
     cluster = _cluster(args)
-    client = None
-    if cluster is not None or is_s3(args.output_folder):
-        client = s3_client(_s3_settings())
+    s3 = _s3_settings() if cluster is not None or is_s3(args.output_folder) else None
+    client = None if s3 is None else s3_client(s3)
     destination, state = _destination(args, client)
     options = _options(args, path, columns, encoding)
     with state:
@@ -276,8 +275,8 @@ def run(args: argparse.Namespace) -> int:
         )
         images: Images = (
             FolderImages(state.images_dir)
-            if cluster is None
-            else S3Images(client, _s3_settings().bucket)
+            if cluster is None or s3 is None
+            else S3Images(client, s3.bucket)
         )
         dataset = Dataset(destination, info, layout, fmt, encoding, images)
         if len(destination.complete()) == info.shards:
