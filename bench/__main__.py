@@ -6,7 +6,8 @@ re-check of its images), with ``--hosts N`` two more (one source on one unlimite
 then over N hosts at a robots.txt Crawl-delay of 1 s), with ``--long-tail`` two more
 (``--urls`` images on one host, then on as many new hosts, names of a local dnsmasq's
 wildcard zone), then compares the worker with img2dataset and with a bare Pillow
-pipeline on the corpus's "mixed" files, measures the thumbnails' PSNR, times the
+pipeline on the corpus's "mixed" files, with ``--dataset`` runs ``image-crawler
+download`` beside img2dataset (``bench.dataset``), measures the thumbnails' PSNR, times the
 monitor's loop, then prints a table and writes ``--out`` (JSON) and the same table as
 markdown next to it.
 """
@@ -33,6 +34,7 @@ from bench import peer as img2dataset
 from bench.bare import measure_bare
 from bench.corpus import DEFAULT_DIR, Corpus, ensure_corpus
 from bench.crawl import RunConfig, run_crawl
+from bench.dataset import measure_dataset
 from bench.hosts import measure_hosts
 from bench.kernel import measure_kernel
 from bench.longtail import TAIL_ZONE, measure_long_tail
@@ -200,6 +202,12 @@ def _comparison_options(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--no-quality", action="store_true", help="skip the thumbnails' PSNR over the corpus"
+    )
+    group.add_argument(
+        "--dataset",
+        action="store_true",
+        help="also `image-crawler download` beside img2dataset (bench.dataset): a 2,000-row "
+        "list over 40 hosts, one disallowing, one answering 429; then download unbound",
     )
 
 
@@ -405,6 +413,16 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
         if args.compare_images
         else None
     )
+    dataset = None
+    if args.dataset:
+        dataset = await asyncio.to_thread(
+            measure_dataset,
+            args.corpus_dir,
+            corpus_files=args.corpus_files,
+            peer_cache=args.peer_cache,
+            work_dir=log_dir / "dataset",
+            unbound=True,
+        )
     quality = None
     if not args.no_quality:
         print(f"quality: PSNR of {len(corpus.files)} thumbnails", file=sys.stderr)
@@ -426,6 +444,7 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
         "long_tail": long_tail,
         "monitor": monitor,
         "comparison": comparison,
+        "dataset": dataset,
         "quality": quality,
         "log_dir": str(log_dir),
     }

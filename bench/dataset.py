@@ -36,6 +36,7 @@ from typing import Any, Final
 from bench import peer
 from bench.corpus import DEFAULT_DIR, ensure_corpus
 from bench.dataset_origin import DISALLOWED, LIMITED, host_addresses
+from bench.dataset_report import dataset_table, dataset_verdicts
 from bench.services import _BenchModule
 
 ROWS: Final = 2000
@@ -132,6 +133,8 @@ def download_env() -> dict[str, str]:
 def role(cmdline: Sequence[str]) -> str:
     """Which part of a run a process was, from its command line."""
     text = " ".join(cmdline)
+    if "img2dataset" in text:  # its venv's python, for every process it starts
+        return "img2dataset: its processes" if "multiprocessing" in text else "img2dataset"
     for part, name in (
         ("tansu", "broker (tansu)"),
         ("weed", "broker storage (SeaweedFS)"),
@@ -141,7 +144,6 @@ def role(cmdline: Sequence[str]) -> str:
         ("forkserver", "worker: image processes"),
         ("multiprocessing", "worker: image processes"),
         ("image-crawler download", "download"),
-        ("img2dataset", "img2dataset"),
     ):
         if part in text:
             return name
@@ -166,13 +168,15 @@ def run_measured(
     sampler.stop()
     if status is None or proc.returncode != 0:
         raise peer.PeerError(f"{command[:2]} ended {proc.returncode}; see {run_dir}/run.log")
-    by_role: collections.Counter[str] = collections.Counter()
+    by_role: collections.defaultdict[str, float] = collections.defaultdict(float)
     for pid, cpu in sampler.cpu.items():
         by_role[role(sampler.cmdlines.get(pid, []))] += cpu
     return {
         "cpu_s": round(usage.ru_utime + usage.ru_stime + sampler.survivors_cpu(), 3),
         "wall_s": round(wall, 2),
-        "cpu_by_role_s": {k: round(v, 2) for k, v in by_role.most_common()},
+        "cpu_by_role_s": {
+            k: round(v, 2) for k, v in sorted(by_role.items(), key=lambda kv: -kv[1])
+        },
     }
 
 
@@ -234,7 +238,7 @@ def one_tool(
     return full
 
 
-def compare(i2d: dict[str, Any], ours: dict[str, Any], hosts: int) -> dict[str, Any]:
+def compare(i2d: dict[str, Any], ours: dict[str, Any], rows: int, hosts: int) -> dict[str, Any]:
     addresses = host_addresses(hosts)
     both = [a for i, a in enumerate(addresses) if i not in (DISALLOWED, LIMITED)]
 
@@ -246,6 +250,7 @@ def compare(i2d: dict[str, Any], ours: dict[str, Any], hosts: int) -> dict[str, 
         for tool, result in (("img2dataset", i2d), ("download", ours))
     }
     return {
+        "rows_of_the_429_host": sum(1 for i in range(rows) if i % hosts == LIMITED),
         "images_on_hosts_both_may_crawl": {
             "img2dataset": on(i2d, both),
             "download": on(ours, both),
@@ -273,6 +278,52 @@ def compare(i2d: dict[str, Any], ours: dict[str, Any], hosts: int) -> dict[str, 
     }
 
 
+def measure_dataset(
+    corpus_dir: Path, *, corpus_files: int, peer_cache: Path, work_dir: Path, rows: int = ROWS,
+    hosts: int = HOSTS, unbound: bool = False, timeout_s: float = 1800.0,
+) -> dict[str, Any]:  # fmt: skip
+    """img2dataset, then ``download`` (and with ``unbound`` ``download`` unbound), each a
+    1-row run and a ``rows``-row run, on one origin; their figures and the comparison."""
+    corpus = ensure_corpus(corpus_dir, corpus_files)
+    installed = peer.ensure_img2dataset(peer_cache)
+    exe = peer.executable(peer_cache)
+    if work_dir.exists():
+        shutil.rmtree(work_dir)
+    work_dir.mkdir(parents=True)
+    origin = DatasetOrigin(corpus.directory, work_dir / "logs", hosts)
+    origin.start()
+    try:
+        host_of_row = write_list(work_dir / "list.parquet", origin.port, rows, hosts)
+        write_list(work_dir / "one.parquet", origin.port, 1, hosts)
+        lists = (work_dir / "one.parquet", work_dir / "list.parquet")
+        print(f"dataset: img2dataset, 1 then {rows} rows", file=sys.stderr)
+        i2d = one_tool(
+            "img2dataset", lambda lst, out: img2dataset_command(exe, lst, out),
+            peer.img2dataset_env(), origin, work_dir, lists, host_of_row, timeout_s,
+        )  # fmt: skip
+        print(f"dataset: download, 1 then {rows} rows", file=sys.stderr)
+        ours = one_tool(
+            "download", download_command, download_env(), origin, work_dir, lists,
+            host_of_row, timeout_s,
+        )  # fmt: skip
+        result: dict[str, Any] = {
+            "rows": rows, "hosts": hosts, "img2dataset_venv": installed,
+            "img2dataset": i2d, "download": ours, "compare": compare(i2d, ours, rows, hosts),
+        }  # fmt: skip
+        if unbound:
+            print(
+                f"dataset: download at 1000 requests/s a host, 1 then {rows} rows", file=sys.stderr
+            )
+            result["download_unbound"] = one_tool(
+                "download-unbound",
+                lambda lst, out: download_command(lst, out, ["--max-host-rate", "1000"]),
+                download_env(), origin, work_dir, lists, host_of_row, timeout_s,
+            )  # fmt: skip
+    finally:
+        origin.stop()
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.dataset", description=__doc__)
     parser.add_argument("--rows", type=int, default=ROWS)
@@ -285,44 +336,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=1800.0)
     parser.add_argument("--out", type=Path, default=Path("bench/results/dataset.json"))
     args = parser.parse_args(argv)
-
-    corpus = ensure_corpus(args.corpus_dir, args.corpus_files)
-    installed = peer.ensure_img2dataset(args.peer_cache)
-    exe = peer.executable(args.peer_cache)
-    if args.work_dir.exists():
-        shutil.rmtree(args.work_dir)
-    args.work_dir.mkdir(parents=True)
-    origin = DatasetOrigin(corpus.directory, args.work_dir / "logs", args.hosts)
-    origin.start()
-    try:
-        host_of_row = write_list(args.work_dir / "list.parquet", origin.port, args.rows, args.hosts)
-        write_list(args.work_dir / "one.parquet", origin.port, 1, args.hosts)
-        lists = (args.work_dir / "one.parquet", args.work_dir / "list.parquet")
-        i2d = one_tool(
-            "img2dataset", lambda lst, out: img2dataset_command(exe, lst, out),
-            peer.img2dataset_env(), origin, args.work_dir, lists, host_of_row, args.timeout,
-        )  # fmt: skip
-        ours = one_tool(
-            "download", download_command, download_env(), origin, args.work_dir, lists,
-            host_of_row, args.timeout,
-        )  # fmt: skip
-        result: dict[str, Any] = {
-            "rows": args.rows, "hosts": args.hosts, "img2dataset_venv": installed,
-            "img2dataset": i2d, "download": ours, "compare": compare(i2d, ours, args.hosts),
-        }  # fmt: skip
-        if args.unbound:
-            unbound = one_tool(
-                "download-unbound",
-                lambda lst, out: download_command(lst, out, ["--max-host-rate", "1000"]),
-                download_env(), origin, args.work_dir, lists, host_of_row, args.timeout,
-            )  # fmt: skip
-            result["download_unbound"] = unbound
-    finally:
-        origin.stop()
+    result = measure_dataset(
+        args.corpus_dir, corpus_files=args.corpus_files, peer_cache=args.peer_cache,
+        work_dir=args.work_dir, rows=args.rows, hosts=args.hosts, unbound=args.unbound,
+        timeout_s=args.timeout,
+    )  # fmt: skip
+    result["verdicts"] = dataset_verdicts(result)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result["compare"], indent=2))
-    return 0
+    for figure, value in dataset_table(result):
+        print(f"{figure:<70} {value}")
+    for verdict in result["verdicts"]:
+        mark = "ok  " if verdict["ok"] else "MISS"
+        print(f"{mark} {verdict['target']}: {verdict['shown']} ({verdict['limit']})")
+    return 0 if all(v["ok"] for v in result["verdicts"]) else 1
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from bench.dataset_report import dataset_table, dataset_verdicts
 from bench.longtail_report import longtail_table, longtail_verdicts
 
 GIB = 1024**3
@@ -62,6 +63,7 @@ def verdicts(result: dict[str, Any]) -> list[dict[str, Any]]:
     rows += _hosts_verdicts(result.get("hosts"))
     rows += longtail_verdicts(result.get("long_tail"))
     rows += _comparison_verdicts(result.get("comparison"))
+    rows += dataset_verdicts(result.get("dataset"))
     rows += _quality_verdicts(result.get("quality"))
     return rows
 
@@ -382,6 +384,7 @@ def table(result: dict[str, Any]) -> list[tuple[str, str]]:
     rows += _hosts_table(result.get("hosts"))
     rows += longtail_table(result.get("long_tail"))
     rows += _comparison_table(result.get("comparison"))
+    rows += dataset_table(result.get("dataset"))
     rows += _quality_table(result.get("quality"))
     return rows
 
