@@ -9,7 +9,8 @@ centre crops in WebP with the caption and the similarity kept.
 
 Measured, for each tool: the rows it made an image of, on the hosts both may crawl and
 on the limited one; the sizes of its images; its CPU per image, as ``bench.peer`` counts
-it (``os.wait4``: the command and every descendant it reaped; its fixed start-up taken
+it (``os.wait4`` of ``bench/reaper.py``, a subreaper the command runs under: every
+descendant's, orphans of a SIGKILLed parent too; its fixed start-up taken
 out with a 1-row run: (CPU of the whole run - CPU of the 1-row run) / (images of one -
 images of the other)), and for ours where it went, by process; its wall time; and the
 most requests it sent one host in any one second. img2dataset runs as its users run it
@@ -39,6 +40,8 @@ from bench.dataset_origin import DISALLOWED, LIMITED, host_addresses
 from bench.dataset_report import dataset_table, dataset_verdicts
 from bench.services import _BenchModule
 
+# The command runs under it, so that wait4 counts the orphans' CPU too.
+REAPER: Final = Path(__file__).with_name("reaper.py")
 ROWS: Final = 2000
 HOSTS: Final = 40
 PER_SHARD: Final = 500
@@ -133,6 +136,8 @@ def download_env() -> dict[str, str]:
 def role(cmdline: Sequence[str]) -> str:
     """Which part of a run a process was, from its command line."""
     text = " ".join(cmdline)
+    if cmdline[1:2] and cmdline[1].endswith(REAPER.name):
+        return "reaper"
     if "img2dataset" in text:  # its venv's python, for every process it starts
         return "img2dataset: its processes" if "multiprocessing" in text else "img2dataset"
     for part, name in (
@@ -153,14 +158,15 @@ def role(cmdline: Sequence[str]) -> str:
 def run_measured(
     command: list[str], run_dir: Path, env: dict[str, str], timeout_s: float
 ) -> dict[str, Any]:
-    """Run ``command`` in ``run_dir``: its CPU (wait4, and descendants still alive), by
-    role as sampled, and its wall time. Raises ``peer.PeerError`` if it fails."""
+    """Run ``command`` in ``run_dir``: its CPU (wait4 of the reaper it runs under, so
+    every descendant's, orphans too; and any still alive), by role as sampled, and its
+    wall time. Raises ``peer.PeerError`` if it fails."""
     run_dir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     with (run_dir / "run.log").open("wb") as log:
         proc = subprocess.Popen(
-            command, cwd=run_dir, env=env, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True,
+            [sys.executable, str(REAPER), *command], cwd=run_dir, env=env,
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
         sampler = peer.TreeSampler(proc.pid)
         status, usage = peer.wait4(proc, started + timeout_s)

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
+import sys
 import tarfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 from aiohttp.test_utils import TestServer
 
-from bench import dataset
+from bench import dataset, peer
 from bench.dataset_origin import Hosts, host_addresses, make_app, most_in_a_second
 from bench.dataset_report import dataset_table, dataset_verdicts
 
@@ -87,11 +90,38 @@ def test_most_in_a_second_counts_a_window_shorter_than_one_second() -> None:
         ),
         (["/v/bin/tansu", "broker"], "broker (tansu)"),
         (["/v/bin/python", "/v/bin/image-crawler", "download", "list.parquet"], "download"),
+        (["/v/bin/python", "/w/bench/reaper.py", "/v/bin/image-crawler", "download"], "reaper"),
         ([], "other"),
     ],
 )
 def test_a_process_is_counted_to_its_part_of_the_run(cmdline: list[str], expected: str) -> None:
     assert dataset.role(cmdline) == expected
+
+
+# A parent that leaves a child burning CPU_S of CPU behind it when it exits.
+ORPHAN_CPU_S = 0.3
+ORPHANING = f"""
+import os, time
+if os.fork() == 0:
+    while time.process_time() < {ORPHAN_CPU_S}:
+        pass
+    os._exit(0)
+"""
+
+
+def _cpu_of(command: list[str]) -> float:
+    proc = subprocess.Popen(command, start_new_session=True)
+    status, usage = peer.wait4(proc, time.monotonic() + 60)
+    assert status is not None and proc.returncode == 0
+    return float(usage.ru_utime + usage.ru_stime)
+
+
+def test_under_the_reaper_wait4_counts_the_cpu_of_an_orphan() -> None:
+    # Alone, the orphan is init's to reap and its CPU in no count: the case the reaper is for.
+    assert _cpu_of([sys.executable, "-c", ORPHANING]) < ORPHAN_CPU_S
+    assert _cpu_of([sys.executable, str(dataset.REAPER), sys.executable, "-c", ORPHANING]) >= (
+        ORPHAN_CPU_S
+    )
 
 
 def test_a_dataset_folder_is_read_as_its_rows_images_and_samples(tmp_path: Path) -> None:
