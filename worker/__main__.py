@@ -53,13 +53,6 @@ from worker.stats import RedisStats
 
 log = get_logger("worker")
 
-# The producer's linger: a busy worker sends one request per partition this often rather
-# than many small ones; a task waits that long at most, once, for its messages, holding its
-# slot and its body (at 100 images/s, 10 more bodies in flight). Each produce request costs
-# the main process about 0.5 ms of CPU (aiokafka's sender, the loop's wake-ups): at 20 ms
-# a worker crawling 80 images/s sent one for every two or three messages, at 100 ms one for
-# about a dozen: 0.1 ms less per message.
-PRODUCER_LINGER_MS: Final = 100
 # A fetch names every unpaused partition, and aiokafka encodes and decodes each in Python:
 # with many sources, most with nothing queued, frequent long polls of hundreds of empty
 # partitions would cost the main process more than its images. A partition resumed
@@ -145,7 +138,7 @@ def _kafka_clients(
 ) -> tuple[AIOKafkaProducer, AIOKafkaConsumer]:
     """The producer and the consumer, not started; each stopped when ``stack`` closes."""
     producer = AIOKafkaProducer(
-        **settings.kafka.producer_options(), acks="all", linger_ms=PRODUCER_LINGER_MS
+        **settings.kafka.producer_options(), acks="all", linger_ms=settings.producer_linger_ms
     )
     stack.push_async_callback(producer.stop)  # flushes what is still buffered
     consumer = AIOKafkaConsumer(

@@ -15,6 +15,7 @@ import pytest
 from aiokafka import AIOKafkaProducer, TopicPartition
 
 import test.harness.services
+from crawlctl.commands.download import worker_defaults
 from crawlctl.localstack import processes, spool
 from crawlctl.localstack import services as localstack
 from crawlctl.localstack import topics as topic_io
@@ -26,6 +27,7 @@ from crawlctl.localstack.spool import SpoolError, SpoolRecord
 from crawlctl.localstack.stack import LocalStack, StackSettings, crawler_env, read_events
 from image_crawler import contract as c
 from test.harness.processes import commit, committed_offset
+from worker.settings import WorkerSettings
 
 
 def gone(pid: int) -> bool:
@@ -128,6 +130,23 @@ def test_crawler_env_forces_connections_and_keeps_the_operators_tuning(tmp_path:
     bare = crawler_env(settings, "k", "redis://r:1/0", {})
     assert bare["ALLOWED_PRIVATE_NETWORKS"] == "127.0.0.0/8"
     assert float(bare["SOURCES_POLL_S"]) <= 1
+
+
+def test_downloads_workers_linger_longer_and_go_one_request_a_second_a_host_unless_told(
+    tmp_path: Path,
+) -> None:
+    settings = StackSettings(tmp_path, tmp_path / "t", defaults=worker_defaults(None))
+    env = crawler_env(settings, "k", "redis://r:1/0", {})
+    assert (env["MAX_HOST_RATE"], env["PRODUCER_LINGER_MS"]) == ("1", "1000")
+    told = worker_defaults(4.0)
+    env = crawler_env(
+        StackSettings(tmp_path, tmp_path / "t", defaults=told),
+        "k",
+        "redis://r:1/0",
+        {"PRODUCER_LINGER_MS": "50"},
+    )
+    assert (env["MAX_HOST_RATE"], env["PRODUCER_LINGER_MS"]) == ("4", "50")
+    assert WorkerSettings.from_env(env).producer_linger_ms == 50
 
 
 def test_read_events_skips_what_is_not_json_and_starts_at_an_offset(tmp_path: Path) -> None:
