@@ -202,6 +202,13 @@ DNS_WORKERS_HASH: Final = "dns_workers"
 DNS_REPORT_EVERY_S: Final = 5.0
 DNS_STALE_S: Final = 60.0
 DNS_FORGET_S: Final = 3600.0
+# Beyond the original (issue 53): the offsets of a worker queue's partition finished past
+# its committed offset, a sorted set of "{offset}:{crc32 of the message, 8 hex digits}"
+# scored by the offset (finished_key), written by the worker that owns the partition at
+# each commit and read by whoever is assigned it next, who counts those messages finished
+# without fetching them again (worker/finished.py). Entries below the commit are removed;
+# the key expires 14 days after its last write.
+FINISHED_PREFIX: Final = "finished:"
 
 LAST_N_STATUSES: Final = 50
 # (key prefix, window length in seconds) of the time-based sliding windows.
@@ -210,6 +217,10 @@ STATUS_WINDOWS: Final[tuple[tuple[str, float], ...]] = (
     (STATUS_1HR_PREFIX, 3600.0),
     (STATUS_12HR_PREFIX, 43200.0),
 )
+
+
+def finished_key(topic: str, partition: int) -> str:
+    return f"{FINISHED_PREFIX}{topic}:{partition}"
 
 
 def tokens_key(source: str) -> str:

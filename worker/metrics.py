@@ -64,6 +64,12 @@ URLS_WAITING = Gauge(
     "crawler_urls_waiting",
     "URLs read and waiting in this worker for their host (no task slot held).",
 )
+URLS_FINISHED_SKIPPED = Counter(
+    "crawler_urls_finished_skipped",
+    "URLs read again after a rebalance and not fetched again, because the partition's "
+    "previous owner had finished them past its commit (worker/finished.py), per source.",
+    ["source"],
+)
 URLS_PARKED = Counter(
     "crawler_urls_parked",
     "URLs appended again to the end of urls.{source} because their host could not take "

@@ -33,6 +33,7 @@ from image_crawler.lifecycle import cancel_and_wait
 from image_crawler.logs import get_logger
 from image_crawler.retry import sleep_unless_stopped
 from worker.fair_share import fair_share, resume_threshold
+from worker.finished import FinishedLedger, fingerprint
 from worker.host_queues import (
     HOLD,
     PARK,
@@ -43,7 +44,7 @@ from worker.host_queues import (
     Waiting,
 )
 from worker.lost_urls import LostUrls
-from worker.metrics import URLS_PARKED, URLS_WAITING
+from worker.metrics import URLS_FINISHED_SKIPPED, URLS_PARKED, URLS_WAITING
 from worker.offsets import OffsetTracker
 from worker.politeness.hosts import HostKey
 from worker.politeness.pacing import HostWaits
@@ -68,6 +69,9 @@ _FULL_READ_EVERY: Final = 12
 # The worker's settings hold each default once; a scheduler built without them (tests)
 # gets the same.
 _DEFAULT: Final = WorkerSettings()
+# The longest a commit or an assignment waits for Redis to write or read the finished
+# offsets (worker.finished): without them, work is only done again.
+LEDGER_TIMEOUT_S: Final = 5.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -103,6 +107,7 @@ class Scheduler:
         host_of: HostOf | None = None,
         interval_of: Callable[[HostKey], float | None] | None = None,
         park: Parker | None = None,
+        finished: FinishedLedger | None = None,
     ) -> None:
         self._consumer = consumer
         self._redis = redis
@@ -141,6 +146,12 @@ class Scheduler:
         self._paused_for_share = -1
         self._listener = _Listener(self)
         self.finished = 0
+        # Finished past the commit: what this worker finished since its last commit (to be
+        # written), and what the partition's previous owners finished (to be skipped).
+        self._ledger = finished if finished is not None else FinishedLedger(redis)
+        self._unrecorded: dict[TopicPartition, list[tuple[int, int]]] = {}
+        self._skip: dict[TopicPartition, dict[int, int]] = {}
+        self.skipped = 0
         self._init_waiting(host_of, interval_of, park)
 
     def _init_waiting(
@@ -376,6 +387,10 @@ class Scheduler:
         tracker = self._trackers.setdefault(tp, OffsetTracker())
         if offset in tracker:
             return True
+        if self._finished_before(source, tp, offset, value):
+            tracker.start(offset)
+            tracker.finish(offset)
+            return True
         key = None if self._host_of is None else self._host_of(source, value)
         if key is None:
             tracker.start(offset)
@@ -468,9 +483,7 @@ class Scheduler:
             self._in_flight.get(tp, set()).discard(offset)
             if finished:
                 self.finished += 1
-                tracker = self._trackers.get(tp)
-                if tracker is not None:
-                    tracker.finish(offset)
+                self._note_finished(tp, offset, value)
             if key is not None:
                 self._host_done(source, tp, offset, value, key, waits, granted[0])
 
@@ -563,9 +576,7 @@ class Scheduler:
             return
         self.parked += 1
         URLS_PARKED.labels(source).inc()
-        tracker = self._trackers.get(tp)
-        if tracker is not None:
-            tracker.finish(entry.offset)
+        self._note_finished(tp, entry.offset, entry.value)
 
     async def _watch_sources(self, stop: asyncio.Event) -> None:
         """Follow ``inbound_sources``. The set is read in full only when its size changed,
@@ -619,6 +630,7 @@ class Scheduler:
         """Commit every finished prefix of the given (default: assigned) partitions."""
         assigned = self._consumer.assignment()
         chosen = assigned if partitions is None else set(partitions) & assigned
+        await self._record_finished(chosen)
         # Not while their check for deleted records runs: a commit first would hide a loss.
         chosen = chosen - self._lost.held
         offsets: dict[TopicPartition, int] = {}
@@ -655,6 +667,10 @@ class Scheduler:
             )
             return
         self._committed.update(offsets)
+        try:
+            await self._ledger.trim(offsets)
+        except RedisError as e:
+            log.warning("finished_trim_failed", error=repr(e), partitions=len(offsets))
 
     async def on_revoked(self, revoked: Iterable[TopicPartition]) -> None:
         revoked = set(revoked)
@@ -665,6 +681,8 @@ class Scheduler:
             # from its committed offset, and so does this worker if it gets it back.
             for tp in revoked:
                 self._trackers.pop(tp, None)
+                self._unrecorded.pop(tp, None)
+                self._skip.pop(tp, None)
                 self._committed.pop(tp, None)
                 self._first_read.pop(tp, None)
                 self._next_read.pop(tp, None)
@@ -680,6 +698,7 @@ class Scheduler:
     async def on_assigned(self, assigned: Iterable[TopicPartition]) -> None:
         assigned = set(assigned)
         self._resync = True  # a new assignment starts unpaused, even if it is the same
+        await self._load_finished(assigned)
         self._lost.assigned(
             {tp: s for tp in assigned if (s := self._source_of(tp.topic)) is not None},
             self._first_read.get,
@@ -690,6 +709,66 @@ class Scheduler:
             sources=len({self._source_of(tp.topic) for tp in assigned}),
             **_names(assigned),
         )
+
+    def _note_finished(self, tp: TopicPartition, offset: int, value: bytes | None) -> None:
+        tracker = self._trackers.get(tp)
+        if tracker is None:
+            return  # revoked meanwhile: whoever owns it reads it again
+        tracker.finish(offset)
+        self._unrecorded.setdefault(tp, []).append((offset, fingerprint(value)))
+
+    def _finished_before(
+        self, source: str, tp: TopicPartition, offset: int, value: bytes | None
+    ) -> bool:
+        """Whether the message at ``offset`` is one a previous owner finished."""
+        skip = self._skip.get(tp)
+        if not skip:
+            return False
+        crc = skip.pop(offset, None)
+        if crc is None or crc != fingerprint(value):
+            return False
+        self.skipped += 1
+        URLS_FINISHED_SKIPPED.labels(source).inc()
+        log.debug("finished_skipped", source=source, partition=tp.partition, offset=offset)
+        return True
+
+    async def _record_finished(self, partitions: set[TopicPartition]) -> None:
+        """Write what was finished past each partition's commit point since the last
+        commit. Lost (Redis away): only work done again after a rebalance."""
+        finished: dict[TopicPartition, list[tuple[int, int]]] = {}
+        for tp in partitions:
+            entries = self._unrecorded.pop(tp, None)
+            tracker = self._trackers.get(tp)
+            if not entries or tracker is None:
+                continue
+            # Those below the last commit are covered by it (those below the one about to
+            # be made are written too, in case it fails, and trimmed once it is made).
+            floor = self._committed.get(tp, 0)
+            if kept := [e for e in entries if e[0] >= floor]:
+                finished[tp] = kept
+        if not finished:
+            return
+        try:
+            async with asyncio.timeout(LEDGER_TIMEOUT_S):
+                await self._ledger.record(finished)
+        except (RedisError, TimeoutError) as e:
+            log.warning("finished_record_failed", error=repr(e), partitions=len(finished))
+
+    async def _load_finished(self, assigned: set[TopicPartition]) -> None:
+        """Read what the partitions' previous owners finished past their commits."""
+        try:
+            async with asyncio.timeout(LEDGER_TIMEOUT_S):
+                loaded = await self._ledger.load(assigned)
+        except (RedisError, TimeoutError) as e:
+            log.warning("finished_load_failed", error=repr(e), partitions=len(assigned))
+            return
+        self._skip.update(loaded)
+        if loaded:
+            log.info(
+                "finished_loaded",
+                partitions=len(loaded),
+                offsets=sum(len(v) for v in loaded.values()),
+            )
 
     async def _drain(self) -> None:
         """Let in-flight work (and parking) finish for the grace period, hand back the

@@ -18,9 +18,16 @@ from aiokafka.errors import (
 )
 from aiokafka.protocol.commit import OffsetCommitRequest
 from prometheus_client import REGISTRY
+from redis.exceptions import ConnectionError as RedisConnectionError
 from structlog.testing import capture_logs
 
-from image_crawler.contract import INBOUND_SOURCES_SET, source_of_topic, urls_lost_key
+from image_crawler.contract import (
+    INBOUND_SOURCES_SET,
+    finished_key,
+    source_of_topic,
+    urls_lost_key,
+)
+from worker.finished import FinishedLedger, fingerprint
 from worker.host_queues import HostQueueSettings, slot_taken
 from worker.lost_urls import LostUrls
 from worker.politeness.hosts import HostKey
@@ -176,6 +183,7 @@ async def start(
     sources=None,
     consumer=None,
     resume_every_s=0.0,
+    finished=None,
 ):
     if sources is None:
         sources = {source_of_topic(tp.topic) for tp in messages}
@@ -189,7 +197,9 @@ async def start(
         shutdown_grace_s=grace_s,
         resume_every_s=resume_every_s,
     )
-    scheduler = Scheduler(consumer, fake_redis, handler, handler.on_failure, settings)
+    scheduler = Scheduler(
+        consumer, fake_redis, handler, handler.on_failure, settings, finished=finished
+    )
     stop = asyncio.Event()
     task = asyncio.create_task(scheduler.run(stop))
     return consumer, scheduler, stop, task
@@ -342,19 +352,36 @@ async def test_a_commit_refused_during_a_rebalance_is_logged_and_retried_not_fat
     assert {e["partitions"] for e in failed} == {1}
 
 
-async def test_a_revoke_whose_commit_is_refused_starts_over_from_the_committed_offset(fake_redis):
+class AwayLedger(FinishedLedger):
+    """Redis refuses every write and read of the finished offsets."""
+
+    async def record(self, finished):
+        raise RedisConnectionError("away")
+
+    async def load(self, partitions):
+        raise RedisConnectionError("away")
+
+
+@pytest.mark.parametrize("ledger", ["kept", "away"])
+async def test_a_revoke_whose_commit_is_refused_starts_over_from_the_committed_offset(
+    fake_redis, ledger
+):
     handler = Handler()
     handler.held = {b"urls.a:3"}
     consumer = RefusingConsumer({tp("a"): 10, tp("late"): 2}, RebalanceInProgressError())
+    away = ledger == "away"
     with capture_logs() as logs:
-        consumer, _scheduler, stop, task = await start(
-            fake_redis, {tp("a"): 10}, handler, max_tasks=400, sources={"a"}, consumer=consumer
-        )
+        consumer, scheduler, stop, task = await start(
+            fake_redis, {tp("a"): 10}, handler, max_tasks=400, sources={"a"}, consumer=consumer,
+            finished=AwayLedger(fake_redis) if away else None,
+        )  # fmt: skip
         await wait(lambda: len(handler.done) == 9)
         # A new source: a rebalance whose revoke commits nothing, so the partition comes
-        # back at offset 0 while offset 3 is still running from before.
+        # back at offset 0 while offset 3 is still running from before. What was finished
+        # past the commit was written at the revoke, and is skipped; with Redis away, done
+        # again.
         await fake_redis.sadd(INBOUND_SOURCES_SET, "late")
-        await wait(lambda: len(handler.done) == 9 + 9 + 2)
+        await wait(lambda: len(handler.done) == (9 if away else 0) + 9 + 2)
         assert not task.done()
         assert handler.running["a"] == 1  # offset 3 is not started a second time
         consumer.refusing = False
@@ -366,10 +393,38 @@ async def test_a_revoke_whose_commit_is_refused_starts_over_from_the_committed_o
         stop.set()
         await task
     assert Counter(handler.done)[b"urls.a:3"] == 1
-    assert Counter(handler.done)[b"urls.a:4"] == 2  # at least once: redone, not lost
+    # At least once: redone, not lost; with the finished offsets kept, done once.
+    assert Counter(handler.done)[b"urls.a:4"] == (2 if away else 1)
+    assert scheduler.skipped == (0 if away else 9)
     revoked = [e for e in logs if e["event"] == "partitions_revoked"]
     assert [e["topic_partitions"] for e in revoked] == [["urls.a:0"]]
     assert any(e["event"] == "commit_failed" for e in logs)
+    if away:
+        assert any(e["event"] == "finished_record_failed" for e in logs)
+        assert any(e["event"] == "finished_load_failed" for e in logs)
+    else:
+        # Committed past them all: nothing is left of the partition's finished offsets.
+        assert await fake_redis.zcard(finished_key("urls.a", 0)) == 0
+
+
+async def test_a_finished_offset_is_skipped_only_if_its_message_is_the_one_finished(
+    fake_redis,
+):
+    # Offsets 2 and 5 finished by a previous owner; 7 was a message of another life of the
+    # topic (deleted, made again): its URL runs.
+    await FinishedLedger(fake_redis).record(
+        {tp("a"): [(2, fingerprint(b"urls.a:2")), (5, fingerprint(b"urls.a:5")), (7, 0)]}
+    )
+    handler = Handler()
+    consumer, scheduler, stop, task = await start(fake_redis, {tp("a"): 10}, handler)
+    await wait(lambda: consumer.commits.get(tp("a")) == 10)
+    stop.set()
+    await task
+    assert sorted(handler.done) == sorted(
+        f"urls.a:{o}".encode() for o in range(10) if o not in (2, 5)
+    )
+    assert scheduler.skipped == 2
+    assert await fake_redis.zcard(finished_key("urls.a", 0)) == 0
 
 
 class DroppedConsumer(FakeConsumer):
