@@ -213,6 +213,8 @@ def _findings(campaign: Campaign, extra: dict[str, Any]) -> dict[str, Any]:
         "thumbnails_missing": extra["thumbnails_missing"],
         "requests": len(requests),
         "fetches_per_image": dict(sorted(checks.fetches_per_image(requests).items())),
+        "requests_per_image": checks.requests_per_image(requests),
+        "fetched_again_after_success": checks.fetched_again_after_success(requests),
         "backlog_at_drain": campaign.backlog_at_drain,
         "statuses": {str(k): v for k, v in sorted(checks.statuses(requests).items())},
         "worst_window": str(worst and dataclasses.replace(worst, gaps_ms=())),
@@ -245,6 +247,8 @@ def _line(campaign: Campaign, s: dict[str, Any], passed: bool) -> str:
         f"chaos seed={s['seed']} minutes={s['minutes']:g} "
         f"faults={sum(s['faults'].values())} ({kinds}) uuids={s['uuids']} "
         f"lost={len(s['lost'])} wrong={len(s['wrong'])} duplicates={s['duplicates']} "
+        f"requests_per_image={s['requests_per_image']} "
+        f"fetched_again={s['fetched_again_after_success']} "
         f"thumbnails_missing={len(s['thumbnails_missing'])} "
         f"worst_window='{s['worst_window']}' over_bound={len(s['over_bound'])} "
         f"(strict {len(s['over_bound_strict'])}, 2+ over {len(s['over_bound_by_2_or_more'])}) "

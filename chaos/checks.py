@@ -154,3 +154,24 @@ def fetches_per_image(requests: Iterable[Request]) -> Counter[int]:
     its faults (a rebalance runs again what was not committed), a 429 or 503 included."""
     per_path = Counter(path for _, _, path, _, _ in requests if plan.kind_of(path))
     return Counter(per_path.values())
+
+
+def requests_per_image(requests: Iterable[Request]) -> float | None:
+    """Image requests over the images requested (None before any): issue 53's figure,
+    a 429 or 503 asked again included."""
+    paths = [path for _, _, path, _, _ in requests if plan.kind_of(path)]
+    return round(len(paths) / len(set(paths)), 4) if paths else None
+
+
+def fetched_again_after_success(requests: Iterable[Request]) -> int:
+    """Image requests made after the image had been served whole (a 200) once: finished
+    work done again, which a rebalance should no longer cost."""
+    served: set[str] = set()
+    again = 0
+    for _, _, path, status, _ in sorted(requests):
+        if not plan.kind_of(path):
+            continue
+        again += path in served
+        if status == 200:
+            served.add(path)
+    return again
