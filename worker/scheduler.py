@@ -90,6 +90,10 @@ class SchedulerSettings:
     spin_parks: int = 100
     spin_pause_s: float = 1.0
     spin_pause_max_s: float = 30.0
+    # A revoke waits this long at most for the requests on the wire of the partitions it
+    # takes away (their URLs' slots granted), so that their images count as finished here
+    # rather than be fetched again by the partitions' next owner.
+    revoke_wait_s: float = 5.0
 
 
 class Scheduler:
@@ -151,6 +155,10 @@ class Scheduler:
         self._ledger = finished if finished is not None else FinishedLedger(redis)
         self._unrecorded: dict[TopicPartition, list[tuple[int, int]]] = {}
         self._skip: dict[TopicPartition, dict[int, int]] = {}
+        # Each task's partition, and the tasks whose request may be on the wire (no host
+        # queue, or their slot granted).
+        self._task_tp: dict[asyncio.Task[None], TopicPartition] = {}
+        self._requesting: set[asyncio.Task[None]] = set()
         self.skipped = 0
         self._init_waiting(host_of, interval_of, park)
 
@@ -440,7 +448,15 @@ class Scheduler:
         self._changed.add(source)
         task = asyncio.create_task(self._run_one(source, tp, offset, value, key))
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._task_done)
+        self._task_tp[task] = tp
+        if key is None:
+            self._requesting.add(task)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        self._task_tp.pop(task, None)
+        self._requesting.discard(task)
 
     async def _run_one(
         self,
@@ -491,6 +507,8 @@ class Scheduler:
         if granted[0] or self._stopping:
             return
         granted[0] = True
+        if (task := asyncio.current_task()) in self._tasks:
+            self._requesting.add(task)
         now = asyncio.get_running_loop().time()
         for entry in self._queues.granted(key, self.share(), now):
             self._launch(source, entry.partition, entry.offset, entry.value, key)
@@ -674,6 +692,9 @@ class Scheduler:
 
     async def on_revoked(self, revoked: Iterable[TopicPartition]) -> None:
         revoked = set(revoked)
+        # First, so that no URL of theirs starts as those handed back give up their hosts.
+        self._queues.forget(revoked)
+        await self._await_requests(revoked)
         try:
             await self.commit(revoked)
         finally:
@@ -691,7 +712,6 @@ class Scheduler:
                 self._spin_until.pop(tp, None)
                 self._spin_next_s.pop(tp, None)
                 self._parks_in_row.pop(tp, None)
-            self._queues.forget(revoked)
         if revoked:  # aiokafka also calls this, with nothing, before the first assignment
             log.info("partitions_revoked", partitions=len(revoked), **_names(revoked))
 
@@ -709,6 +729,21 @@ class Scheduler:
             sources=len({self._source_of(tp.topic) for tp in assigned}),
             **_names(assigned),
         )
+
+    async def _await_requests(self, revoked: set[TopicPartition]) -> None:
+        """Hand back the revoked partitions' URLs still waiting for their slot (left to
+        run, each would be requested here and by the partition's next owner both), and
+        let those whose request is on the wire end, for a while."""
+        tasks = [t for t, tp in self._task_tp.items() if tp in revoked]
+        unasked = [t for t in tasks if t not in self._requesting]
+        asked = [t for t in tasks if t in self._requesting]
+        if unasked:
+            await cancel_and_wait(unasked)
+        late: set[asyncio.Task[None]] = set()
+        if asked:
+            _, late = await asyncio.wait(asked, timeout=self._settings.revoke_wait_s)
+        if tasks:
+            log.info("revoke_waited", handed_back=len(unasked), tasks=len(asked), late=len(late))
 
     def _note_finished(self, tp: TopicPartition, offset: int, value: bytes | None) -> None:
         tracker = self._trackers.get(tp)

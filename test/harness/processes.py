@@ -32,6 +32,7 @@ class CrawlerProcess:
     def __init__(self, module: str, env: Mapping[str, str], log_path: Path) -> None:
         self.module = module
         self.log_path = log_path
+        self.env = dict(env)  # what it was given, for a successor started alike
         full_env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
         full_env.update(env)
         self._log = open(log_path, "wb")  # noqa: SIM115 - closed in wait()
