@@ -5,7 +5,10 @@ sources in Redis' ``inbound_sources``; the topic list is re-read as the crawl ru
 source may hold at most ``fair_share`` unfinished tasks: a source at its share has its
 partitions paused, and records fetched beyond a source's share are given back by seeking
 its partition to the first record not taken. A partition's offset is committed only up
-to its first unfinished message.
+to its first unfinished message; what is finished past it is written to Redis at each
+commit and skipped by the partition's next owner (worker.finished), and a revoke hands
+back the URLs still waiting for a slot and lets the requests on the wire end first, so
+that a rebalance costs no image twice.
 
 URLs the broker deleted before they were read are not skipped in silence: partitions are
 checked when assigned, and whenever a partition's records jump past the offset the
