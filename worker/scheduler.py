@@ -153,9 +153,13 @@ class Scheduler:
         self._paused_for_share = -1
         self._listener = _Listener(self)
         self.finished = 0
+        self._init_finished(finished if finished is not None else FinishedLedger(redis))
+        self._init_waiting(host_of, interval_of, park)
+
+    def _init_finished(self, ledger: FinishedLedger) -> None:
         # Finished past the commit: what this worker finished since its last commit (to be
         # written), and what the partition's previous owners finished (to be skipped).
-        self._ledger = finished if finished is not None else FinishedLedger(redis)
+        self._ledger = ledger
         self._unrecorded: dict[TopicPartition, list[tuple[int, int]]] = {}
         self._skip: dict[TopicPartition, dict[int, int]] = {}
         # Each task's partition, and the tasks whose request may be on the wire (no host
@@ -163,7 +167,6 @@ class Scheduler:
         self._task_tp: dict[asyncio.Task[None], TopicPartition] = {}
         self._requesting: set[asyncio.Task[None]] = set()
         self.skipped = 0
-        self._init_waiting(host_of, interval_of, park)
 
     def _init_waiting(
         self,
