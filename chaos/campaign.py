@@ -197,6 +197,7 @@ def _findings(campaign: Campaign, extra: dict[str, Any]) -> dict[str, Any]:
     ends = checks.check_ends(campaign.ledger.produced, campaign.ledger.ends)
     windows = checks.pacing_windows(requests)
     worst = checks.worst_window(windows)
+    fetches = checks.fetches_per_image(requests)
     return {
         "seed": campaign.seed,
         "minutes": campaign.duration_s / 60,
@@ -212,8 +213,8 @@ def _findings(campaign: Campaign, extra: dict[str, Any]) -> dict[str, Any]:
         "deliveries": ends.deliveries,
         "thumbnails_missing": extra["thumbnails_missing"],
         "requests": len(requests),
-        "fetches_per_image": dict(sorted(checks.fetches_per_image(requests).items())),
-        "requests_per_image": checks.requests_per_image(requests),
+        "fetches_per_image": dict(sorted(fetches.items())),
+        "requests_per_image": checks.requests_per_image(fetches),
         "fetched_again_after_success": checks.fetched_again_after_success(requests),
         "backlog_at_drain": campaign.backlog_at_drain,
         "statuses": {str(k): v for k, v in sorted(checks.statuses(requests).items())},

@@ -156,11 +156,11 @@ def fetches_per_image(requests: Iterable[Request]) -> Counter[int]:
     return Counter(per_path.values())
 
 
-def requests_per_image(requests: Iterable[Request]) -> float | None:
-    """Image requests over the images requested (None before any): issue 53's figure,
-    a 429 or 503 asked again included."""
-    paths = [path for _, _, path, _, _ in requests if plan.kind_of(path)]
-    return round(len(paths) / len(set(paths)), 4) if paths else None
+def requests_per_image(fetches: Counter[int]) -> float | None:
+    """Image requests over the images requested, from ``fetches_per_image`` (None before
+    any): issue 53's figure, a 429 or 503 asked again included."""
+    images = sum(fetches.values())
+    return round(sum(n * k for n, k in fetches.items()) / images, 4) if images else None
 
 
 def fetched_again_after_success(requests: Iterable[Request]) -> int:

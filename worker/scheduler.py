@@ -134,7 +134,8 @@ class Scheduler:
         self._reread: dict[TopicPartition, int] = {}
         self._lost = lost_urls if lost_urls is not None else LostUrls(consumer, redis)
         self._unfinished: Counter[str] = Counter()
-        self._tasks: set[asyncio.Task[None]] = set()
+        # Each running task, and the partition of its message.
+        self._tasks: dict[asyncio.Task[None], TopicPartition] = {}
         self._topic_sources: dict[str, str | None] = {}  # source_of_topic, remembered
         # The assignment as last seen, its partitions by source (None: not a source's
         # topic), which of them are paused, and the sources whose unfinished count changed
@@ -162,9 +163,7 @@ class Scheduler:
         self._ledger = ledger
         self._unrecorded: dict[TopicPartition, list[tuple[int, int]]] = {}
         self._skip: dict[TopicPartition, dict[int, int]] = {}
-        # Each task's partition, and the tasks whose request may be on the wire (no host
-        # queue, or their slot granted).
-        self._task_tp: dict[asyncio.Task[None], TopicPartition] = {}
+        # The tasks whose request may be on the wire (no host queue, or their slot granted).
         self._requesting: set[asyncio.Task[None]] = set()
         self.skipped = 0
 
@@ -453,15 +452,13 @@ class Scheduler:
         self._unfinished[source] += 1
         self._changed.add(source)
         task = asyncio.create_task(self._run_one(source, tp, offset, value, key))
-        self._tasks.add(task)
+        self._tasks[task] = tp
         task.add_done_callback(self._task_done)
-        self._task_tp[task] = tp
         if key is None:
             self._requesting.add(task)
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
-        self._tasks.discard(task)
-        self._task_tp.pop(task, None)
+        self._tasks.pop(task, None)
         self._requesting.discard(task)
 
     async def _run_one(
@@ -740,7 +737,7 @@ class Scheduler:
         """Hand back the revoked partitions' URLs still waiting for their slot (left to
         run, each would be requested here and by the partition's next owner both), and
         let those whose request is on the wire end, for a while."""
-        tasks = [t for t, tp in self._task_tp.items() if tp in revoked]
+        tasks = [t for t, tp in self._tasks.items() if tp in revoked]
         unasked = [t for t in tasks if t not in self._requesting]
         asked = [t for t in tasks if t in self._requesting]
         if unasked:
@@ -779,8 +776,7 @@ class Scheduler:
         finished: dict[TopicPartition, list[tuple[int, int]]] = {}
         for tp in partitions:
             entries = self._unrecorded.pop(tp, None)
-            tracker = self._trackers.get(tp)
-            if not entries or tracker is None:
+            if not entries:
                 continue
             # Those below the last commit are covered by it (those below the one about to
             # be made are written too, in case it fails, and trimmed once it is made).

@@ -141,8 +141,8 @@ def test_images_fetched_again_are_counted_by_how_often():
         (4.0, "127.0.3.2", "/missing/c.jpg", 404, 0),
     ]
     assert checks.fetches_per_image(requests) == {1: 2, 2: 1}
-    assert checks.requests_per_image(requests) == 1.3333
-    assert checks.requests_per_image(requests[:1]) is None
+    assert checks.requests_per_image(checks.fetches_per_image(requests)) == 1.3333
+    assert checks.requests_per_image(checks.fetches_per_image(requests[:1])) is None
     # b.jpg asked again after its 429 is no work done again; a.jpg after its 200 is.
     assert checks.fetched_again_after_success(requests) == 0
     assert (
