@@ -2,7 +2,8 @@
 origin, with every request's start time taken at the origin.
 
 - even pacing: two workers on sources at 50, 5 and 0.5 requests/s; in any window of
-  ``w`` seconds at most ``rate x w + 1`` requests, and at least 95% of the rate over 20 s;
+  ``w`` seconds at most ``rate x w + 1`` requests (in a window a slot's lateness wider),
+  and at least 95% of the rate over 20 s;
 - Retry-After: a 429 holds every worker's requests to the source until it has passed
   (capped at MAX_RETRY_AFTER_S; a malformed one is ignored), and its URL is tried again;
 - capacity: a server that takes 20 requests/s and answers 503 beyond, configured at
@@ -32,6 +33,7 @@ from test.harness.origin import Origin
 from test.harness.services import wait_for
 from test.harness.windows import busiest_gaps_ms, max_in_window, over_bound, paced_bound
 from worker.politeness.hosts import HostState
+from worker.politeness.pacing import late_limit
 
 # The widths (s) of the windows the pacing bound is checked in.
 WIDTHS_S = (0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
@@ -67,9 +69,23 @@ MEASURED_S = 20.0
 WARM_UP_S = 4.0
 
 
-# With the machine: its bound at 50/s is a matter of milliseconds (11 requests in any
-# 0.2 s), and its two workers, monitor and broker on one CPU jittered by 8-13 ms (12 in
-# 0.2 s, once in four runs of the timing lane).
+# How late after its slot the origin may see a request start: the worker starts a slot
+# up to ``late_limit`` of its interval late (10 ms at 50/s; later, it is given up), and
+# the way to the origin's handler (the worker's HTTP client, loopback, the origin's loop
+# in this process) adds a few milliseconds more. At 50/s that is one request over
+# ``rate x w + 1`` in a window, no more: a CI run, the test alone on both CPUs, saw a
+# request 20 ms late land 0.2 ms before the next (7 in 0.1 s, 502 in 10 s). A second
+# request at once, or a rate doubled, is still over; at 5/s and 0.5/s it changes no bound.
+PATH_JITTER_S = 0.01
+
+
+def seen_jitter_s(rate: float) -> float:
+    return late_limit(1 / rate) + PATH_JITTER_S
+
+
+# With the machine: its bound at 50/s is a matter of milliseconds, and its two workers,
+# monitor and broker on one CPU jittered by 8-13 ms (12 in 0.2 s, once in four runs of
+# the timing lane).
 @pytest.mark.timing(
     "asserts requests per window at the origin and a utilisation of at least 95% of the rate",
     alone=True,
@@ -110,16 +126,17 @@ async def test_two_workers_pace_each_source_one_request_per_interval(
                 "rate_rps": rate,
                 "requests": len(times),
                 "max_in_window": {str(w): n for w, n in windows.items()},
-                "bound": {str(w): paced_bound(rate, w) for w in WIDTHS_S},
+                "bound": {str(w): paced_bound(rate, w, seen_jitter_s(rate)) for w in WIDTHS_S},
                 "utilisation": round(utilisation, 4),
             }
             print(
                 f"\n{source} at {rate:g}/s: {len(times)} requests in all; busiest windows "
-                f"{windows} (bound rate x w + 1); {len(measured)} in {MEASURED_S:g} s under "
+                f"{windows} (bound rate x (w + {seen_jitter_s(rate) * 1000:.0f} ms) + 1); "
+                f"{len(measured)} in {MEASURED_S:g} s under "
                 f"a backlog: {utilisation:.1%} of the rate"
             )
             # From the first request on, the rebalance included: never a burst.
-            over = over_bound(times, rate, WIDTHS_S)
+            over = over_bound(times, rate, WIDTHS_S, seen_jitter_s(rate))
             assert over == {}, (source, {w: busiest_gaps_ms(times, w) for w in over})
             assert utilisation >= 0.95, source
         save_report("pacing", report)

@@ -22,19 +22,20 @@ def _busiest(times: Sequence[float], width_s: float) -> tuple[int, int]:
     )
 
 
-def paced_bound(rate_rps: float, width_s: float) -> int:
+def paced_bound(rate_rps: float, width_s: float, jitter_s: float = 0.0) -> int:
     """The most requests even pacing at ``rate_rps`` may start in ``width_s``: one every
-    ``1 / rate`` seconds, so ``rate x w + 1``."""
-    return int(rate_rps * width_s + 1 + 1e-9)
+    ``1 / rate`` seconds, so ``rate x w + 1``; with each start seen up to ``jitter_s``
+    after its slot, the slots of a window ``jitter_s`` wider."""
+    return int(rate_rps * (width_s + jitter_s) + 1 + 1e-9)
 
 
 def over_bound(
-    times: Sequence[float], rate_rps: float, widths_s: Iterable[float]
+    times: Sequence[float], rate_rps: float, widths_s: Iterable[float], jitter_s: float = 0.0
 ) -> dict[float, tuple[int, int]]:
     """The widths whose busiest window holds more than ``paced_bound``: w -> (seen, bound)."""
     found = {}
     for width in widths_s:
-        seen, bound = max_in_window(times, width), paced_bound(rate_rps, width)
+        seen, bound = max_in_window(times, width), paced_bound(rate_rps, width, jitter_s)
         if seen > bound:
             found[width] = (seen, bound)
     return found
