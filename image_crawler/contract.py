@@ -206,8 +206,11 @@ DNS_FORGET_S: Final = 3600.0
 # its committed offset, a sorted set of "{offset}:{crc32 of the message, 8 hex digits}"
 # scored by the offset (finished_key), written by the worker that owns the partition at
 # each commit and read by whoever is assigned it next, who counts those messages finished
-# without fetching them again (worker/finished.py). Entries below the commit are removed;
-# the key expires 14 days after its last write.
+# without fetching them again (worker/finished.py). A revoke also marks there the
+# messages whose request is still running after its wait, "{offset}:r{until, Unix ms}":
+# the next owner holds them back until the old one replaces the marker (by the finished
+# member, or by nothing when it gave up) or until passes. Entries below the commit are
+# removed; the key expires 14 days after its last write.
 FINISHED_PREFIX: Final = "finished:"
 
 LAST_N_STATUSES: Final = 50

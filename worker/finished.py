@@ -16,13 +16,21 @@ one read at that offset is the one that was finished, so a topic deleted and mad
 offset are removed after each commit; the key expires FINISHED_TTL_S after its last
 write, so that a partition no worker owns any more leaves nothing behind. Losing the set
 (Redis flushed, away, expired) costs work done again, never a URL.
+
+A revoke lets the requests on the wire end for a while (``revoke_wait_s``); those still
+running then are marked in the same set, member ``{offset}:r{until}`` (``until`` in Unix
+milliseconds): the partition's next owner holds such a message back until its old owner
+ends it (finished: the marker gives way to the finished member, and it is skipped;
+given up: the marker goes, and it runs) or ``until`` has passed, when the old owner has
+given it up. A worker that does not know markers reads them as members not its own.
 """
 
 from __future__ import annotations
 
+import time
 import zlib
 from collections.abc import Iterable, Mapping
-from typing import Final
+from typing import Final, Literal, NamedTuple, cast
 
 from aiokafka import TopicPartition
 from redis import asyncio as aioredis
@@ -39,17 +47,37 @@ def fingerprint(value: bytes | None) -> int:
     return zlib.crc32(value or b"")
 
 
+FINISHED: Final = "finished"
+RUNNING: Final = "running"
+State = Literal["finished", "running"]
+
+
 def _member(offset: int, crc: int) -> str:
     return f"{offset}:{crc:08x}"
 
 
-def _parsed(member: bytes | str) -> tuple[int, int] | None:
+def _running_member(offset: int, until_ms: int) -> str:
+    return f"{offset}:r{until_ms}"
+
+
+def _parsed(member: bytes | str) -> tuple[int, State, int] | None:
+    """(offset, FINISHED, crc) or (offset, RUNNING, until in Unix ms)."""
     text = member.decode() if isinstance(member, bytes) else member
-    offset, _, crc = text.partition(":")
+    offset, _, rest = text.partition(":")
     try:
-        return int(offset), int(crc, 16)
+        if rest.startswith("r"):
+            return int(offset), RUNNING, int(rest[1:])
+        return int(offset), FINISHED, int(rest, 16)
     except ValueError:
         return None  # not ours (a hand-written member): ignored
+
+
+class Loaded(NamedTuple):
+    """Per partition: the offsets finished past its commit and their CRCs, and those still
+    running at its old owner's revoke and until when (Unix seconds) it may end them."""
+
+    finished: dict[TopicPartition, dict[int, int]]
+    running: dict[TopicPartition, dict[int, float]]
 
 
 class FinishedLedger:
@@ -80,18 +108,58 @@ class FinishedLedger:
                 )
             await pipe.execute()
 
-    async def load(
-        self, partitions: Iterable[TopicPartition]
-    ) -> dict[TopicPartition, dict[int, int]]:
-        """Each partition's finished offsets and their CRCs (partitions with none left out)."""
+    async def load(self, partitions: Iterable[TopicPartition]) -> Loaded:
+        """What the partitions' previous owners finished, and what they were still
+        running (markers whose time has passed left out; partitions with none, too)."""
         tps = list(partitions)
         async with self._redis.pipeline(transaction=False) as pipe:
             for tp in tps:
                 pipe.zrange(contract.finished_key(tp.topic, tp.partition), 0, -1)
             replies = await pipe.execute()
-        loaded: dict[TopicPartition, dict[int, int]] = {}
+        loaded = Loaded({}, {})
+        now_ms = time.time() * 1000
         for tp, members in zip(tps, replies, strict=True):
-            pairs = [p for m in members if (p := _parsed(m)) is not None]
-            if pairs:
-                loaded[tp] = dict(pairs)
+            for offset, state, number in filter(None, map(_parsed, members)):
+                if state == FINISHED:
+                    loaded.finished.setdefault(tp, {})[offset] = number
+                elif number > now_ms:
+                    loaded.running.setdefault(tp, {})[offset] = number / 1000
         return loaded
+
+    async def mark_running(
+        self, running: Mapping[TopicPartition, Iterable[int]], until_ms: int
+    ) -> None:
+        """Mark offsets still running at a revoke, to be ended by ``until_ms``."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for tp, offsets in running.items():
+                mapping = {_running_member(o, until_ms): o for o in offsets}
+                if mapping:
+                    key = contract.finished_key(tp.topic, tp.partition)
+                    pipe.zadd(key, mapping)
+                    pipe.expire(key, self._ttl_s)
+            await pipe.execute()
+
+    async def settle(self, tp: TopicPartition, offset: int, until_ms: int, crc: int | None) -> None:
+        """A message marked running ended here: finished (its ``crc``), or given up (None).
+        One transaction: its next owner sees the marker or the finished member, never
+        neither (it would run a message finished here)."""
+        key = contract.finished_key(tp.topic, tp.partition)
+        async with self._redis.pipeline(transaction=True) as pipe:
+            if crc is not None:
+                pipe.zadd(key, {_member(offset, crc): offset})
+            pipe.zrem(key, _running_member(offset, until_ms))
+            pipe.expire(key, self._ttl_s)
+            await pipe.execute()
+
+    async def state(self, tp: TopicPartition, offset: int, crc: int) -> State | None:
+        """Whether the message at ``offset`` (whose CRC is ``crc``) is finished, or still
+        running at a previous owner (a marker whose time has not passed), or neither."""
+        key = contract.finished_key(tp.topic, tp.partition)
+        members = cast("list[bytes]", await self._redis.zrangebyscore(key, offset, offset))
+        now_ms = time.time() * 1000
+        found = [p for m in members if (p := _parsed(m)) is not None]
+        if (offset, FINISHED, crc) in found:
+            return FINISHED
+        if any(state == RUNNING and number > now_ms for _, state, number in found):
+            return RUNNING
+        return None

@@ -21,6 +21,7 @@ import asyncio
 import dataclasses
 import functools
 import itertools
+import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Final
@@ -36,7 +37,7 @@ from image_crawler.lifecycle import cancel_and_wait
 from image_crawler.logs import get_logger
 from image_crawler.retry import sleep_unless_stopped
 from worker.fair_share import fair_share, resume_threshold
-from worker.finished import FinishedLedger, fingerprint
+from worker.finished import FINISHED, RUNNING, FinishedLedger, fingerprint
 from worker.host_queues import (
     HOLD,
     PARK,
@@ -75,6 +76,8 @@ _DEFAULT: Final = WorkerSettings()
 # The longest a commit or an assignment waits for Redis to write or read the finished
 # offsets (worker.finished): without them, work is only done again.
 LEDGER_TIMEOUT_S: Final = 5.0
+# How often a message held back for its previous owner asks whether that one ended it.
+ELSEWHERE_POLL_S: Final = 0.5
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -97,6 +100,11 @@ class SchedulerSettings:
     # takes away (their URLs' slots granted), so that their images count as finished here
     # rather than be fetched again by the partitions' next owner.
     revoke_wait_s: float = 5.0
+    # Those still running after revoke_wait_s are marked in Redis (worker/finished.py):
+    # the partitions' next owners hold them back until they end here, or this long, when
+    # they are given up here. Past a broker's or a store's outage (the fault campaign's
+    # last 22-57 s), an image in hand is then published once, by the worker that has it.
+    late_hold_s: float = 60.0
 
 
 class Scheduler:
@@ -134,8 +142,8 @@ class Scheduler:
         self._reread: dict[TopicPartition, int] = {}
         self._lost = lost_urls if lost_urls is not None else LostUrls(consumer, redis)
         self._unfinished: Counter[str] = Counter()
-        # Each running task, and the partition of its message.
-        self._tasks: dict[asyncio.Task[None], TopicPartition] = {}
+        # Each running task, and the partition and offset of its message.
+        self._tasks: dict[asyncio.Task[None], tuple[TopicPartition, int]] = {}
         self._topic_sources: dict[str, str | None] = {}  # source_of_topic, remembered
         # The assignment as last seen, its partitions by source (None: not a source's
         # topic), which of them are paused, and the sources whose unfinished count changed
@@ -163,6 +171,11 @@ class Scheduler:
         self._ledger = ledger
         self._unrecorded: dict[TopicPartition, list[tuple[int, int]]] = {}
         self._skip: dict[TopicPartition, dict[int, int]] = {}
+        # Still running at a previous owner's revoke: held back until when (Unix seconds).
+        self._elsewhere: dict[TopicPartition, dict[int, float]] = {}
+        # Still running here at a revoke, marked so in Redis: until when (Unix ms).
+        self._late: dict[tuple[TopicPartition, int], int] = {}
+        self._settling: set[asyncio.Task[None]] = set()
         # The tasks whose request may be on the wire (no host queue, or their slot granted).
         self._requesting: set[asyncio.Task[None]] = set()
         self.skipped = 0
@@ -451,10 +464,11 @@ class Scheduler:
         log.debug("task_started", source=source, partition=tp.partition, offset=offset)
         self._unfinished[source] += 1
         self._changed.add(source)
-        task = asyncio.create_task(self._run_one(source, tp, offset, value, key))
-        self._tasks[task] = tp
+        until = self._elsewhere.get(tp, {}).pop(offset, None)
+        task = asyncio.create_task(self._run_one(source, tp, offset, value, key, until))
+        self._tasks[task] = (tp, offset)
         task.add_done_callback(self._task_done)
-        if key is None:
+        if key is None and until is None:
             self._requesting.add(task)
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
@@ -468,15 +482,21 @@ class Scheduler:
         offset: int,
         value: bytes | None,
         key: HostKey | None = None,
+        elsewhere_until: float | None = None,
     ) -> None:
-        finished = False
+        finished = skipped = False
         waits: HostWaits | None = None
         granted = [False]  # its request had its slot (slot_taken)
         if key is not None:
             SLOT_TAKEN.set(functools.partial(self._slot_taken, source, key, granted))
         try:
-            await self._handler(source, value, tp.topic)
-            finished = True
+            if elsewhere_until is not None:
+                skipped = await self._ended_elsewhere(source, tp, offset, value, elsewhere_until)
+            if not skipped:
+                if key is None and (me := asyncio.current_task()) is not None:
+                    self._requesting.add(me)  # its request goes out now (held back until then)
+                await self._handler(source, value, tp.topic)
+                finished = True
         except asyncio.CancelledError:
             raise
         except HostWaits as e:
@@ -500,9 +520,11 @@ class Scheduler:
                 del self._unfinished[source]
             self._changed.add(source)
             self._in_flight.get(tp, set()).discard(offset)
-            if finished:
-                self.finished += 1
+            if finished or skipped:
+                self.finished += finished
                 self._note_finished(tp, offset, value)
+            if (until_ms := self._late.pop((tp, offset), None)) is not None:
+                self._settle_late(tp, offset, until_ms, fingerprint(value) if finished else None)
             if key is not None:
                 self._host_done(source, tp, offset, value, key, waits, granted[0])
 
@@ -697,7 +719,7 @@ class Scheduler:
         revoked = set(revoked)
         # First, so that no URL of theirs starts as those handed back give up their hosts.
         self._queues.forget(revoked)
-        await self._await_requests(revoked)
+        await self._mark_late(await self._await_requests(revoked))
         try:
             await self.commit(revoked)
         finally:
@@ -707,6 +729,7 @@ class Scheduler:
                 self._trackers.pop(tp, None)
                 self._unrecorded.pop(tp, None)
                 self._skip.pop(tp, None)
+                self._elsewhere.pop(tp, None)
                 self._committed.pop(tp, None)
                 self._first_read.pop(tp, None)
                 self._next_read.pop(tp, None)
@@ -733,11 +756,12 @@ class Scheduler:
             **_names(assigned),
         )
 
-    async def _await_requests(self, revoked: set[TopicPartition]) -> None:
+    async def _await_requests(self, revoked: set[TopicPartition]) -> set[asyncio.Task[None]]:
         """Hand back the revoked partitions' URLs still waiting for their slot (left to
         run, each would be requested here and by the partition's next owner both), and
-        let those whose request is on the wire end, for a while."""
-        tasks = [t for t, tp in self._tasks.items() if tp in revoked]
+        let those whose request is on the wire end, for a while: those still running
+        then are returned."""
+        tasks = [t for t, (tp, _) in self._tasks.items() if tp in revoked]
         unasked = [t for t in tasks if t not in self._requesting]
         asked = [t for t in tasks if t in self._requesting]
         if unasked:
@@ -747,6 +771,77 @@ class Scheduler:
             _, late = await asyncio.wait(asked, timeout=self._settings.revoke_wait_s)
         if tasks:
             log.info("revoke_waited", handed_back=len(unasked), tasks=len(asked), late=len(late))
+        return late
+
+    async def _mark_late(self, late: set[asyncio.Task[None]]) -> None:
+        """Mark the revoked partitions' requests still running as such in Redis, for
+        ``late_hold_s``: their next owners hold them back until they end here, and those
+        not ended by then are given up here (unless their partition is back)."""
+        hold_s = self._settings.late_hold_s
+        until_ms = int((time.time() + hold_s) * 1000)
+        running: dict[TopicPartition, list[int]] = {}
+        loop = asyncio.get_running_loop()
+        for task in late:
+            if (owned := self._tasks.get(task)) is None:
+                continue  # ended meanwhile
+            tp, offset = owned
+            self._late[owned] = until_ms
+            running.setdefault(tp, []).append(offset)
+            loop.call_later(hold_s, self._give_up_late, task)
+        if not running:
+            return
+        try:
+            async with asyncio.timeout(LEDGER_TIMEOUT_S):
+                await self._ledger.mark_running(running, until_ms)
+        except (RedisError, TimeoutError) as e:
+            log.warning("finished_record_failed", error=repr(e), partitions=len(running))
+
+    def _give_up_late(self, task: asyncio.Task[None]) -> None:
+        if (owned := self._tasks.get(task)) is None:
+            return
+        tp, offset = owned
+        tracker = self._trackers.get(tp)
+        if tracker is None or offset not in tracker:  # not read again here: not ours
+            log.info("late_given_up", topic=tp.topic, partition=tp.partition, offset=offset)
+            task.cancel()
+
+    def _settle_late(self, tp: TopicPartition, offset: int, until_ms: int, crc: int | None) -> None:
+        """Replace the running marker of a message that ended here: by its finished member
+        (``crc``: finished; even if its partition is ours again, as its copy read again
+        here may be waiting for its host and then asks), else by nothing (given up, it
+        runs at its next owner at once)."""
+        task = asyncio.create_task(self._settle(tp, offset, until_ms, crc))
+        self._settling.add(task)
+        task.add_done_callback(self._settling.discard)
+
+    async def _settle(
+        self, tp: TopicPartition, offset: int, until_ms: int, crc: int | None
+    ) -> None:
+        try:
+            async with asyncio.timeout(LEDGER_TIMEOUT_S):
+                await self._ledger.settle(tp, offset, until_ms, crc)
+        except (RedisError, TimeoutError) as e:
+            log.warning("finished_record_failed", error=repr(e), partitions=1)
+
+    async def _ended_elsewhere(
+        self, source: str, tp: TopicPartition, offset: int, value: bytes | None, until: float
+    ) -> bool:
+        """Whether the partition's previous owner, still running this message at its
+        revoke, finished it; asked until it ended there or ``until`` (Unix s) has passed."""
+        crc = fingerprint(value)
+        while (left_s := until - time.time()) > 0:
+            try:
+                async with asyncio.timeout(LEDGER_TIMEOUT_S):
+                    state = await self._ledger.state(tp, offset, crc)
+            except (RedisError, TimeoutError) as e:
+                log.warning("finished_load_failed", error=repr(e), partitions=1)
+                return False
+            if state == FINISHED:
+                self._count_skipped(source, tp, offset)
+            if state != RUNNING:
+                return state == FINISHED
+            await asyncio.sleep(min(ELSEWHERE_POLL_S, left_s))
+        return False
 
     def _note_finished(self, tp: TopicPartition, offset: int, value: bytes | None) -> None:
         tracker = self._trackers.get(tp)
@@ -765,10 +860,13 @@ class Scheduler:
         crc = skip.pop(offset, None)
         if crc is None or crc != fingerprint(value):
             return False
+        self._count_skipped(source, tp, offset)
+        return True
+
+    def _count_skipped(self, source: str, tp: TopicPartition, offset: int) -> None:
         self.skipped += 1
         URLS_FINISHED_SKIPPED.labels(source).inc()
         log.debug("finished_skipped", source=source, partition=tp.partition, offset=offset)
-        return True
 
     async def _record_finished(self, partitions: set[TopicPartition]) -> None:
         """Write what was finished past each partition's commit point since the last
@@ -799,12 +897,14 @@ class Scheduler:
         except (RedisError, TimeoutError) as e:
             log.warning("finished_load_failed", error=repr(e), partitions=len(assigned))
             return
-        self._skip.update(loaded)
-        if loaded:
+        self._skip.update(loaded.finished)
+        self._elsewhere.update(loaded.running)
+        if loaded.finished or loaded.running:
             log.info(
                 "finished_loaded",
-                partitions=len(loaded),
-                offsets=sum(len(v) for v in loaded.values()),
+                partitions=len(loaded.finished.keys() | loaded.running.keys()),
+                offsets=sum(len(v) for v in loaded.finished.values()),
+                running=sum(len(v) for v in loaded.running.values()),
             )
 
     async def _drain(self) -> None:
@@ -819,6 +919,8 @@ class Scheduler:
             log.warning("handing_back", tasks=len(pending))
             await cancel_and_wait(pending)
         await self.commit()
+        if self._settling:  # the markers of late requests that ended meanwhile
+            await asyncio.wait(self._settling, timeout=LEDGER_TIMEOUT_S)
 
 
 def is_a_member(consumer: Any) -> bool:

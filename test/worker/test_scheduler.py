@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 import types
 from collections import Counter
 
@@ -27,7 +28,7 @@ from image_crawler.contract import (
     source_of_topic,
     urls_lost_key,
 )
-from worker.finished import FinishedLedger, fingerprint
+from worker.finished import FinishedLedger, Loaded, fingerprint
 from worker.host_queues import HostQueueSettings, slot_taken
 from worker.lost_urls import LostUrls
 from worker.politeness.hosts import HostKey
@@ -185,6 +186,7 @@ async def start(
     resume_every_s=0.0,
     finished=None,
     revoke_wait_s=0.05,
+    late_hold_s=60.0,
 ):
     if sources is None:
         sources = {source_of_topic(tp.topic) for tp in messages}
@@ -198,6 +200,7 @@ async def start(
         shutdown_grace_s=grace_s,
         resume_every_s=resume_every_s,
         revoke_wait_s=revoke_wait_s,
+        late_hold_s=late_hold_s,
     )
     scheduler = Scheduler(
         consumer, fake_redis, handler, handler.on_failure, settings, finished=finished
@@ -363,6 +366,12 @@ class AwayLedger(FinishedLedger):
     async def load(self, partitions):
         raise RedisConnectionError("away")
 
+    async def mark_running(self, running, until_ms):
+        raise RedisConnectionError("away")
+
+    async def settle(self, tp, offset, until_ms, crc):
+        raise RedisConnectionError("away")
+
 
 @pytest.mark.parametrize("ledger", ["kept", "away"])
 async def test_a_revoke_whose_commit_is_refused_starts_over_from_the_committed_offset(
@@ -434,6 +443,90 @@ async def test_a_revoke_lets_a_request_on_the_wire_end_and_its_image_is_not_fetc
     assert scheduler.skipped == 10
     [waited] = [e for e in logs if e["event"] == "revoke_waited"]
     assert (waited["tasks"], waited["late"]) == (1, 0)
+
+
+class HandingOverConsumer(FakeConsumer):
+    """Gives its partitions of ``handed_over`` to another member at each rebalance after
+    the first."""
+
+    def __init__(self, messages: dict[TopicPartition, int], handed_over: set[str]) -> None:
+        super().__init__(messages)
+        self.handed_over = handed_over
+
+    def subscribe(self, topics, listener):
+        super().subscribe(topics, listener)
+        if self.assigned and self.rebalance is not None:
+            assignment, _ = self.rebalance
+            kept = {p for p in assignment if p.topic not in self.handed_over}
+            self.rebalance = (kept, listener)
+
+
+@pytest.mark.parametrize("end", ["finished", "given_up"])
+async def test_a_request_still_running_after_the_revoke_wait_is_marked_until_it_ends(
+    fake_redis, end
+):
+    handler = Handler()
+    handler.held = {b"urls.a:3"}
+    consumer = HandingOverConsumer({tp("a"): 10, tp("late"): 2}, {"urls.a"})
+    ledger = FinishedLedger(fake_redis)
+    before_s = time.time()
+    with capture_logs() as logs:
+        consumer, scheduler, stop, task = await start(
+            fake_redis, {tp("a"): 10}, handler, max_tasks=400, sources={"a"}, consumer=consumer,
+            late_hold_s=60 if end == "finished" else 0.3,
+        )  # fmt: skip
+        await wait(lambda: len(handler.done) == 9)
+        # A rebalance gives urls.a to another worker while offset 3 is still on the
+        # wire: marked running, so that its next owner holds it back.
+        await fake_redis.sadd(INBOUND_SOURCES_SET, "late")
+        await wait(lambda: consumer.assignment() == {tp("late")})
+        loaded = await ledger.load([tp("a")])
+        assert loaded.finished == {
+            tp("a"): {o: fingerprint(b"urls.a:%d" % o) for o in range(4, 10)}
+        }
+        [until] = loaded.running[tp("a")].values()
+        assert before_s + (60 if end == "finished" else 0.3) <= until <= time.time() + 60
+        assert consumer.commits[tp("a")] == 3
+        if end == "finished":
+            handler.release.set()  # its image comes: finished here, written down as such
+            done = {o: fingerprint(b"urls.a:%d" % o) for o in range(3, 10)}
+            await wait(lambda: b"urls.a:3" in handler.done)
+        else:  # not ended in time: given up here, so that it runs at its next owner
+            await wait(lambda: any(e["event"] == "late_given_up" for e in logs))
+            done = loaded.finished[tp("a")]
+        await wait(lambda: not scheduler._settling)
+        assert await ledger.load([tp("a")]) == Loaded({tp("a"): done}, {})
+        stop.set()
+        await task
+    [waited] = [e for e in logs if e["event"] == "revoke_waited"]
+    assert (waited["tasks"], waited["late"]) == (1, 1)
+    assert handler.done.count(b"urls.a:3") == (end == "finished")
+
+
+@pytest.mark.parametrize("end", ["finished", "given_up", "time_passed"])
+async def test_a_message_running_at_its_previous_owner_is_held_back_until_that_one_ends_it(
+    fake_redis, end
+):
+    # The previous owner of urls.a:0 was still running offset 3 at its revoke.
+    ledger = FinishedLedger(fake_redis)
+    hold_s = 0.4 if end == "time_passed" else 30
+    until_ms = int((time.time() + hold_s) * 1000)
+    await ledger.mark_running({tp("a"): [3]}, until_ms)
+    handler = Handler()
+    consumer, scheduler, stop, task = await start(fake_redis, {tp("a"): 10}, handler)
+    await wait(lambda: len(handler.done) == 9)
+    await asyncio.sleep(0.1)
+    assert b"urls.a:3" not in handler.done
+    assert consumer.commits.get(tp("a"), 0) == 3
+    if end == "finished":
+        await ledger.settle(tp("a"), 3, until_ms, fingerprint(b"urls.a:3"))
+    elif end == "given_up":
+        await ledger.settle(tp("a"), 3, until_ms, None)
+    await wait(lambda: consumer.commits.get(tp("a")) == 10)
+    stop.set()
+    await task
+    assert handler.done.count(b"urls.a:3") == (end != "finished")
+    assert scheduler.skipped == (end == "finished")
 
 
 async def test_a_finished_offset_is_skipped_only_if_its_message_is_the_one_finished(
