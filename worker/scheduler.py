@@ -170,6 +170,10 @@ class Scheduler:
         # written), and what the partition's previous owners finished (to be skipped).
         self._ledger = ledger
         self._unrecorded: dict[TopicPartition, list[tuple[int, int]]] = {}
+        # And all it finished past its last commit, written or not: written again at a
+        # revoke, so that a Redis that lost the set meanwhile (restarted empty) has it
+        # again for the partitions' next owners.
+        self._past_commit: dict[TopicPartition, dict[int, int]] = {}
         self._skip: dict[TopicPartition, dict[int, int]] = {}
         # Still running at a previous owner's revoke: held back until when (Unix seconds).
         self._elsewhere: dict[TopicPartition, dict[int, float]] = {}
@@ -710,6 +714,9 @@ class Scheduler:
             )
             return
         self._committed.update(offsets)
+        for tp, offset in offsets.items():
+            if past := self._past_commit.get(tp):
+                self._past_commit[tp] = {o: crc for o, crc in past.items() if o >= offset}
         try:
             await self._ledger.trim(offsets)
         except RedisError as e:
@@ -720,6 +727,9 @@ class Scheduler:
         # First, so that no URL of theirs starts as those handed back give up their hosts.
         self._queues.forget(revoked)
         await self._mark_late(await self._await_requests(revoked))
+        for tp in revoked:
+            if past := self._past_commit.get(tp):
+                self._unrecorded[tp] = list(past.items())
         try:
             await self.commit(revoked)
         finally:
@@ -728,6 +738,7 @@ class Scheduler:
             for tp in revoked:
                 self._trackers.pop(tp, None)
                 self._unrecorded.pop(tp, None)
+                self._past_commit.pop(tp, None)
                 self._skip.pop(tp, None)
                 self._elsewhere.pop(tp, None)
                 self._committed.pop(tp, None)
@@ -853,7 +864,9 @@ class Scheduler:
         if tracker is None:
             return  # revoked meanwhile: whoever owns it reads it again
         tracker.finish(offset)
-        self._unrecorded.setdefault(tp, []).append((offset, fingerprint(value)))
+        crc = fingerprint(value)
+        self._unrecorded.setdefault(tp, []).append((offset, crc))
+        self._past_commit.setdefault(tp, {})[offset] = crc
 
     def _finished_before(
         self, source: str, tp: TopicPartition, offset: int, value: bytes | None

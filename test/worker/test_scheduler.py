@@ -594,6 +594,35 @@ async def test_no_commit_is_sent_while_the_worker_is_no_longer_a_member(fake_red
     assert not any(e["event"] == "commit_failed" for e in logs)
 
 
+async def test_what_was_finished_past_the_commit_is_written_again_at_a_revoke_after_redis_lost_it(
+    fake_redis,
+):
+    handler = Handler()
+    handler.held = {b"urls.a:3"}
+    consumer = FakeConsumer({tp("a"): 10, tp("late"): 2})
+    consumer, scheduler, stop, task = await start(
+        fake_redis, {tp("a"): 10}, handler, max_tasks=400, sources={"a"}, consumer=consumer
+    )
+    await wait(lambda: len(handler.done) == 9)
+    deadline = asyncio.get_running_loop().time() + 5
+    while await fake_redis.zcard(finished_key("urls.a", 0)) < 6:  # 4-9, at a commit
+        assert asyncio.get_running_loop().time() < deadline, "4-9 not written"
+        await asyncio.sleep(0.005)
+    # Redis restarted empty, then a rebalance: what the set held is written again at the
+    # revoke, and the partition's next owner (this worker again) skips it.
+    await fake_redis.flushall()
+    await fake_redis.sadd(INBOUND_SOURCES_SET, "a", "late")
+    await wait(lambda: {b"urls.late:0", b"urls.late:1"} <= set(handler.done))
+    handler.release.set()
+    await wait(lambda: consumer.commits.get(tp("a")) == 10)
+    stop.set()
+    await task
+    assert Counter(v for v in handler.done if v.startswith(b"urls.a:")) == Counter(
+        f"urls.a:{o}".encode() for o in range(10)
+    )
+    assert scheduler.skipped == 6
+
+
 class DroppedHandingOverConsumer(HandingOverConsumer, DroppedConsumer):
     pass
 
