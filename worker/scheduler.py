@@ -775,11 +775,6 @@ class Scheduler:
         tasks = [t for t, (tp, _) in self._tasks.items() if tp in revoked]
         unasked = [t for t in tasks if t not in self._requesting]
         asked = [t for t in tasks if t in self._requesting]
-        if asked and not is_a_member(self._consumer):
-            # Dropped from the group (frozen, or cut off past its session timeout): the
-            # partitions' next owners have read these again already, and what ends here
-            # would be published a second time.
-            unasked, asked = tasks, []
         if unasked:
             await cancel_and_wait(unasked)
         late: set[asyncio.Task[None]] = set()

@@ -623,37 +623,6 @@ async def test_what_was_finished_past_the_commit_is_written_again_at_a_revoke_af
     assert scheduler.skipped == 6
 
 
-class DroppedHandingOverConsumer(HandingOverConsumer, DroppedConsumer):
-    pass
-
-
-async def test_a_revoke_after_the_worker_was_dropped_hands_back_even_the_requests_on_the_wire(
-    fake_redis,
-):
-    handler = Handler()
-    handler.held = {b"urls.a:3"}
-    consumer = DroppedHandingOverConsumer({tp("a"): 10, tp("late"): 2}, {"urls.a"})
-    with capture_logs() as logs:
-        consumer, _scheduler, stop, task = await start(
-            fake_redis, {tp("a"): 10}, handler, max_tasks=400, sources={"a"}, consumer=consumer
-        )
-        await wait(lambda: len(handler.done) == 9)
-        # Frozen past its session timeout: its partitions were another's (who read offset
-        # 3 again) before it saw the revoke. Its request of offset 3 is not waited for.
-        consumer.drop()
-        await fake_redis.sadd(INBOUND_SOURCES_SET, "late")
-        await wait(lambda: consumer.assignment() == {tp("late")})
-        handler.release.set()
-        consumer.rejoin()
-        await wait(lambda: len(handler.done) == 9 + 2)
-        stop.set()
-        await task
-    assert b"urls.a:3" not in handler.done
-    [waited] = [e for e in logs if e["event"] == "revoke_waited"]
-    assert (waited["handed_back"], waited["tasks"], waited["late"]) == (1, 0, 0)
-    assert (await FinishedLedger(fake_redis).load([tp("a")])).running == {}
-
-
 class OneByOne:
     """A handler whose messages each wait for their own release, in order of arrival."""
 
