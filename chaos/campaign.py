@@ -198,6 +198,7 @@ def _findings(campaign: Campaign, extra: dict[str, Any]) -> dict[str, Any]:
     windows = checks.pacing_windows(requests)
     worst = checks.worst_window(windows)
     fetches = checks.fetches_per_image(requests)
+    copies = campaign.ledger.copies
     return {
         "seed": campaign.seed,
         "minutes": campaign.duration_s / 60,
@@ -210,12 +211,16 @@ def _findings(campaign: Campaign, extra: dict[str, Any]) -> dict[str, Any]:
         "lost": ends.lost,
         "wrong": ends.wrong,
         "duplicates": ends.duplicates,
+        "inbound_copies_extra": sum(n - 1 for n in copies.values()),
+        "duplicates_beyond_copies": checks.duplicates_beyond_copies(campaign.ledger.ends, copies),
         "deliveries": ends.deliveries,
         "thumbnails_missing": extra["thumbnails_missing"],
         "requests": len(requests),
         "fetches_per_image": dict(sorted(fetches.items())),
         "requests_per_image": checks.requests_per_image(fetches),
         "fetched_again_after_success": checks.fetched_again_after_success(requests),
+        "requests_per_copy": checks.requests_per_copy(requests, copies),
+        "fetched_again_beyond_copies": checks.fetched_again_after_success(requests, copies),
         "backlog_at_drain": campaign.backlog_at_drain,
         "statuses": {str(k): v for k, v in sorted(checks.statuses(requests).items())},
         "worst_window": str(worst and dataclasses.replace(worst, gaps_ms=())),
@@ -250,6 +255,9 @@ def _line(campaign: Campaign, s: dict[str, Any], passed: bool) -> str:
         f"lost={len(s['lost'])} wrong={len(s['wrong'])} duplicates={s['duplicates']} "
         f"requests_per_image={s['requests_per_image']} "
         f"fetched_again={s['fetched_again_after_success']} "
+        f"(beyond the feeder's {s['inbound_copies_extra']} extra copies: duplicates "
+        f"{s['duplicates_beyond_copies']}, requests_per_copy={s['requests_per_copy']}, "
+        f"fetched_again {s['fetched_again_beyond_copies']}) "
         f"thumbnails_missing={len(s['thumbnails_missing'])} "
         f"worst_window='{s['worst_window']}' over_bound={len(s['over_bound'])} "
         f"(strict {len(s['over_bound_strict'])}, 2+ over {len(s['over_bound_by_2_or_more'])}) "

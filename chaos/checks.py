@@ -149,6 +149,29 @@ def statuses(requests: Iterable[Request]) -> Counter[int]:
     return Counter(status for _, _, _, status, _ in requests)
 
 
+def uuid_of(path: str) -> str:
+    """The uuid of an image path (``/ok/UUID.jpg``)."""
+    return path.rsplit("/", 1)[-1].split(".", 1)[0]
+
+
+def duplicates_beyond_copies(
+    ends: Mapping[str, Sequence[tuple[str, float, int]]], copies: Mapping[str, int]
+) -> int:
+    """The uuids that ended more often than their message is in ``inbound_images``: a
+    send the feeder saw time out while the broker was paused was written all the same, and
+    sent again (tansu has no idempotent producer), so some URLs are queued twice, and each
+    copy is crawled, as any producer's duplicate is. What is beyond is the crawler's."""
+    return sum(len(seen) > copies.get(uuid, 1) for uuid, seen in ends.items())
+
+
+def requests_per_copy(requests: Iterable[Request], copies: Mapping[str, int]) -> float | None:
+    """Image requests over the copies of their messages in ``inbound_images`` (None before
+    any): ``requests_per_image`` with the producer's own duplicates taken out."""
+    per_path = Counter(path for _, _, path, _, _ in requests if plan.kind_of(path))
+    queued = sum(copies.get(uuid_of(path), 1) for path in per_path)
+    return round(sum(per_path.values()) / queued, 4) if queued else None
+
+
 def fetches_per_image(requests: Iterable[Request]) -> Counter[int]:
     """How many images were requested once, twice, ...: what the crawl did again after
     its faults (a rebalance runs again what was not committed), a 429 or 503 included."""
@@ -163,15 +186,18 @@ def requests_per_image(fetches: Counter[int]) -> float | None:
     return round(sum(n * k for n, k in fetches.items()) / images, 4) if images else None
 
 
-def fetched_again_after_success(requests: Iterable[Request]) -> int:
-    """Image requests made after the image had been served whole (a 200) once: finished
-    work done again, which a rebalance should no longer cost."""
-    served: set[str] = set()
+def fetched_again_after_success(
+    requests: Iterable[Request], copies: Mapping[str, int] | None = None
+) -> int:
+    """Image requests made after the image had been served whole (a 200) once, or as
+    often as its message is in ``inbound_images`` (``copies``): finished work done
+    again, which a rebalance should no longer cost."""
+    served: Counter[str] = Counter()
     again = 0
     for _, _, path, status, _ in sorted(requests):
         if not plan.kind_of(path):
             continue
-        again += path in served
+        again += served[path] >= (copies or {}).get(uuid_of(path), 1)
         if status == 200:
-            served.add(path)
+            served[path] += 1
     return again

@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import IO, Any
 
@@ -22,6 +22,8 @@ from deploy.compose_check.outcomes import HoleCheck
 from image_crawler import contract as c
 
 OUTPUT_TOPICS = (c.METADATA_TOPIC, c.LINK_ROT_TOPIC, c.CRAWL_ERRORS_TOPIC)
+# Read too: how many copies of each URL the feeder's retries queued (chaos.checks).
+READ_TOPICS = (c.INBOUND_TOPIC, *OUTPUT_TOPICS)
 
 
 class Ledger:
@@ -29,6 +31,8 @@ class Ledger:
         self._file: IO[str] = open(path, "a", buffering=1)  # noqa: SIM115 - closed in close
         self.produced: dict[str, plan.Url] = {}
         self.produce_failures = 0
+        # uuid -> copies of its message in inbound_images
+        self.copies: Counter[str] = Counter()
         # uuid -> [(topic, unix time read, message's create time in ms)]
         self.ends: dict[str, list[tuple[str, float, int]]] = defaultdict(list)
         self.resolved: set[str] = set()
@@ -48,6 +52,10 @@ class Ledger:
             message = json.loads(value)
         except ValueError:
             message = {}
+        if topic == c.INBOUND_TOPIC:
+            if isinstance(message, dict) and isinstance(queued := message.get("uuid"), str):
+                self.copies[queued] += 1
+            return
         uuid = message.get("identifier") if isinstance(message, dict) else None
         self._write({"topic": topic, "p": partition, "o": offset, "uuid": uuid, "t": time.time()})
         if uuid is None or (topic == c.METADATA_TOPIC and "exif" in message):
@@ -149,7 +157,7 @@ async def read_outputs(ledger: Ledger, bootstrap: str) -> None:
 
 async def _assign(consumer: AIOKafkaConsumer, ledger: Ledger) -> None:
     partitions = []
-    for topic in OUTPUT_TOPICS:
+    for topic in READ_TOPICS:
         found = consumer.partitions_for_topic(topic)
         while not found:
             await consumer.topics()  # refreshes the metadata

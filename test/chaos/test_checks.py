@@ -149,3 +149,25 @@ def test_images_fetched_again_are_counted_by_how_often():
         checks.fetched_again_after_success([*requests, (9.0, "127.0.3.1", "/ok/a.jpg", 200, 0)])
         == 1
     )
+
+
+def test_what_a_uuid_queued_twice_by_the_feeder_costs_is_not_counted_as_the_crawler_s():
+    requests = [
+        (0.1, "127.0.3.1", "/ok/a.jpg", 200, 0),
+        (0.2, "127.0.3.1", "/ok/b.jpg", 200, 0),
+        (1.1, "127.0.3.1", "/ok/a.jpg", 200, 0),  # a's second copy in inbound_images
+        (1.2, "127.0.3.1", "/ok/b.jpg", 200, 0),  # b done again: the crawler's
+    ]
+    copies = {"a": 2, "b": 1}
+    ends = {
+        "a": [(c.METADATA_TOPIC, 0.2, 0), (c.METADATA_TOPIC, 1.2, 0)],
+        "b": [(c.METADATA_TOPIC, 0.3, 0), (c.METADATA_TOPIC, 1.3, 0)],
+    }
+    assert checks.uuid_of("/ok/a.jpg") == "a"
+    assert checks.check_ends({u: url(u) for u in copies}, ends).duplicates == 2
+    assert checks.duplicates_beyond_copies(ends, copies) == 1
+    assert checks.requests_per_image(checks.fetches_per_image(requests)) == 2.0
+    assert checks.requests_per_copy(requests, copies) == 1.3333
+    assert checks.requests_per_copy([], copies) is None
+    assert checks.fetched_again_after_success(requests) == 2
+    assert checks.fetched_again_after_success(requests, copies) == 1
