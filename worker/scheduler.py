@@ -794,10 +794,8 @@ class Scheduler:
         until_ms = int((time.time() + hold_s) * 1000)
         running: dict[TopicPartition, list[int]] = {}
         loop = asyncio.get_running_loop()
-        for task in late:
-            if (owned := self._tasks.get(task)) is None:
-                continue  # ended meanwhile
-            tp, offset = owned
+        for task in late:  # not done, with no await since: all still in _tasks
+            tp, offset = owned = self._tasks[task]
             self._late[owned] = until_ms
             running.setdefault(tp, []).append(offset)
             loop.call_later(hold_s, self._give_up_late, task)
