@@ -212,6 +212,13 @@ DNS_FORGET_S: Final = 3600.0
 # member, or by nothing when it gave up) or until passes. Entries below the commit are
 # removed; the key expires 14 days after its last write.
 FINISHED_PREFIX: Final = "finished:"
+# Beyond the original (issue 53): the messages of a worker queue's partition crawled to
+# their end lately, a sorted set of 8-byte BLAKE2b digests of the message (16 hex digits)
+# scored by when (Unix ms), written at each commit by the partition's owner and asked for
+# every record it reads: a copy of one crawled within COPY_WINDOW_S (a send the broker
+# stored twice) is counted finished without a request (worker/copies.py). Older digests
+# are removed at each write; the key expires a window after its last one.
+CRAWLED_PREFIX: Final = "crawled:"
 
 LAST_N_STATUSES: Final = 50
 # (key prefix, window length in seconds) of the time-based sliding windows.
@@ -224,6 +231,10 @@ STATUS_WINDOWS: Final[tuple[tuple[str, float], ...]] = (
 
 def finished_key(topic: str, partition: int) -> str:
     return f"{FINISHED_PREFIX}{topic}:{partition}"
+
+
+def crawled_key(topic: str, partition: int) -> str:
+    return f"{CRAWLED_PREFIX}{topic}:{partition}"
 
 
 def tokens_key(source: str) -> str:

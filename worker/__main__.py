@@ -255,6 +255,7 @@ def _build_scheduler(
             commit_interval_s=settings.commit_interval_s,
             shutdown_grace_s=settings.shutdown_grace_s,
             hosts=settings.waiting,
+            copy_window_s=settings.copy_window_s,
         ),
         host_of=pipeline.host_key,
         interval_of=parts.pacer.interval_of,

@@ -70,6 +70,12 @@ URLS_FINISHED_SKIPPED = Counter(
     "previous owner had finished them past its commit (worker/finished.py), per source.",
     ["source"],
 )
+URLS_COPIES_SKIPPED = Counter(
+    "crawler_urls_copies_skipped",
+    "URLs read and not fetched because they were copies, byte for byte, of a message of "
+    "their partition crawled less than COPY_WINDOW_S before (worker/copies.py), per source.",
+    ["source"],
+)
 URLS_PARKED = Counter(
     "crawler_urls_parked",
     "URLs appended again to the end of urls.{source} because their host could not take "

@@ -36,6 +36,7 @@ from image_crawler.contract import INBOUND_SOURCES_SET, source_of_topic, source_
 from image_crawler.lifecycle import cancel_and_wait
 from image_crawler.logs import get_logger
 from image_crawler.retry import sleep_unless_stopped
+from worker.copies import CrawledLedger, digest
 from worker.fair_share import fair_share, resume_threshold
 from worker.finished import FINISHED, RUNNING, FinishedLedger, fingerprint
 from worker.host_queues import (
@@ -48,7 +49,7 @@ from worker.host_queues import (
     Waiting,
 )
 from worker.lost_urls import LostUrls
-from worker.metrics import URLS_FINISHED_SKIPPED, URLS_PARKED, URLS_WAITING
+from worker.metrics import URLS_COPIES_SKIPPED, URLS_FINISHED_SKIPPED, URLS_PARKED, URLS_WAITING
 from worker.offsets import OffsetTracker
 from worker.politeness.hosts import HostKey
 from worker.politeness.pacing import HostWaits
@@ -78,6 +79,11 @@ _DEFAULT: Final = WorkerSettings()
 LEDGER_TIMEOUT_S: Final = 5.0
 # How often a message held back for its previous owner asks whether that one ended it.
 ELSEWHERE_POLL_S: Final = 0.5
+# The longest a poll's records wait to be checked for copies (worker.copies), and how long
+# the check is left off after it failed: it saves requests, and a Redis away holds every
+# request anyway (no slot is granted without it), so it never holds up the scheduler.
+COPIES_TIMEOUT_S: Final = 0.5
+COPIES_OFF_S: Final = 5.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -107,6 +113,9 @@ class SchedulerSettings:
     # the frozen-worker test had 40 URLs not ended within 90 s once in five runs (the
     # likely cause, not confirmed: the thawed worker's marked tasks held back 60 s).
     late_hold_s: float = 20.0
+    # A message read that is a copy of one of its partition crawled less than this long
+    # ago (worker.copies) is counted finished without a request; 0: never.
+    copy_window_s: float = _DEFAULT.copy_window_s
 
 
 class Scheduler:
@@ -125,6 +134,7 @@ class Scheduler:
         interval_of: Callable[[HostKey], float | None] | None = None,
         park: Parker | None = None,
         finished: FinishedLedger | None = None,
+        copies: CrawledLedger | None = None,
     ) -> None:
         self._consumer = consumer
         self._redis = redis
@@ -165,6 +175,9 @@ class Scheduler:
         self._listener = _Listener(self)
         self.finished = 0
         self._init_finished(finished if finished is not None else FinishedLedger(redis))
+        self._init_copies(
+            copies if copies is not None else CrawledLedger(redis, settings.copy_window_s)
+        )
         self._init_waiting(host_of, interval_of, park)
 
     def _init_finished(self, ledger: FinishedLedger) -> None:
@@ -185,6 +198,18 @@ class Scheduler:
         # The tasks whose request may be on the wire (no host queue, or their slot granted).
         self._requesting: set[asyncio.Task[None]] = set()
         self.skipped = 0
+
+    def _init_copies(self, ledger: CrawledLedger) -> None:
+        # The digests of the messages crawled here since the last commit (to be written),
+        # and the offsets of the last poll's records found to be copies of one crawled.
+        self._copies = ledger
+        self._crawled: dict[TopicPartition, list[str]] = {}
+        self._copy_offsets: dict[TopicPartition, set[int]] = {}
+        self._copies_off_until = 0.0
+        # Counted at each revoke and assignment: a poll's records checked across one are
+        # not started (their partitions are read again from their commits).
+        self._generation = 0
+        self.copies_skipped = 0
 
     def _init_waiting(
         self,
@@ -266,6 +291,8 @@ class Scheduler:
             log.warning("consume_failed", error=repr(e))
             await asyncio.sleep(self._settings.poll_timeout_s)
             return
+        if batches and not await self._check_copies(batches):
+            return
         for tp, records in batches.items():
             source = self._source_of(tp.topic)
             if source is None or not records:
@@ -318,6 +345,35 @@ class Scheduler:
         )
         self._consumer.seek(tp, hole)
         return [r for r in records if r.offset < hole]
+
+    async def _check_copies(self, batches: dict[TopicPartition, list[Any]]) -> bool:
+        """Find which records of a poll are copies of a message crawled lately; False if
+        a rebalance came meanwhile (the records are then not to be started)."""
+        self._copy_offsets = {}
+        if self._copies.window_s <= 0 or time.monotonic() < self._copies_off_until:
+            return True
+        generation = self._generation
+        digests = {tp: [digest(r.value) for r in records] for tp, records in batches.items()}
+        try:
+            async with asyncio.timeout(COPIES_TIMEOUT_S):
+                seen = await self._copies.seen(digests)
+        except (RedisError, TimeoutError) as e:
+            log.warning("copies_check_failed", error=repr(e), off_s=COPIES_OFF_S)
+            self._copies_off_until = time.monotonic() + COPIES_OFF_S
+            seen = {}
+        for tp, found in seen.items():
+            self._copy_offsets[tp] = {
+                r.offset for r, d in zip(batches[tp], digests[tp], strict=True) if d in found
+            }
+        return generation == self._generation
+
+    def _is_copy(self, source: str, tp: TopicPartition, offset: int) -> bool:
+        if offset not in self._copy_offsets.get(tp, ()):
+            return False
+        self.copies_skipped += 1
+        URLS_COPIES_SKIPPED.labels(source).inc()
+        log.debug("copy_skipped", source=source, partition=tp.partition, offset=offset)
+        return True
 
     def _give_back(self, tp: TopicPartition, offset: int) -> None:
         self._consumer.seek(tp, offset)
@@ -419,7 +475,7 @@ class Scheduler:
         tracker = self._trackers.setdefault(tp, OffsetTracker())
         if offset in tracker:
             return True
-        if self._finished_before(source, tp, offset, value):
+        if self._finished_before(source, tp, offset, value) or self._is_copy(source, tp, offset):
             tracker.start(offset)
             tracker.finish(offset)
             return True
@@ -529,6 +585,8 @@ class Scheduler:
             if finished or skipped:
                 self.finished += finished
                 self._note_finished(tp, offset, value)
+            if finished:
+                self._crawled.setdefault(tp, []).append(digest(value))
             if (until_ms := self._late.pop((tp, offset), None)) is not None:
                 self._settle_late(tp, offset, until_ms, fingerprint(value) if finished else None)
             if key is not None:
@@ -680,6 +738,7 @@ class Scheduler:
         assigned = self._consumer.assignment()
         chosen = assigned if partitions is None else set(partitions) & assigned
         await self._record_finished(chosen)
+        await self._record_crawled()
         # Not while their check for deleted records runs: a commit first would hide a loss.
         chosen = chosen - self._lost.held
         offsets: dict[TopicPartition, int] = {}
@@ -726,6 +785,7 @@ class Scheduler:
 
     async def on_revoked(self, revoked: Iterable[TopicPartition]) -> None:
         revoked = set(revoked)
+        self._generation += 1
         # First, so that no URL of theirs starts as those handed back give up their hosts.
         self._queues.forget(revoked)
         await self._mark_late(await self._await_requests(revoked))
@@ -756,6 +816,7 @@ class Scheduler:
 
     async def on_assigned(self, assigned: Iterable[TopicPartition]) -> None:
         assigned = set(assigned)
+        self._generation += 1
         self._resync = True  # a new assignment starts unpaused, even if it is the same
         await self._load_finished(assigned)
         self._lost.assigned(
@@ -901,6 +962,19 @@ class Scheduler:
                 await self._ledger.record(finished)
         except (RedisError, TimeoutError) as e:
             log.warning("finished_record_failed", error=repr(e), partitions=len(finished))
+
+    async def _record_crawled(self) -> None:
+        """Write the digests of what was crawled here since the last commit (whatever
+        partition is ours now: a copy is skipped by whoever reads it). Lost: copies
+        crawled again."""
+        crawled, self._crawled = self._crawled, {}
+        if not crawled or self._copies.window_s <= 0:
+            return
+        try:
+            async with asyncio.timeout(LEDGER_TIMEOUT_S):
+                await self._copies.record(crawled)
+        except (RedisError, TimeoutError) as e:
+            log.warning("crawled_record_failed", error=repr(e), partitions=len(crawled))
 
     async def _load_finished(self, assigned: set[TopicPartition]) -> None:
         """Read what the partitions' previous owners finished past their commits."""

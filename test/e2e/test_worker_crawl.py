@@ -277,6 +277,41 @@ async def test_a_killed_worker_commits_no_unfinished_message_and_a_restart_finis
             second.stop()
 
 
+async def test_a_message_its_queue_holds_twice_is_crawled_once(
+    kafka, redis, redis_url, s3_server, s3_bucket, origin, worker_log
+):
+    # As a broker that stored a send it did not acknowledge holds it: the sender sent it
+    # again (worker.copies). The copies come once the first are crawled and written down.
+    image = next(i for i in good_images() if i.content_type == "image/jpeg")
+    paths = [f"/twice/{i}.jpg" for i in range(6)]
+    tasks = [
+        c.SourceTask(url=origin.add(p, image.body, "image/jpeg"), uuid=f"t{i}").to_json()
+        for i, p in enumerate(paths)
+    ]
+    await start_sources(redis, kafka, ["twice"])
+    topic = c.source_topic("twice")
+    await produce(kafka.bootstrap, topic, tasks[:5])
+    worker = CrawlerProcess(
+        "worker", worker_env(kafka, redis_url, s3_server, s3_bucket), worker_log()
+    )
+    try:
+        await wait_for(lambda: _offset_is(kafka.bootstrap, topic, 5), 60, what="offset 5")
+        await wait_for(
+            lambda: _equals(redis.zcard(c.crawled_key(topic, 0)), 5), 30, what="5 digests"
+        )
+        await produce(kafka.bootstrap, topic, [*tasks[:5], tasks[5]])
+        await wait_for(lambda: _offset_is(kafka.bootstrap, topic, 11), 60, what="offset 11")
+        assert [origin.requests(p) for p in paths] == [1] * 6
+        raw = await read_topic(kafka.bootstrap, c.METADATA_TOPIC, min_messages=6, timeout_s=30)
+        # Read after the commit of 11: all that will be published is.
+        resolutions = [m for m in map(json.loads, raw) if "exif" not in m]
+        assert Counter(m["identifier"] for m in resolutions) == {f"t{i}": 1 for i in range(6)}
+        worker.signal(signal.SIGTERM)
+        assert worker.wait(30) == 0, worker.tail()
+    finally:
+        worker.stop()
+
+
 async def _equals(value, expected):
     return await value == expected
 

@@ -24,10 +24,12 @@ from structlog.testing import capture_logs
 
 from image_crawler.contract import (
     INBOUND_SOURCES_SET,
+    crawled_key,
     finished_key,
     source_of_topic,
     urls_lost_key,
 )
+from worker.copies import CrawledLedger
 from worker.finished import FinishedLedger, Loaded, fingerprint
 from worker.host_queues import HostQueueSettings, slot_taken
 from worker.lost_urls import LostUrls
@@ -185,6 +187,7 @@ async def start(
     consumer=None,
     resume_every_s=0.0,
     finished=None,
+    copies=None,
     revoke_wait_s=0.05,
     late_hold_s=60.0,
 ):
@@ -203,7 +206,13 @@ async def start(
         late_hold_s=late_hold_s,
     )
     scheduler = Scheduler(
-        consumer, fake_redis, handler, handler.on_failure, settings, finished=finished
+        consumer,
+        fake_redis,
+        handler,
+        handler.on_failure,
+        settings,
+        finished=finished,
+        copies=copies,
     )
     stop = asyncio.Event()
     task = asyncio.create_task(scheduler.run(stop))
@@ -373,18 +382,22 @@ class AwayLedger(FinishedLedger):
         raise RedisConnectionError("away")
 
 
-@pytest.mark.parametrize("ledger", ["kept", "away"])
+@pytest.mark.parametrize("ledger", ["kept", "away", "copies_kept"])
 async def test_a_revoke_whose_commit_is_refused_starts_over_from_the_committed_offset(
     fake_redis, ledger
 ):
     handler = Handler()
     handler.held = {b"urls.a:3"}
     consumer = RefusingConsumer({tp("a"): 10, tp("late"): 2}, RebalanceInProgressError())
+    # Redis away for both ledgers, or for the finished offsets only: those re-read are
+    # then found to be copies of messages crawled here (worker.copies).
     away = ledger == "away"
+    copies_only = ledger == "copies_kept"
     with capture_logs() as logs:
         consumer, scheduler, stop, task = await start(
             fake_redis, {tp("a"): 10}, handler, max_tasks=400, sources={"a"}, consumer=consumer,
-            finished=AwayLedger(fake_redis) if away else None,
+            finished=AwayLedger(fake_redis) if away or copies_only else None,
+            copies=AwayCopies(fake_redis, 600) if away else None,
         )  # fmt: skip
         await wait(lambda: len(handler.done) == 9)
         # A new source: a rebalance whose revoke commits nothing, so the partition comes
@@ -406,14 +419,15 @@ async def test_a_revoke_whose_commit_is_refused_starts_over_from_the_committed_o
     assert Counter(handler.done)[b"urls.a:3"] == 1
     # At least once: redone, not lost; with the finished offsets kept, done once.
     assert Counter(handler.done)[b"urls.a:4"] == (2 if away else 1)
-    assert scheduler.skipped == (0 if away else 9)
+    assert scheduler.skipped == (0 if away or copies_only else 9)
+    assert scheduler.copies_skipped == (9 if copies_only else 0)
     revoked = [e for e in logs if e["event"] == "partitions_revoked"]
     assert [e["topic_partitions"] for e in revoked] == [["urls.a:0"]]
     assert any(e["event"] == "commit_failed" for e in logs)
     if away:
         assert any(e["event"] == "finished_record_failed" for e in logs)
         assert any(e["event"] == "finished_load_failed" for e in logs)
-    else:
+    elif not copies_only:
         # Committed past them all: nothing is left of the partition's finished offsets.
         assert await fake_redis.zcard(finished_key("urls.a", 0)) == 0
 
@@ -545,6 +559,111 @@ async def test_a_finished_offset_is_skipped_only_if_its_message_is_the_one_finis
     )
     assert scheduler.skipped == 2
     assert await fake_redis.zcard(finished_key("urls.a", 0)) == 0
+
+
+async def crawled_copies(fake_redis, copies=None):
+    """Four messages crawled, then copies of two of them, byte for byte, at offsets 4
+    and 5, once the worker wrote the first four down (as a broker that stored a send
+    twice holds them); the handler and the scheduler once all six are committed."""
+    handler = Handler()
+    consumer, scheduler, stop, task = await start(fake_redis, {tp("a"): 4}, handler, copies=copies)
+    key = crawled_key("urls.a", 0)
+    await wait(lambda: consumer.commits.get(tp("a")) == 4)
+    await wait_async(lambda: fake_redis.zcard(key), 4)
+    consumer.log[tp("a")] += [b"urls.a:1", b"urls.a:2"]
+    await wait(lambda: consumer.commits.get(tp("a")) == 6)
+    stop.set()
+    await task
+    return handler, scheduler
+
+
+async def wait_async(read, expected, timeout_s=5.0):
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while (got := await read()) != expected:
+        assert asyncio.get_running_loop().time() < deadline, f"{got} != {expected} in time"
+        await asyncio.sleep(0.005)
+
+
+async def test_a_copy_of_a_message_crawled_lately_is_counted_finished_without_a_request(
+    fake_redis,
+):
+    before = REGISTRY.get_sample_value("crawler_urls_copies_skipped_total", {"source": "a"}) or 0
+    handler, scheduler = await crawled_copies(fake_redis)
+    assert sorted(handler.done) == [f"urls.a:{i}".encode() for i in range(4)]
+    assert scheduler.copies_skipped == 2
+    after = REGISTRY.get_sample_value("crawler_urls_copies_skipped_total", {"source": "a"})
+    assert after == before + 2
+
+
+class UnaskableCopies(CrawledLedger):
+    """Redis takes the digests crawled, and refuses every read of them."""
+
+    async def seen(self, read):
+        raise RedisConnectionError("away")
+
+
+class AwayCopies(UnaskableCopies):
+    """Redis refuses every write and read of the digests crawled."""
+
+    async def record(self, crawled):
+        raise RedisConnectionError("away")
+
+
+async def test_copies_are_crawled_again_when_redis_cannot_say_they_are_copies(fake_redis):
+    with capture_logs() as logs:
+        handler, scheduler = await crawled_copies(fake_redis, UnaskableCopies(fake_redis, 600))
+    assert sorted(handler.done) == sorted(
+        [f"urls.a:{i}".encode() for i in range(4)] * 1 + [b"urls.a:1", b"urls.a:2"]
+    )
+    assert scheduler.copies_skipped == 0
+    assert any(e["event"] == "copies_check_failed" for e in logs)
+
+
+async def test_no_copy_is_looked_for_or_written_with_a_window_of_0(fake_redis):
+    handler = Handler()
+    with capture_logs() as logs:
+        consumer, _, stop, task = await start(
+            fake_redis, {tp("a"): 3}, handler, copies=UnaskableCopies(fake_redis, 0)
+        )
+        await wait(lambda: consumer.commits.get(tp("a")) == 3)
+        stop.set()
+        await task
+    assert not any(e["event"] == "copies_check_failed" for e in logs)
+    assert await fake_redis.exists(crawled_key("urls.a", 0)) == 0
+
+
+class RebalancingCopies(CrawledLedger):
+    """While the digests of a poll's records are asked, a rebalance gives their partition
+    to another member."""
+
+    scheduler: Scheduler | None = None
+    consumer: CountingConsumer | None = None
+    polls = 0
+
+    async def seen(self, read):
+        if self.scheduler is not None and self.consumer is not None and read:
+            scheduler, self.scheduler = self.scheduler, None
+            await scheduler.on_revoked(set(read))
+            self.consumer.assigned = set()
+            await scheduler.on_assigned(set())
+            self.polls = self.consumer.polls
+        return await super().seen(read)
+
+
+async def test_records_checked_for_copies_across_a_rebalance_are_not_started(fake_redis):
+    copies = RebalancingCopies(fake_redis, 600)
+    consumer = copies.consumer = CountingConsumer({tp("a"): 3})
+    handler = Handler()
+    _, scheduler, stop, task = await start(
+        fake_redis, {tp("a"): 3}, handler, consumer=consumer, copies=copies
+    )
+    copies.scheduler = scheduler
+    # Polls go on after the rebalance, and the records in hand then are no one's here.
+    await wait(lambda: copies.scheduler is None and consumer.polls > copies.polls + 2)
+    assert handler.done == []
+    assert scheduler.in_flight == 0
+    stop.set()
+    await task
 
 
 class DroppedConsumer(FakeConsumer):
