@@ -83,6 +83,9 @@ ELSEWHERE_POLL_S: Final = 0.5
 # the check is left off after it failed: it saves requests, and a Redis away holds every
 # request anyway (no slot is granted without it), so it never holds up the scheduler.
 COPIES_TIMEOUT_S: Final = 0.5
+# How long finished offsets a write failed to write are tried again at each commit: past
+# it, the partitions' next owners have read the ledger (a rebalance takes seconds).
+UNWRITTEN_KEEP_S: Final = 120.0
 COPIES_OFF_S: Final = 5.0
 
 
@@ -190,6 +193,11 @@ class Scheduler:
         # again for the partitions' next owners.
         self._past_commit: dict[TopicPartition, dict[int, int]] = {}
         self._skip: dict[TopicPartition, dict[int, int]] = {}
+        # What a write of them failed to write (Redis away), tried again at each commit
+        # for UNWRITTEN_KEEP_S, whether or not the partitions are still ours: a revoke's
+        # write that failed would otherwise cost their next owners all of it again.
+        self._unwritten: dict[TopicPartition, dict[int, int]] = {}
+        self._unwritten_since = 0.0
         # Still running at a previous owner's revoke: held back until when (Unix seconds).
         self._elsewhere: dict[TopicPartition, dict[int, float]] = {}
         # Still running here at a revoke, marked so in Redis: until when (Unix ms).
@@ -945,23 +953,35 @@ class Scheduler:
     async def _record_finished(self, partitions: set[TopicPartition]) -> None:
         """Write what was finished past each partition's commit point since the last
         commit. Lost (Redis away): only work done again after a rebalance."""
-        finished: dict[TopicPartition, list[tuple[int, int]]] = {}
+        finished: dict[TopicPartition, dict[int, int]] = {}
+        if time.monotonic() - self._unwritten_since > UNWRITTEN_KEEP_S:
+            self._unwritten = {}
+        for tp, unwritten in self._unwritten.items():
+            finished[tp] = dict(unwritten)
         for tp in partitions:
             entries = self._unrecorded.pop(tp, None)
-            if not entries:
-                continue
+            if entries:
+                finished.setdefault(tp, {}).update(entries)
+        for tp in list(finished):
             # Those below the last commit are covered by it (those below the one about to
             # be made are written too, in case it fails, and trimmed once it is made).
             floor = self._committed.get(tp, 0)
-            if kept := [e for e in entries if e[0] >= floor]:
-                finished[tp] = kept
+            finished[tp] = {o: crc for o, crc in finished[tp].items() if o >= floor}
+            if not finished[tp]:
+                del finished[tp]
         if not finished:
+            self._unwritten = {}
             return
         try:
             async with asyncio.timeout(LEDGER_TIMEOUT_S):
-                await self._ledger.record(finished)
+                await self._ledger.record({tp: list(e.items()) for tp, e in finished.items()})
         except (RedisError, TimeoutError) as e:
             log.warning("finished_record_failed", error=repr(e), partitions=len(finished))
+            if not self._unwritten:
+                self._unwritten_since = time.monotonic()
+            self._unwritten = finished
+            return
+        self._unwritten = {}
 
     async def _record_crawled(self) -> None:
         """Write the digests of what was crawled here since the last commit (whatever

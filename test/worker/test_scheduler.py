@@ -561,6 +561,47 @@ async def test_a_finished_offset_is_skipped_only_if_its_message_is_the_one_finis
     assert await fake_redis.zcard(finished_key("urls.a", 0)) == 0
 
 
+class FlakyLedger(FinishedLedger):
+    """Redis refuses the writes of finished offsets while ``away``."""
+
+    away = False
+
+    async def record(self, finished):
+        if self.away:
+            raise RedisConnectionError("away")
+        await super().record(finished)
+
+
+async def test_what_a_revoke_failed_to_write_is_written_once_redis_is_back(fake_redis):
+    # Offset 3 runs on, so 4-9 are finished past the commit (3). Redis restarted empty and
+    # still away at the revoke: the partitions' next owners would do 4-9 again.
+    handler = Handler()
+    handler.held = {b"urls.a:3"}
+    ledger = FlakyLedger(fake_redis)
+    consumer, scheduler, stop, task = await start(
+        fake_redis, {tp("a"): 10}, handler, finished=ledger
+    )
+    key = finished_key("urls.a", 0)
+    await wait(lambda: len(handler.done) == 9 and consumer.commits.get(tp("a")) == 3)
+    ledger.away = True
+    await fake_redis.delete(key)
+    with capture_logs() as logs:
+        await scheduler.on_revoked({tp("a")})
+        consumer.assigned = set()
+        await scheduler.on_assigned(set())
+    assert any(e["event"] == "finished_record_failed" for e in logs)
+    ledger.away = False
+
+    async def finished_offsets():  # beside them, 3's marker (still running at the revoke)
+        members = await fake_redis.zrange(key, 0, -1)
+        return sorted(int(m.split(":")[0]) for m in members if ":r" not in m)
+
+    await wait_async(finished_offsets, [4, 5, 6, 7, 8, 9])
+    handler.release.set()
+    stop.set()
+    await task
+
+
 async def crawled_copies(fake_redis, copies=None):
     """Four messages crawled, then copies of two of them, byte for byte, at offsets 4
     and 5, once the worker wrote the first four down (as a broker that stored a send
