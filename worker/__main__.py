@@ -150,6 +150,7 @@ def _kafka_clients(
         fetch_max_wait_ms=CONSUMER_FETCH_MAX_WAIT_MS,
         consumer_timeout_ms=CONSUMER_IDLE_WAKE_MS,
         max_poll_interval_ms=int(settings.kafka_max_poll_interval_s * 1000),
+        group_instance_id=settings.kafka_group_instance_id,
     )
     stack.push_async_callback(consumer.stop)
     return producer, consumer

@@ -18,6 +18,10 @@ copy still to be crawled) in a sorted set scored by the time, at each commit; an
 message read whose digest is there, written less than ``window_s`` ago, is counted
 finished without being fetched. Copies are keyed as their first (the uuid), so they share
 its partition: one set a partition, asked once per poll for every record it returned.
+The scheduler also skips a copy of a message it read and has not ended yet (in the same
+poll, or waiting for its host), as its first is bound to end (or be read again from the
+commit, which cannot pass it); not one of a message being parked, whose copy is the one
+to crawl and may be read before the broker acknowledges it.
 
 A message sent twice on purpose is the same message: a feed that gives a uuid twice
 within the window has it crawled once. A re-queued retry carries one more attempt, a

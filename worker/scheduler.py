@@ -211,7 +211,12 @@ class Scheduler:
         # The digests of the messages crawled here since the last commit (to be written),
         # and the offsets of the last poll's records found to be copies of one crawled.
         self._copies = ledger
-        self._crawled: dict[TopicPartition, list[str]] = {}
+        self._crawled: dict[TopicPartition, set[str]] = {}
+        # The digests of the messages read here and not yet ended (running, waiting for
+        # their host), per partition, each with its offset: a copy read meanwhile (in the
+        # same poll, or while its first waits) is one too. Not a message being parked:
+        # its copy is the one to crawl, and may be read before the broker acknowledges it.
+        self._reading: dict[TopicPartition, dict[str, int]] = {}
         self._copy_offsets: dict[TopicPartition, set[int]] = {}
         self._copies_off_until = 0.0
         # Counted at each revoke and assignment: a poll's records checked across one are
@@ -375,13 +380,29 @@ class Scheduler:
             }
         return generation == self._generation
 
-    def _is_copy(self, source: str, tp: TopicPartition, offset: int) -> bool:
+    def _is_copy(self, source: str, tp: TopicPartition, offset: int, value: bytes | None) -> bool:
+        """Whether the message is a copy of one crawled lately, or of one read here and
+        not yet ended (counted finished if so)."""
         if offset not in self._copy_offsets.get(tp, ()):
-            return False
+            if self._copies.window_s <= 0:
+                return False
+            found = digest(value)
+            first = self._reading.get(tp, {}).get(found, offset)
+            if first == offset and found not in self._crawled.get(tp, ()):
+                return False
         self.copies_skipped += 1
         URLS_COPIES_SKIPPED.labels(source).inc()
         log.debug("copy_skipped", source=source, partition=tp.partition, offset=offset)
         return True
+
+    def _note_reading(self, tp: TopicPartition, offset: int, value: bytes | None) -> None:
+        if self._copies.window_s > 0:
+            self._reading.setdefault(tp, {}).setdefault(digest(value), offset)
+
+    def _ended_reading(self, tp: TopicPartition, offset: int, value: bytes | None) -> None:
+        reading = self._reading.get(tp)
+        if reading and reading.get(found := digest(value)) == offset:
+            del reading[found]
 
     def _give_back(self, tp: TopicPartition, offset: int) -> None:
         self._consumer.seek(tp, offset)
@@ -483,13 +504,16 @@ class Scheduler:
         tracker = self._trackers.setdefault(tp, OffsetTracker())
         if offset in tracker:
             return True
-        if self._finished_before(source, tp, offset, value) or self._is_copy(source, tp, offset):
+        if self._finished_before(source, tp, offset, value) or self._is_copy(
+            source, tp, offset, value
+        ):
             tracker.start(offset)
             tracker.finish(offset)
             return True
         key = None if self._host_of is None else self._host_of(source, value)
         if key is None:
             tracker.start(offset)
+            self._note_reading(tp, offset, value)
             self._launch(source, tp, offset, value, None)
             return True
         now = asyncio.get_running_loop().time()
@@ -498,6 +522,7 @@ class Scheduler:
         if verdict == HOLD:
             return False
         tracker.start(offset)
+        self._note_reading(tp, offset, value)
         if verdict == PARK:
             self._parks_in_row[tp] += 1
             self._park(entry)
@@ -594,7 +619,9 @@ class Scheduler:
                 self.finished += finished
                 self._note_finished(tp, offset, value)
             if finished:
-                self._crawled.setdefault(tp, []).append(digest(value))
+                self._crawled.setdefault(tp, set()).add(digest(value))
+            if waits is None:  # back to its host's queue: still to be crawled here
+                self._ended_reading(tp, offset, value)
             if (until_ms := self._late.pop((tp, offset), None)) is not None:
                 self._settle_late(tp, offset, until_ms, fingerprint(value) if finished else None)
             if key is not None:
@@ -670,6 +697,7 @@ class Scheduler:
         log.info("parking_paused", topic=tp.topic, partition=tp.partition, pause_s=pause_s)
 
     def _park(self, entry: Waiting[TopicPartition]) -> None:
+        self._ended_reading(entry.partition, entry.offset, entry.value)
         task = asyncio.create_task(self._park_one(entry))
         self._parking.add(task)
         task.add_done_callback(self._parking.discard)
@@ -686,6 +714,7 @@ class Scheduler:
             raise
         except Exception:
             log.exception("park_failed", source=source, topic=tp.topic, offset=entry.offset)
+            self._note_reading(tp, entry.offset, entry.value)
             self._queues.started(entry.key)
             self._launch(source, tp, entry.offset, entry.value, entry.key)
             return
@@ -808,6 +837,7 @@ class Scheduler:
             for tp in revoked:
                 self._trackers.pop(tp, None)
                 self._unrecorded.pop(tp, None)
+                self._reading.pop(tp, None)
                 self._past_commit.pop(tp, None)
                 self._skip.pop(tp, None)
                 self._elsewhere.pop(tp, None)

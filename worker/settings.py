@@ -23,6 +23,7 @@ from image_crawler.config import (
     env_float,
     env_int,
     env_name,
+    env_optional,
     env_str,
 )
 from worker.download.dns import DnsSettings, parse_servers
@@ -192,6 +193,11 @@ class WorkerSettings:
     # from the group. The scheduler polls every ~0.1 s whatever its tasks do, so a slow
     # download never comes near it; aiokafka's default (300 s) is kept.
     kafka_max_poll_interval_s: float = 300.0
+    # Static membership (KIP-345): this process's own id in the group, kept across its
+    # restarts, so that one back within the session timeout takes its partitions back with
+    # no rebalance of the others; None: a dynamic member (docs/guarantees.md says why that
+    # is the default).
+    kafka_group_instance_id: str | None = None
     log_level: str = "INFO"
     # Old variable names the environment still sets (logged once at start).
     deprecated: tuple[DeprecatedSetting, ...] = dataclasses.field(default=(), compare=False)
@@ -235,6 +241,7 @@ class WorkerSettings:
             kafka_max_poll_interval_s=env_float(
                 env, "KAFKA_MAX_POLL_INTERVAL_S", default.kafka_max_poll_interval_s, minimum=1.0
             ),
+            kafka_group_instance_id=env_optional(env, "KAFKA_GROUP_INSTANCE_ID"),
             log_level=env_str(env, "LOG_LEVEL", default.log_level),
             deprecated=deprecated_settings(env),
         )

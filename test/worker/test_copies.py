@@ -8,7 +8,6 @@ from aiokafka import TopicPartition
 
 from image_crawler.contract import crawled_key
 from worker.copies import CrawledLedger, digest
-from worker.settings import WorkerSettings
 
 A0 = TopicPartition("urls.a", 0)
 A1 = TopicPartition("urls.a", 1)
@@ -36,8 +35,3 @@ async def test_digests_older_than_the_window_are_not_seen_and_go_at_the_next_wri
 def test_a_digest_is_of_the_whole_message():
     assert digest(b'{"uuid": "u", "attempts": 0}') != digest(b'{"uuid": "u", "attempts": 1}')
     assert len(digest(None)) == 16 and digest(None) == digest(b"")
-
-
-def test_the_window_is_a_setting_of_the_worker():
-    assert WorkerSettings.from_env({}).copy_window_s == 600
-    assert WorkerSettings.from_env({"COPY_WINDOW_S": "0"}).copy_window_s == 0

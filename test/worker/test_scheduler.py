@@ -636,6 +636,23 @@ async def test_a_copy_of_a_message_crawled_lately_is_counted_finished_without_a_
     assert after == before + 2
 
 
+async def test_a_copy_read_before_its_first_ended_here_is_not_fetched_either(fake_redis):
+    # In one poll with its first (0, at 2); and (1, at 4) while its first still runs.
+    handler = Handler()
+    handler.held = {b"urls.a:1"}
+    consumer = FakeConsumer({tp("a"): 4})
+    consumer.log[tp("a")][2] = b"urls.a:0"
+    _, scheduler, stop, task = await start(fake_redis, {tp("a"): 4}, handler, consumer=consumer)
+    await wait(lambda: consumer.commits.get(tp("a")) == 1 and handler.running["a"] == 1)
+    consumer.log[tp("a")].append(b"urls.a:1")
+    await wait(lambda: scheduler.copies_skipped == 2)
+    handler.release.set()
+    await wait(lambda: consumer.commits.get(tp("a")) == 5)
+    stop.set()
+    await task
+    assert sorted(handler.done) == [b"urls.a:0", b"urls.a:1", b"urls.a:3"]
+
+
 class UnaskableCopies(CrawledLedger):
     """Redis takes the digests crawled, and refuses every read of them."""
 
@@ -1203,6 +1220,34 @@ async def test_urls_of_a_halted_host_wait_without_a_slot_then_are_parked_to_comm
     originals = [f"urls.hq_halt:{i}".encode() for i in range(50)]
     assert set(originals) <= set(parked)
     assert scheduler.in_flight == 1  # the busy host's URL
+    stop.set()
+    await task
+
+
+async def test_a_parked_urls_copy_read_before_the_broker_acknowledged_it_is_crawled(
+    fake_redis,
+):
+    # Parking appends the URL again; the broker's acknowledgement comes 0.2 s later, and
+    # the copy may be read first: it is the URL's one to crawl, not a copy to skip.
+    consumer = FakeConsumer({tp("hq_ack"): 4})
+    handler, parked, settings, hooks = hosted(
+        consumer, lambda i: "busy.org" if i == 3 else "halted.org", {}, park_after_s=0.1
+    )
+    handler.halted = {"halted.org": 0.3}
+    handler.held = {"busy.org"}
+    append = hooks["park"]
+
+    async def acknowledged_late(source, value, topic):
+        await append(source, value, topic)
+        await asyncio.sleep(0.2)
+
+    hooks["park"] = acknowledged_late
+    _, stop, task = await run_hosted(fake_redis, consumer, handler, settings, hooks)
+    await wait(lambda: len(parked) >= 3)
+    handler.halted = {}
+    originals = {f"urls.hq_ack:{i}".encode() for i in range(3)}
+    await wait(lambda: originals <= set(handler.done), timeout_s=10)
+    handler.release.set()
     stop.set()
     await task
 
