@@ -615,6 +615,46 @@ async def test_a_worker_joining_then_leaving_mid_crawl_loses_nothing(
     assert again == []
 
 
+async def test_a_static_member_restarted_takes_its_partitions_back_and_no_other_is_revoked(
+    kafka, redis, redis_url, s3_server, s3_bucket, origin, workers
+):
+    # KAFKA_GROUP_INSTANCE_ID (docs/guarantees.md, "Static membership"): b stopped and
+    # started again within its session timeout; a is never revoked meanwhile.
+    urls = plan(["static"], 60)
+    throttled = Throttled(random_delays(urls, 0.05, 0.2, seed=7), budget=12)
+    await start_sources(redis, kafka, ["static"], partitions=4)
+    await feed(kafka, origin, urls, throttled)
+    env = worker_env(kafka, redis_url, s3_server, s3_bucket, MAX_TASKS=20)
+    a = workers.start("a", {**env, "KAFKA_GROUP_INSTANCE_ID": "worker-a"})
+    b = workers.start("b", {**env, "KAFKA_GROUP_INSTANCE_ID": "worker-b"})
+    everything = {TopicPartition(c.source_topic("static"), p) for p in range(4)}
+
+    def settled() -> bool:
+        alive(a, b)()
+        held = [w.events("partitions_assigned") for w in (a, b)]
+        if not all(held):
+            return False
+        ours = [partitions_of(events[-1]) for events in held]
+        return ours[0] | ours[1] == everything and not ours[0] & ours[1]
+
+    async with Outputs(kafka.bootstrap) as outputs:
+        await wait_for(settled, 90, interval_s=0.1, what="a and b holding two partitions each")
+        revoked = len(a.events("partitions_revoked"))
+        b_partitions = partitions_of(b.events("partitions_assigned")[-1])
+        b.signal(signal.SIGTERM)
+        assert b.wait(30) == 0, b.tail()
+        again = workers.start("b-again", {**env, "KAFKA_GROUP_INSTANCE_ID": "worker-b"})
+        back = await asyncio.to_thread(again.wait_for_event, "partitions_assigned", 60)
+        assert partitions_of(back) == b_partitions
+        assert len(a.events("partitions_revoked")) == revoked, a.tail()
+        throttled.allow(UNLIMITED)
+        await wait_outputs(outputs, {u.uuid for u in urls}, 90, a, again)
+    assert len(a.events("partitions_revoked")) == revoked
+    for worker in (a, again):
+        worker.signal(signal.SIGTERM)
+        assert worker.wait(30) == 0, worker.tail()
+
+
 async def test_a_frozen_worker_whose_commits_are_refused_rejoins_and_loses_nothing(
     kafka, redis, redis_url, s3_server, s3_bucket, origin, workers
 ):
