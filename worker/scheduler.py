@@ -83,10 +83,10 @@ ELSEWHERE_POLL_S: Final = 0.5
 # the check is left off after it failed: it saves requests, and a Redis away holds every
 # request anyway (no slot is granted without it), so it never holds up the scheduler.
 COPIES_TIMEOUT_S: Final = 0.5
+COPIES_OFF_S: Final = 5.0
 # How long finished offsets a write failed to write are tried again at each commit: past
 # it, the partitions' next owners have read the ledger (a rebalance takes seconds).
 UNWRITTEN_KEEP_S: Final = 120.0
-COPIES_OFF_S: Final = 5.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -209,7 +209,7 @@ class Scheduler:
 
     def _init_copies(self, ledger: CrawledLedger) -> None:
         # The digests of the messages crawled here since the last commit (to be written),
-        # and the offsets of the last poll's records found to be copies of one crawled.
+        # and those of the last poll's records found to be of messages crawled lately.
         self._copies = ledger
         self._crawled: dict[TopicPartition, set[str]] = {}
         # The digests of the messages read here and not yet ended (running, waiting for
@@ -217,7 +217,7 @@ class Scheduler:
         # same poll, or while its first waits) is one too. Not a message being parked:
         # its copy is the one to crawl, and may be read before the broker acknowledges it.
         self._reading: dict[TopicPartition, dict[str, int]] = {}
-        self._copy_offsets: dict[TopicPartition, set[int]] = {}
+        self._seen: dict[TopicPartition, set[str]] = {}
         self._copies_off_until = 0.0
         # Counted at each revoke and assignment: a poll's records checked across one are
         # not started (their partitions are read again from their commits).
@@ -362,46 +362,40 @@ class Scheduler:
     async def _check_copies(self, batches: dict[TopicPartition, list[Any]]) -> bool:
         """Find which records of a poll are copies of a message crawled lately; False if
         a rebalance came meanwhile (the records are then not to be started)."""
-        self._copy_offsets = {}
+        self._seen = {}
         if self._copies.window_s <= 0 or time.monotonic() < self._copies_off_until:
             return True
         generation = self._generation
         digests = {tp: [digest(r.value) for r in records] for tp, records in batches.items()}
         try:
             async with asyncio.timeout(COPIES_TIMEOUT_S):
-                seen = await self._copies.seen(digests)
+                self._seen = await self._copies.seen(digests)
         except (RedisError, TimeoutError) as e:
             log.warning("copies_check_failed", error=repr(e), off_s=COPIES_OFF_S)
             self._copies_off_until = time.monotonic() + COPIES_OFF_S
-            seen = {}
-        for tp, found in seen.items():
-            self._copy_offsets[tp] = {
-                r.offset for r, d in zip(batches[tp], digests[tp], strict=True) if d in found
-            }
         return generation == self._generation
 
-    def _is_copy(self, source: str, tp: TopicPartition, offset: int, value: bytes | None) -> bool:
-        """Whether the message is a copy of one crawled lately, or of one read here and
-        not yet ended (counted finished if so)."""
-        if offset not in self._copy_offsets.get(tp, ()):
-            if self._copies.window_s <= 0:
-                return False
-            found = digest(value)
-            first = self._reading.get(tp, {}).get(found, offset)
-            if first == offset and found not in self._crawled.get(tp, ()):
-                return False
+    def _is_copy(self, source: str, tp: TopicPartition, offset: int, found: str) -> bool:
+        """Whether the message (its digest ``found``) is a copy of one crawled lately, or
+        of one read here and not yet ended (counted finished if so)."""
+        if self._copies.window_s <= 0:
+            return False
+        first = self._reading.get(tp, {}).get(found, offset)
+        crawled = found in self._seen.get(tp, ()) or found in self._crawled.get(tp, ())
+        if first == offset and not crawled:
+            return False
         self.copies_skipped += 1
         URLS_COPIES_SKIPPED.labels(source).inc()
         log.debug("copy_skipped", source=source, partition=tp.partition, offset=offset)
         return True
 
-    def _note_reading(self, tp: TopicPartition, offset: int, value: bytes | None) -> None:
+    def _note_reading(self, tp: TopicPartition, offset: int, found: str) -> None:
         if self._copies.window_s > 0:
-            self._reading.setdefault(tp, {}).setdefault(digest(value), offset)
+            self._reading.setdefault(tp, {}).setdefault(found, offset)
 
-    def _ended_reading(self, tp: TopicPartition, offset: int, value: bytes | None) -> None:
+    def _ended_reading(self, tp: TopicPartition, offset: int, found: str) -> None:
         reading = self._reading.get(tp)
-        if reading and reading.get(found := digest(value)) == offset:
+        if reading and reading.get(found) == offset:
             del reading[found]
 
     def _give_back(self, tp: TopicPartition, offset: int) -> None:
@@ -504,8 +498,9 @@ class Scheduler:
         tracker = self._trackers.setdefault(tp, OffsetTracker())
         if offset in tracker:
             return True
+        found = digest(value)
         if self._finished_before(source, tp, offset, value) or self._is_copy(
-            source, tp, offset, value
+            source, tp, offset, found
         ):
             tracker.start(offset)
             tracker.finish(offset)
@@ -513,7 +508,7 @@ class Scheduler:
         key = None if self._host_of is None else self._host_of(source, value)
         if key is None:
             tracker.start(offset)
-            self._note_reading(tp, offset, value)
+            self._note_reading(tp, offset, found)
             self._launch(source, tp, offset, value, None)
             return True
         now = asyncio.get_running_loop().time()
@@ -522,7 +517,7 @@ class Scheduler:
         if verdict == HOLD:
             return False
         tracker.start(offset)
-        self._note_reading(tp, offset, value)
+        self._note_reading(tp, offset, found)
         if verdict == PARK:
             self._parks_in_row[tp] += 1
             self._park(entry)
@@ -618,10 +613,11 @@ class Scheduler:
             if finished or skipped:
                 self.finished += finished
                 self._note_finished(tp, offset, value)
+            found = digest(value)
             if finished:
-                self._crawled.setdefault(tp, set()).add(digest(value))
+                self._crawled.setdefault(tp, set()).add(found)
             if waits is None:  # back to its host's queue: still to be crawled here
-                self._ended_reading(tp, offset, value)
+                self._ended_reading(tp, offset, found)
             if (until_ms := self._late.pop((tp, offset), None)) is not None:
                 self._settle_late(tp, offset, until_ms, fingerprint(value) if finished else None)
             if key is not None:
@@ -697,7 +693,7 @@ class Scheduler:
         log.info("parking_paused", topic=tp.topic, partition=tp.partition, pause_s=pause_s)
 
     def _park(self, entry: Waiting[TopicPartition]) -> None:
-        self._ended_reading(entry.partition, entry.offset, entry.value)
+        self._ended_reading(entry.partition, entry.offset, digest(entry.value))
         task = asyncio.create_task(self._park_one(entry))
         self._parking.add(task)
         task.add_done_callback(self._parking.discard)
@@ -714,7 +710,7 @@ class Scheduler:
             raise
         except Exception:
             log.exception("park_failed", source=source, topic=tp.topic, offset=entry.offset)
-            self._note_reading(tp, entry.offset, entry.value)
+            self._note_reading(tp, entry.offset, digest(entry.value))
             self._queues.started(entry.key)
             self._launch(source, tp, entry.offset, entry.value, entry.key)
             return
