@@ -151,6 +151,9 @@ def _kafka_clients(
         consumer_timeout_ms=CONSUMER_IDLE_WAKE_MS,
         max_poll_interval_ms=int(settings.kafka_max_poll_interval_s * 1000),
         group_instance_id=settings.kafka_group_instance_id,
+        session_timeout_ms=int(settings.kafka_session_timeout_s * 1000),
+        # Kafka's advice: a heartbeat at most a third of the session timeout.
+        heartbeat_interval_ms=min(3000, int(settings.kafka_session_timeout_s * 1000 / 3)),
     )
     stack.push_async_callback(consumer.stop)
     return producer, consumer

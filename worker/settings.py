@@ -198,6 +198,11 @@ class WorkerSettings:
     # no rebalance of the others; None: a dynamic member (docs/guarantees.md says why that
     # is the default).
     kafka_group_instance_id: str | None = None
+    # Kafka's session.timeout: a member silent this long is dropped from the group. A
+    # static member must be back within it, or the group rebalances anyway: on tansu a
+    # static member's rejoin takes about 18 s (docs/guarantees.md), longer than
+    # aiokafka's default (10 s, kept for dynamic members: a frozen one is dropped sooner).
+    kafka_session_timeout_s: float = 10.0
     log_level: str = "INFO"
     # Old variable names the environment still sets (logged once at start).
     deprecated: tuple[DeprecatedSetting, ...] = dataclasses.field(default=(), compare=False)
@@ -242,6 +247,9 @@ class WorkerSettings:
                 env, "KAFKA_MAX_POLL_INTERVAL_S", default.kafka_max_poll_interval_s, minimum=1.0
             ),
             kafka_group_instance_id=env_optional(env, "KAFKA_GROUP_INSTANCE_ID"),
+            kafka_session_timeout_s=env_float(
+                env, "KAFKA_SESSION_TIMEOUT_S", default.kafka_session_timeout_s, minimum=1.0
+            ),
             log_level=env_str(env, "LOG_LEVEL", default.log_level),
             deprecated=deprecated_settings(env),
         )

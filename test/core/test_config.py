@@ -718,5 +718,13 @@ def test_the_other_checks_see_a_wrong_cell():
 def test_a_worker_skips_copies_for_10_minutes_and_is_a_dynamic_member_unless_told():
     default = WorkerSettings.from_env({})
     assert (default.copy_window_s, default.kafka_group_instance_id) == (600, None)
-    told = WorkerSettings.from_env({"COPY_WINDOW_S": "0", "KAFKA_GROUP_INSTANCE_ID": "worker-0"})
+    assert default.kafka_session_timeout_s == 10
+    told = WorkerSettings.from_env(
+        {
+            "COPY_WINDOW_S": "0",
+            "KAFKA_GROUP_INSTANCE_ID": "worker-0",
+            "KAFKA_SESSION_TIMEOUT_S": "45",
+        }
+    )
     assert (told.copy_window_s, told.kafka_group_instance_id) == (0, "worker-0")
+    assert told.kafka_session_timeout_s == 45

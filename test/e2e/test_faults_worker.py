@@ -619,12 +619,16 @@ async def test_a_static_member_restarted_takes_its_partitions_back_and_no_other_
     kafka, redis, redis_url, s3_server, s3_bucket, origin, workers
 ):
     # KAFKA_GROUP_INSTANCE_ID (docs/guarantees.md, "Static membership"): b stopped and
-    # started again within its session timeout; a is never revoked meanwhile.
+    # started again within its session timeout; a is never revoked meanwhile. On tansu a
+    # static rejoin takes about 18 s, so the session timeout must be longer than that:
+    # with aiokafka's 10 s, b's old membership expired first and a was revoked (stop 61).
     urls = plan(["static"], 60)
     throttled = Throttled(random_delays(urls, 0.05, 0.2, seed=7), budget=12)
     await start_sources(redis, kafka, ["static"], partitions=4)
     await feed(kafka, origin, urls, throttled)
-    env = worker_env(kafka, redis_url, s3_server, s3_bucket, MAX_TASKS=20)
+    env = worker_env(
+        kafka, redis_url, s3_server, s3_bucket, MAX_TASKS=20, KAFKA_SESSION_TIMEOUT_S=45
+    )
     a = workers.start("a", {**env, "KAFKA_GROUP_INSTANCE_ID": "worker-a"})
     b = workers.start("b", {**env, "KAFKA_GROUP_INSTANCE_ID": "worker-b"})
     everything = {TopicPartition(c.source_topic("static"), p) for p in range(4)}
@@ -643,8 +647,12 @@ async def test_a_static_member_restarted_takes_its_partitions_back_and_no_other_
         b_partitions = partitions_of(b.events("partitions_assigned")[-1])
         b.signal(signal.SIGTERM)
         assert b.wait(30) == 0, b.tail()
+        stopped = time.monotonic()
         again = workers.start("b-again", {**env, "KAFKA_GROUP_INSTANCE_ID": "worker-b"})
         back = await asyncio.to_thread(again.wait_for_event, "partitions_assigned", 60)
+        print(
+            f"static: b had its partitions back {time.monotonic() - stopped:.1f} s after it stopped"
+        )
         assert partitions_of(back) == b_partitions
         assert len(a.events("partitions_revoked")) == revoked, a.tail()
         throttled.allow(UNLIMITED)
