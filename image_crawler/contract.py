@@ -204,18 +204,19 @@ DNS_STALE_S: Final = 60.0
 DNS_FORGET_S: Final = 3600.0
 # Beyond the original (issue 53): the offsets of a worker queue's partition finished past
 # its committed offset, a sorted set of "{offset}:{crc32 of the message, 8 hex digits}"
-# scored by the offset (finished_key), written by the worker that owns the partition at
-# each commit and read by whoever is assigned it next, who counts those messages finished
-# without fetching them again (worker/finished.py). A revoke also marks there the
-# messages whose request is still running after its wait, "{offset}:r{until, Unix ms}":
+# scored by the offset (finished_key), written by the worker that owns the partition as
+# they end (20 ms later) and at each commit, and read by whoever is assigned it next,
+# who counts those messages finished without fetching them again (worker/finished.py).
+# A revoke also marks there the messages whose request is still running after its wait,
+# "{offset}:r{until, Unix ms}":
 # the next owner holds them back until the old one replaces the marker (by the finished
 # member, or by nothing when it gave up) or until passes. Entries below the commit are
 # removed; the key expires 14 days after its last write.
 FINISHED_PREFIX: Final = "finished:"
 # Beyond the original (issue 53): the messages of a worker queue's partition crawled to
 # their end lately, a sorted set of 8-byte BLAKE2b digests of the message (16 hex digits)
-# scored by when (Unix ms), written at each commit by the partition's owner and asked for
-# every record it reads: a copy of one crawled within COPY_WINDOW_S (a send the broker
+# scored by when (Unix ms), written with the finished offsets by the partition's owner
+# and asked for every record it reads: a copy of one crawled within COPY_WINDOW_S (a send the broker
 # stored twice) is counted finished without a request (worker/copies.py). Older digests
 # are removed at each write; the key expires a window after its last one.
 CRAWLED_PREFIX: Final = "crawled:"

@@ -87,6 +87,10 @@ COPIES_OFF_S: Final = 5.0
 # How long finished offsets a write failed to write are tried again at each commit: past
 # it, the partitions' next owners have read the ledger (a rebalance takes seconds).
 UNWRITTEN_KEEP_S: Final = 120.0
+# What a worker finished is written to Redis this long after it ends (what ends meanwhile
+# goes in the same write), not at the next commit: a worker frozen or killed then costs
+# what it finished in that time, not in a commit interval; at most 50 writes a second.
+RECORD_DELAY_S: Final = 0.02
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -198,6 +202,8 @@ class Scheduler:
         # write that failed would otherwise cost their next owners all of it again.
         self._unwritten: dict[TopicPartition, dict[int, int]] = {}
         self._unwritten_since = 0.0
+        # Set when a message ends: written RECORD_DELAY_S later (and at each commit).
+        self._ended = asyncio.Event()
         # Still running at a previous owner's revoke: held back until when (Unix seconds).
         self._elsewhere: dict[TopicPartition, dict[int, float]] = {}
         # Still running here at a revoke, marked so in Redis: until when (Unix ms).
@@ -281,6 +287,7 @@ class Scheduler:
         self._stop = stop
         watcher = asyncio.create_task(self._watch_sources(stop), name="watch_sources")
         committer = asyncio.create_task(self._commit_periodically(), name="commit")
+        recorder = asyncio.create_task(self._record_soon(), name="record")
         try:
             while not stop.is_set():
                 if not self._sources:
@@ -288,7 +295,7 @@ class Scheduler:
                     continue
                 await self._schedule_once()
         finally:
-            await cancel_and_wait([watcher, committer])
+            await cancel_and_wait([watcher, committer, recorder])
             await self._lost.close()
             await self._drain()
 
@@ -766,12 +773,25 @@ class Scheduler:
             except Exception:
                 log.exception("commit_loop_error")
 
+    async def _record_soon(self) -> None:
+        while True:
+            await self._ended.wait()
+            await asyncio.sleep(RECORD_DELAY_S)
+            self._ended.clear()
+            try:
+                await self._record(self._consumer.assignment())
+            except Exception:
+                log.exception("record_loop_error")
+
+    async def _record(self, partitions: set[TopicPartition]) -> None:
+        await self._record_finished(partitions)
+        await self._record_crawled()
+
     async def commit(self, partitions: Iterable[TopicPartition] | None = None) -> None:
         """Commit every finished prefix of the given (default: assigned) partitions."""
         assigned = self._consumer.assignment()
         chosen = assigned if partitions is None else set(partitions) & assigned
-        await self._record_finished(chosen)
-        await self._record_crawled()
+        await self._record(chosen)
         # Not while their check for deleted records runs: a commit first would hide a loss.
         chosen = chosen - self._lost.held
         offsets: dict[TopicPartition, int] = {}
@@ -957,6 +977,7 @@ class Scheduler:
         crc = fingerprint(value)
         self._unrecorded.setdefault(tp, []).append((offset, crc))
         self._past_commit.setdefault(tp, {})[offset] = crc
+        self._ended.set()
 
     def _finished_before(
         self, source: str, tp: TopicPartition, offset: int, value: bytes | None
@@ -979,11 +1000,12 @@ class Scheduler:
     async def _record_finished(self, partitions: set[TopicPartition]) -> None:
         """Write what was finished past each partition's commit point since the last
         commit. Lost (Redis away): only work done again after a rebalance."""
-        finished: dict[TopicPartition, dict[int, int]] = {}
         if time.monotonic() - self._unwritten_since > UNWRITTEN_KEEP_S:
             self._unwritten = {}
-        for tp, unwritten in self._unwritten.items():
-            finished[tp] = dict(unwritten)
+        # Taken, not copied: of two writes at once (the recorder's and a commit's), neither
+        # writes the other's entries nor drops those of the other's failure.
+        finished, self._unwritten = self._unwritten, {}
+        since = self._unwritten_since if finished else time.monotonic()
         for tp in partitions:
             entries = self._unrecorded.pop(tp, None)
             if entries:
@@ -996,18 +1018,15 @@ class Scheduler:
             if not finished[tp]:
                 del finished[tp]
         if not finished:
-            self._unwritten = {}
             return
         try:
             async with asyncio.timeout(LEDGER_TIMEOUT_S):
                 await self._ledger.record({tp: list(e.items()) for tp, e in finished.items()})
         except (RedisError, TimeoutError) as e:
             log.warning("finished_record_failed", error=repr(e), partitions=len(finished))
-            if not self._unwritten:
-                self._unwritten_since = time.monotonic()
-            self._unwritten = finished
-            return
-        self._unwritten = {}
+            self._unwritten_since = min(since, self._unwritten_since) if self._unwritten else since
+            for tp, taken in finished.items():
+                self._unwritten.setdefault(tp, {}).update(taken)
 
     async def _record_crawled(self) -> None:
         """Write the digests of what was crawled here since the last commit (whatever

@@ -190,6 +190,7 @@ async def start(
     copies=None,
     revoke_wait_s=0.05,
     late_hold_s=60.0,
+    commit_interval_s=0.01,
 ):
     if sources is None:
         sources = {source_of_topic(tp.topic) for tp in messages}
@@ -198,7 +199,7 @@ async def start(
     settings = SchedulerSettings(
         max_tasks=max_tasks,
         sources_poll_s=0.01,
-        commit_interval_s=0.01,
+        commit_interval_s=commit_interval_s,
         poll_timeout_s=0.005,
         shutdown_grace_s=grace_s,
         resume_every_s=resume_every_s,
@@ -559,6 +560,22 @@ async def test_a_finished_offset_is_skipped_only_if_its_message_is_the_one_finis
     )
     assert scheduler.skipped == 2
     assert await fake_redis.zcard(finished_key("urls.a", 0)) == 0
+
+
+async def test_what_ends_is_written_down_at_once_not_at_the_next_commit(fake_redis):
+    # A worker frozen or killed costs what it finished since its last write: with a commit
+    # a minute away, offsets 1-4 (0 runs on) are in Redis well before it.
+    handler = Handler()
+    handler.held = {b"urls.a:0"}
+    consumer, _scheduler, stop, task = await start(
+        fake_redis, {tp("a"): 5}, handler, commit_interval_s=60.0
+    )
+    await wait_async(lambda: fake_redis.zcard(finished_key("urls.a", 0)), 4)
+    await wait_async(lambda: fake_redis.zcard(crawled_key("urls.a", 0)), 4)
+    assert consumer.commits == {}
+    handler.release.set()
+    stop.set()
+    await task
 
 
 class FlakyLedger(FinishedLedger):
