@@ -33,7 +33,7 @@ from packaging.utils import canonicalize_name
 ROOT = Path(__file__).resolve().parent.parent
 PYPROJECT = ROOT / "pyproject.toml"
 CONSTRAINTS = ROOT / "constraints.txt"
-SHIPPED = ("image_crawler", "worker", "crawl_monitor", "crawlctl")
+SHIPPED = ("image_crawler", "worker", "crawl_monitor", "crawlctl", "dedup")
 SHIPPED_EXTRAS = ("parquet", "local")
 DISTRIBUTION = "image-crawler"
 RESOLVE_TIMEOUT_S = 300

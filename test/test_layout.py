@@ -18,7 +18,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE = "image_crawler"
-ROOMS = ("worker", "crawl_monitor", "crawlctl")
+ROOMS = ("worker", "crawl_monitor", "crawlctl", "dedup")
 OURS = (BASE, *ROOMS, "test", "bench", "chaos")
 MAX_FUNCTION_LINES = 60
 

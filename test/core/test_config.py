@@ -424,7 +424,7 @@ ENVIRONMENT_USERS: dict[str, str | None] = {
     "crawlctl/localstack/services.py:KafkaBroker._env": None,
     "crawlctl/localstack/objects.py:ObjectStore._env": None,
 }
-PACKAGES = ("image_crawler", "worker", "crawl_monitor", "crawlctl")
+PACKAGES = ("image_crawler", "worker", "crawl_monitor", "crawlctl", "dedup")
 _ENVIRONMENT = {"environ", "environb", "getenv", "getenvb"}
 
 

@@ -12,7 +12,7 @@ import pytest
 from image_crawler.lua import lua_script
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("image_crawler", "worker", "crawl_monitor", "crawlctl")
+PACKAGES = ("image_crawler", "worker", "crawl_monitor", "crawlctl", "dedup")
 _CALL = re.compile(r'lua_script\("([\w.]+)", "([\w.]+)"\)')
 
 

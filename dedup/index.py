@@ -1,0 +1,180 @@
+"""Every canonical image within a Hamming radius of a 64-bit perceptual hash, exactly.
+
+faiss' ``IndexBinaryMultiHash`` is multi-index hashing (Norouzi et al.; the tables of
+Manku et al., WWW 2007): the hash's bits cut into ``nhash`` blocks of ``bits`` bits, a
+table per block from its value to the images that have it. Two hashes within ``r`` bits
+differ in at most ``floor(r / nhash)`` bits of some block (pigeonhole), so looking up
+every value within ``nflip`` bits of each block, ``nflip = floor(r / nhash)``, finds all
+of them: a search is exact, never approximate. Three blocks of 21 bits (63 of the 64) and
+one flip for r = 4: 3 x 22 lookups a search, each of a table of 2^21 values, so at
+10^8 images about 48 images a value and some 3,200 candidates compared a search.
+
+Only the canonical images of clusters are kept (the first seen of each; a duplicate is
+answered by its canonical and never searched for), each with what a placement needs of it
+beside its hash: its identifier, its source, its aspect ratio (the second signal) and a
+prefix of its sha256 (to tell an exact copy from a near one).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import uuid
+from pathlib import Path
+from typing import Final
+
+import faiss
+import numpy as np
+
+HASH_BITS: Final = 64
+# Three tables of 21 bits: at 10^8 canonical images, ~48 a value (a few thousand
+# candidates a search, compared in C), and 2^21 values a table (its fixed cost, a few
+# hundred MB in all). Two of 32 bits would hold ~1 image a value, each a hash-map node
+# and a vector of its own: several times the memory an image.
+NHASH: Final = 3
+BLOCK_BITS: Final = 21
+_GROW: Final = 1.5
+
+
+def hash_bytes(phash: str) -> np.ndarray:
+    """16 hex digits (the contract's ``phash``) as the 8 bytes faiss compares."""
+    return np.frombuffer(bytes.fromhex(phash), dtype=np.uint8)
+
+
+def popcount(phash: str) -> int:
+    return int(phash, 16).bit_count()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Canonical:
+    """A canonical image as the index keeps it."""
+
+    row: int
+    identifier: str
+    source: str
+    aspect: float
+    sha_prefix: int
+
+
+class NearIndex:
+    """The canonical images, by perceptual hash; ``within`` finds every one at most
+    ``radius`` bits from a hash. Rows are numbered in the order added: the first seen."""
+
+    def __init__(self, radius: int = 4) -> None:
+        if not 0 <= radius < HASH_BITS:
+            raise ValueError(f"radius must be 0-63 bits, not {radius}")
+        self.radius = radius
+        self._faiss = faiss.IndexBinaryMultiHash(HASH_BITS, NHASH, BLOCK_BITS)
+        self._faiss.nflip = radius // NHASH
+        self._sources: list[str] = []
+        self._source_codes: dict[str, int] = {}
+        self._size = 0
+        self._identifiers = np.zeros((0, 16), dtype=np.uint8)
+        self._source_of = np.zeros(0, dtype=np.uint16)
+        # float16: 3 significant digits, far finer than the tolerance it is compared at.
+        self._aspect = np.zeros(0, dtype=np.float16)
+        self._sha = np.zeros(0, dtype=np.uint32)
+
+    def __len__(self) -> int:
+        return self._size
+
+    def within(self, phashes: list[str]) -> list[list[tuple[int, int]]]:
+        """For each hash, the (row, distance) of every canonical within the radius, first
+        seen first. One call for a batch: faiss searches them together."""
+        if not phashes:
+            return []
+        if self._size == 0:
+            return [[] for _ in phashes]
+        queries = np.stack([hash_bytes(p) for p in phashes])
+        # range_search keeps distances strictly below its radius.
+        limits, distances, rows = self._faiss.range_search(queries, self.radius + 1)
+        found = []
+        for i in range(len(phashes)):
+            start, end = limits[i], limits[i + 1]
+            pairs = zip(rows[start:end].tolist(), distances[start:end].tolist(), strict=True)
+            found.append(sorted(pairs))
+        return found
+
+    def add(self, phash: str, identifier: str, source: str, aspect: float, sha256: str) -> int:
+        """Keep a canonical image; returns its row."""
+        row = self._size
+        self._reserve(row + 1)
+        self._identifiers[row] = np.frombuffer(uuid.UUID(identifier).bytes, dtype=np.uint8)
+        self._source_of[row] = self._code(source)
+        self._aspect[row] = aspect
+        self._sha[row] = int(sha256[:8], 16)
+        self._faiss.add(hash_bytes(phash).reshape(1, 8))
+        self._size = row + 1
+        return row
+
+    def canonical(self, row: int) -> Canonical:
+        return Canonical(
+            row=row,
+            identifier=str(uuid.UUID(bytes=self._identifiers[row].tobytes())),
+            source=self._sources[self._source_of[row]],
+            aspect=float(self._aspect[row]),
+            sha_prefix=int(self._sha[row]),
+        )
+
+    def save(self, path: Path) -> None:
+        """Write the index to ``path`` (a folder), each file aside and then renamed."""
+        path.mkdir(parents=True, exist_ok=True)
+        n = self._size
+        arrays = {
+            "identifiers": self._identifiers[:n],
+            "source_of": self._source_of[:n],
+            "aspect": self._aspect[:n],
+            "sha": self._sha[:n],
+            "sources": np.array(self._sources, dtype=object),
+            "radius": np.array(self.radius),
+        }
+        aside = path / "rows.npz.part"
+        with aside.open("wb") as f:
+            np.savez(f, **arrays)  # type: ignore[arg-type]
+        aside.replace(path / "rows.npz")
+        faiss.write_index_binary(self._faiss, str(path / "hashes.faiss.part"))
+        (path / "hashes.faiss.part").replace(path / "hashes.faiss")
+
+    @classmethod
+    def load(cls, path: Path) -> NearIndex:
+        with np.load(path / "rows.npz", allow_pickle=True) as arrays:
+            index = cls(int(arrays["radius"]))
+            index._sources = [str(s) for s in arrays["sources"]]
+            index._source_codes = {s: i for i, s in enumerate(index._sources)}
+            index._identifiers = arrays["identifiers"].copy()
+            index._source_of = arrays["source_of"].copy()
+            index._aspect = arrays["aspect"].copy()
+            index._sha = arrays["sha"].copy()
+        index._size = len(index._identifiers)
+        index._faiss = faiss.read_index_binary(str(path / "hashes.faiss"))  # type: ignore[assignment]
+        index._faiss.nflip = index.radius // NHASH
+        if index._faiss.ntotal != index._size:
+            raise ValueError(
+                f"{path}: {index._faiss.ntotal} hashes for {index._size} rows (a torn snapshot)"
+            )
+        return index
+
+    def _code(self, source: str) -> int:
+        code = self._source_codes.get(source)
+        if code is None:
+            code = len(self._sources)
+            if code > np.iinfo(np.uint16).max:
+                raise ValueError("more than 65,536 sources")
+            self._sources.append(source)
+            self._source_codes[source] = code
+        return code
+
+    def _reserve(self, rows: int) -> None:
+        if rows <= len(self._source_of):
+            return
+        capacity = max(rows, math.ceil(len(self._source_of) * _GROW), 1024)
+        self._identifiers = _grown(self._identifiers, capacity)
+        self._source_of = _grown(self._source_of, capacity)
+        self._aspect = _grown(self._aspect, capacity)
+        self._sha = _grown(self._sha, capacity)
+
+
+def _grown(array: np.ndarray, capacity: int) -> np.ndarray:
+    grown = np.zeros((capacity, *array.shape[1:]), dtype=array.dtype)
+    grown[: len(array)] = array
+    return grown
