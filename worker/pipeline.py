@@ -435,6 +435,7 @@ class Pipeline:
             row=task.row,
             image=stored,
             has_exif=bool(image.exif),
+            source=source,
         )
         said = host | fetched.signals
         if said:

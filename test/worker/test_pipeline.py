@@ -72,6 +72,7 @@ async def test_a_crawled_image_is_stored_published_and_counted():
     resolution, exif = p["sink"].messages[c.METADATA_TOPIC]
     assert resolution == {
         "identifier": "u-1",
+        "source": "example",
         "width": image.width,
         "height": image.height,
         "filesize": len(image.body),
@@ -92,7 +93,16 @@ async def test_an_image_without_exif_sends_no_exif_message():
     pipeline, p = make({"http://origin.test/a.jpg": FetchResult("200", body=image.body)})
     await pipeline.handle("example", task(), TOPIC)
     assert [set(m) for m in p["sink"].messages[c.METADATA_TOPIC]] == [
-        {"identifier", "width", "height", "filesize", "compression_quality", "sha256", "phash"}
+        {
+            "identifier",
+            "source",
+            "width",
+            "height",
+            "filesize",
+            "compression_quality",
+            "sha256",
+            "phash",
+        }
     ]
 
 
