@@ -20,8 +20,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import uuid
-from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import faiss
 import numpy as np
@@ -34,6 +33,17 @@ HASH_BITS: Final = 64
 NHASH: Final = 3
 BLOCK_BITS: Final = 21
 _GROW: Final = 1.5
+_LOAD_CHUNK: Final = 1 << 20
+# A row as the journal keeps it: 32 bytes.
+RECORD: Final = np.dtype(
+    [
+        ("phash", np.uint8, (8,)),
+        ("identifier", np.uint8, (16,)),
+        ("source", "<u2"),
+        ("aspect", "<f2"),
+        ("sha", "<u4"),
+    ]
+)
 
 
 def hash_bytes(phash: str) -> np.ndarray:
@@ -74,6 +84,9 @@ class NearIndex:
         # float16: 3 significant digits, far finer than the tolerance it is compared at.
         self._aspect = np.zeros(0, dtype=np.float16)
         self._sha = np.zeros(0, dtype=np.uint32)
+        # What take_new has not yet handed to the journal.
+        self._sources_taken = 0
+        self._new: list[tuple[Any, ...]] = []
 
     def __len__(self) -> int:
         return self._size
@@ -99,12 +112,15 @@ class NearIndex:
         """Keep a canonical image; returns its row."""
         row = self._size
         self._reserve(row + 1)
-        self._identifiers[row] = np.frombuffer(uuid.UUID(identifier).bytes, dtype=np.uint8)
+        code = hash_bytes(phash)
+        identity = np.frombuffer(uuid.UUID(identifier).bytes, dtype=np.uint8)
+        self._identifiers[row] = identity
         self._source_of[row] = self._code(source)
         self._aspect[row] = aspect
         self._sha[row] = int(sha256[:8], 16)
-        self._faiss.add(hash_bytes(phash).reshape(1, 8))
+        self._faiss.add(code.reshape(1, 8))
         self._size = row + 1
+        self._new.append((code, identity, self._source_of[row], self._aspect[row], self._sha[row]))
         return row
 
     def canonical(self, row: int) -> Canonical:
@@ -116,42 +132,33 @@ class NearIndex:
             sha_prefix=int(self._sha[row]),
         )
 
-    def save(self, path: Path) -> None:
-        """Write the index to ``path`` (a folder), each file aside and then renamed."""
-        path.mkdir(parents=True, exist_ok=True)
-        n = self._size
-        arrays = {
-            "identifiers": self._identifiers[:n],
-            "source_of": self._source_of[:n],
-            "aspect": self._aspect[:n],
-            "sha": self._sha[:n],
-            "sources": np.array(self._sources, dtype=object),
-            "radius": np.array(self.radius),
-        }
-        aside = path / "rows.npz.part"
-        with aside.open("wb") as f:
-            np.savez(f, **arrays)  # type: ignore[arg-type]
-        aside.replace(path / "rows.npz")
-        faiss.write_index_binary(self._faiss, str(path / "hashes.faiss.part"))
-        (path / "hashes.faiss.part").replace(path / "hashes.faiss")
+    def take_new(self) -> tuple[list[str], np.ndarray]:
+        """The sources named and the rows added since the last call, as the journal
+        writes them (dedup/journal.py): the new source names, in code order, and a RECORD
+        array."""
+        sources = self._sources[self._sources_taken :]
+        self._sources_taken = len(self._sources)
+        records = np.array(self._new, dtype=RECORD)
+        self._new = []
+        return sources, records
 
     @classmethod
-    def load(cls, path: Path) -> NearIndex:
-        with np.load(path / "rows.npz", allow_pickle=True) as arrays:
-            index = cls(int(arrays["radius"]))
-            index._sources = [str(s) for s in arrays["sources"]]
-            index._source_codes = {s: i for i, s in enumerate(index._sources)}
-            index._identifiers = arrays["identifiers"].copy()
-            index._source_of = arrays["source_of"].copy()
-            index._aspect = arrays["aspect"].copy()
-            index._sha = arrays["sha"].copy()
-        index._size = len(index._identifiers)
-        index._faiss = faiss.read_index_binary(str(path / "hashes.faiss"))  # type: ignore[assignment]
-        index._faiss.nflip = index.radius // NHASH
-        if index._faiss.ntotal != index._size:
-            raise ValueError(
-                f"{path}: {index._faiss.ntotal} hashes for {index._size} rows (a torn snapshot)"
-            )
+    def of_records(cls, radius: int, sources: list[str], records: np.ndarray) -> NearIndex:
+        """An index of journaled rows, in their order (all taken)."""
+        index = cls(radius)
+        index._sources = list(sources)
+        index._source_codes = {s: i for i, s in enumerate(sources)}
+        index._sources_taken = len(sources)
+        n = len(records)
+        index._identifiers = records["identifier"].copy()
+        index._source_of = records["source"].copy()
+        index._aspect = records["aspect"].copy()
+        index._sha = records["sha"].copy()
+        if n and int(index._source_of.max()) >= len(sources):
+            raise ValueError(f"a row names source {int(index._source_of.max())} of {len(sources)}")
+        for start in range(0, n, _LOAD_CHUNK):
+            index._faiss.add(np.ascontiguousarray(records["phash"][start : start + _LOAD_CHUNK]))
+        index._size = n
         return index
 
     def _code(self, source: str) -> int:

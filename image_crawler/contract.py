@@ -30,9 +30,13 @@ CRAWL_ERRORS_TOPIC: Final = "crawl_errors"
 # Beyond the original (issue 30): one message per re-check (an inbound message carrying
 # an earlier crawl's etag, last_modified or sha256), LinkCheckMessage.
 LINK_CHECKS_TOPIC: Final = "link_checks"
+# Beyond the original (issue 54): one message per crawled image, the cluster of the same
+# photograph it is placed in (DuplicateMessage), by the deduplication stage (dedup/).
+DUPLICATES_TOPIC: Final = "image_duplicates"
 
 SPLITTER_GROUP: Final = "splitter"
 WORKER_GROUP: Final = "image_handlers"
+DEDUP_GROUP: Final = "deduplication"
 
 # Kafka's own rule for topic names: at most 249 of [a-zA-Z0-9._-]. The prefix takes 5.
 _TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
@@ -1101,6 +1105,57 @@ class ExifMessage:
     def from_json(cls, raw: bytes | str) -> ExifMessage:
         obj = _decode_object(raw)
         return cls(identifier=obj["identifier"], exif=obj["exif"])
+
+
+DUPLICATE_KINDS: Final = ("exact", "near", "unique")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DuplicateMessage:
+    """Published to ``image_duplicates`` for every image of ``image_metadata_updates``
+    (beyond the original, issue 54): its cluster of the same photograph.
+
+    ``kind`` is ``exact`` (the very bytes of the cluster's canonical, its first-seen
+    image), ``near`` (its perceptual hash within the stage's radius and its aspect ratio
+    the same), or ``unique`` (it is a canonical: the first of its cluster, or of none).
+    ``duplicate_of`` and ``duplicate_of_source`` name the canonical, ``distance`` the
+    Hamming distance of the two hashes (0 for exact); all three None for ``unique``.
+    Clusters are stars: ``duplicate_of`` is always a ``unique`` image. A message placed
+    again (at least once) gets the same answer.
+    """
+
+    identifier: str
+    source: str | None
+    kind: str
+    duplicate_of: str | None = None
+    duplicate_of_source: str | None = None
+    distance: int | None = None
+
+    def to_json(self) -> bytes:
+        return _encode(
+            {
+                "identifier": self.identifier,
+                "source": self.source,
+                "kind": self.kind,
+                "duplicate_of": self.duplicate_of,
+                "duplicate_of_source": self.duplicate_of_source,
+                "distance": self.distance,
+            }
+        )
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> DuplicateMessage:
+        obj = _decode_object(raw)
+        if obj.get("kind") not in DUPLICATE_KINDS:
+            raise MalformedMessage(f"field 'kind' is not one of {DUPLICATE_KINDS}")
+        return cls(
+            identifier=obj["identifier"],
+            source=obj.get("source"),
+            kind=obj["kind"],
+            duplicate_of=obj.get("duplicate_of"),
+            duplicate_of_source=obj.get("duplicate_of_source"),
+            distance=obj.get("distance"),
+        )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

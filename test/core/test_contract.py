@@ -366,3 +366,20 @@ def test_bad_row_data_and_encodings_make_a_malformed_message(fields, reason) -> 
 def test_an_encoding_that_a_filter_refuses_is_an_expected_status() -> None:
     for status in ("ImageTooSmall", "ImageAreaTooLarge", "AspectRatioTooLarge"):
         assert c.Status.expected(status) and not c.Status.retried(status)
+
+
+def test_a_duplicate_message_reads_back_as_written_and_names_only_known_kinds():
+    near = c.DuplicateMessage("u-2", "flickr", "near", "u-1", "museum", 4)
+    assert json.loads(near.to_json()) == {
+        "identifier": "u-2",
+        "source": "flickr",
+        "kind": "near",
+        "duplicate_of": "u-1",
+        "duplicate_of_source": "museum",
+        "distance": 4,
+    }
+    assert c.DuplicateMessage.from_json(near.to_json()) == near
+    unique = c.DuplicateMessage("u-1", "museum", "unique")
+    assert c.DuplicateMessage.from_json(unique.to_json()) == unique
+    with pytest.raises(c.MalformedMessage, match="kind"):
+        c.DuplicateMessage.from_json(b'{"identifier": "u-3", "kind": "similar"}')

@@ -163,14 +163,3 @@ def test_the_index_finds_every_canonical_within_the_radius_as_a_scan_does():
         )
         assert rows == scan
     assert all(found[n] for n in range(300))
-
-
-def test_the_index_saved_and_loaded_answers_the_same(tmp_path):
-    images = corpus(random.Random(9), 200)
-    placer = Placer(NearIndex())
-    first = placer.place(images)
-    placer.index.save(tmp_path / "index")
-    loaded = Placer(NearIndex.load(tmp_path / "index"))
-    assert len(loaded.index) == len(placer.index)
-    assert loaded.place(images) == first
-    assert not list((tmp_path / "index").glob("*.part"))

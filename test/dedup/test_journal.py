@@ -1,0 +1,56 @@
+"""The index's journal: what was kept survives a restart, a torn last row is cut, and the
+index read back answers as the one written (dedup/journal.py)."""
+
+from __future__ import annotations
+
+import random
+
+from dedup.index import RECORD
+from dedup.journal import ROWS, SOURCES, Journal
+from dedup.placement import Placer
+from test.dedup.test_placement import corpus, image, random_phash
+
+
+def test_the_index_read_back_places_as_the_one_written(tmp_path):
+    images = corpus(random.Random(9), 200)
+    journal = Journal(tmp_path / "journal")
+    placer = Placer(journal.load(radius=4))
+    first = placer.place(images[:120])
+    journal.append(placer.index)
+    first += placer.place(images[120:])
+    journal.append(placer.index)
+    again = Placer(Journal(tmp_path / "journal").load(radius=4))
+    assert len(again.index) == len(placer.index)
+    assert again.place(images) == first
+    assert len(again.index) == len(placer.index)
+    assert (tmp_path / "journal" / ROWS).stat().st_size == len(placer.index) * RECORD.itemsize
+
+
+def test_an_append_writes_only_what_is_new_and_sources_once(tmp_path):
+    journal = Journal(tmp_path)
+    placer = Placer(journal.load(radius=4))
+    rng = random.Random(10)
+    placer.place([image(0, random_phash(rng), source="a"), image(1, random_phash(rng))])
+    assert journal.append(placer.index) == 2
+    assert journal.append(placer.index) == 0
+    placer.place([image(2, random_phash(rng), source="a")])
+    assert journal.append(placer.index) == 1
+    assert (tmp_path / SOURCES).read_text() == "a\nmuseum\n"
+    loaded = Journal(tmp_path).load(radius=4)
+    assert [loaded.canonical(r).source for r in range(3)] == ["a", "museum", "a"]
+
+
+def test_a_torn_last_row_is_cut_and_the_rows_before_it_kept(tmp_path):
+    journal = Journal(tmp_path)
+    placer = Placer(journal.load(radius=4))
+    rng = random.Random(11)
+    placer.place([image(n, random_phash(rng)) for n in range(5)])
+    journal.append(placer.index)
+    rows = tmp_path / ROWS
+    with rows.open("ab") as f:
+        f.write(b"\x01" * 13)  # a crash mid-write
+    (tmp_path / SOURCES).write_text("museum\nhalf-writ")
+    loaded = Journal(tmp_path).load(radius=4)
+    assert len(loaded) == 5
+    assert rows.stat().st_size == 5 * RECORD.itemsize
+    assert (tmp_path / SOURCES).read_text() == "museum\n"
