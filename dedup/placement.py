@@ -18,7 +18,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Final, Literal
 
-from dedup.index import Canonical, NearIndex, popcount
+from dedup.index import Canonical, NearIndex, pairs_within, popcount
 
 Kind = Literal["exact", "near", "unique"]
 # imagehash's pHash sets a bit for each of its 64 DCT coefficients above their median:
@@ -74,38 +74,29 @@ class Placer:
         self.index = index
 
     def place(self, images: Sequence[Image]) -> list[Placement]:
-        """Place a batch, in order: the index is searched once for all of them, and each
-        is also compared with the canonicals the batch added before it."""
-        clusterable = [i for i in images if _clusterable(i)]
-        found = dict(
-            zip(
-                (i.identifier for i in clusterable),
-                self.index.within([i.phash for i in clusterable if i.phash is not None]),
-                strict=True,
-            )
-        )
-        added: list[tuple[int, str]] = []  # (row, phash) of this batch's canonicals
+        """Place a batch, in order: the index is searched once for all of them, and the
+        batch once against itself (in C, not pair by pair), so that each is also compared
+        with the canonicals the batch added before it."""
+        positions = [n for n, i in enumerate(images) if _clusterable(i)]
+        hashes = [images[n].phash or "" for n in positions]
+        found = dict(zip(positions, self.index.within(hashes), strict=True))
+        among = dict(zip(positions, pairs_within(hashes, self.index.radius), strict=True))
+        row_at: dict[int, int] = {}  # batch position -> row, of the batch's canonicals
         placements = []
-        for image in images:
-            if image.identifier not in found or image.phash is None:
+        for n, image in enumerate(images):
+            if n not in found:
                 placements.append(Placement(image.identifier, image.source, "unique"))
                 continue
-            phash = image.phash
-            candidates = found[image.identifier] + [
-                (row, _distance(phash, theirs))
-                for row, theirs in added
-                if _distance(phash, theirs) <= self.index.radius
-            ]
-            placement = self._placed(image, candidates)
+            earlier = [(row_at[positions[j]], d) for j, d in among[n] if positions[j] in row_at]
+            placement = self._placed(image, found[n] + earlier)
             if placement is None:
-                row = self.index.add(
-                    phash,
+                row_at[n] = self.index.add(
+                    image.phash or "",
                     image.identifier,
                     image.source,
                     image.width / image.height,
                     image.sha256 or "0" * 64,
                 )
-                added.append((row, phash))
                 placement = Placement(image.identifier, image.source, "unique")
             placements.append(placement)
         return placements

@@ -1,0 +1,143 @@
+"""``python -m bench.dedup [--hashes N]``: the deduplication index at catalog scale.
+
+Loads N random 64-bit hashes (32 bits set each, as imagehash's pHash) as canonicals in
+one bulk load, with ``--planted`` near-duplicates of random ones at 0-4 bits; checks that
+every planted copy finds its original; then places ``--place`` more images through the
+stage's placement (dedup/placement.py) one core, alone and in batches of ``--batch``,
+and reports the memory (the process's resident set, /proc/self/status) per hash, the
+placements a second and each placement's p99. Writes ``--out`` as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import faiss
+import numpy as np
+
+from dedup.index import RECORD, NearIndex
+from dedup.placement import Image, Placer
+
+RESULTS = Path(__file__).with_name("results")
+
+
+def rss_bytes() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS in /proc/self/status")
+
+
+def random_hashes(rng: np.random.Generator, n: int) -> np.ndarray:
+    """n hashes of 32 set bits each, as (n, 8) bytes, most significant first."""
+    out = np.empty((n, 8), dtype=np.uint8)
+    chunk = 1 << 20
+    for start in range(0, n, chunk):
+        m = min(chunk, n - start)
+        keys = rng.random((m, 64))
+        bits = keys < np.median(keys, axis=1, keepdims=True)  # 32 of 64 per row
+        out[start : start + m] = np.packbits(bits, axis=1)
+    return out
+
+
+def flipped(rng: np.random.Generator, codes: np.ndarray, distances: np.ndarray) -> np.ndarray:
+    bits = np.unpackbits(codes, axis=1)
+    for row, d in enumerate(distances):
+        which = rng.choice(64, size=int(d), replace=False)
+        bits[row, which] ^= 1
+    return np.packbits(bits, axis=1)
+
+
+def load(n: int, rng: np.random.Generator) -> tuple[NearIndex, np.ndarray, float]:
+    records = np.zeros(n, dtype=RECORD)
+    records["phash"] = random_hashes(rng, n)
+    records["identifier"] = rng.integers(0, 256, size=(n, 16), dtype=np.uint8)
+    records["aspect"] = 1.5
+    records["sha"] = rng.integers(0, 2**32, size=n, dtype=np.uint32)
+    started = time.perf_counter()
+    index = NearIndex.of_records(4, ["bench"], records)
+    return index, records["phash"].copy(), time.perf_counter() - started
+
+
+def check_planted(
+    index: NearIndex, codes: np.ndarray, planted: int, rng: np.random.Generator
+) -> dict[str, Any]:
+    rows = rng.choice(len(codes), size=planted, replace=False)
+    distances = rng.integers(0, 5, size=planted)
+    copies = flipped(rng, codes[rows], distances)
+    found = index.within([c.tobytes().hex() for c in copies])
+    missed = sum(
+        1
+        for row, d, hits in zip(rows, distances, found, strict=True)
+        if (int(row), int(d)) not in hits
+    )
+    return {"planted": planted, "missed": missed, "by_distance": np.bincount(distances).tolist()}
+
+
+def place(placer: Placer, rng: np.random.Generator, count: int, batch: int) -> dict[str, Any]:
+    codes = random_hashes(rng, count)
+    images = [
+        Image(str(uuid.UUID(bytes=rng.bytes(16))), "bench", 1500, 1000, "0" * 64, c.tobytes().hex())
+        for c in codes
+    ]
+    latencies = []
+    half = count // 2
+    started = time.perf_counter()
+    for one in images[:half]:
+        t = time.perf_counter()
+        placer.place([one])
+        latencies.append(time.perf_counter() - t)
+    alone_s = time.perf_counter() - started
+    started = time.perf_counter()
+    for start in range(half, count, batch):
+        placer.place(images[start : start + batch])
+    batched_s = time.perf_counter() - started
+    return {
+        "alone_per_s": half / alone_s,
+        "alone_p50_ms": float(np.percentile(latencies, 50) * 1000),
+        "alone_p99_ms": float(np.percentile(latencies, 99) * 1000),
+        "batched_per_s": (count - half) / batched_s,
+        "batched_ms_per_image": batched_s / (count - half) * 1000,
+        "batch": batch,
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.dedup", description=__doc__)
+    parser.add_argument("--hashes", type=int, default=100_000_000)
+    parser.add_argument("--planted", type=int, default=10_000)
+    parser.add_argument("--place", type=int, default=200_000)
+    parser.add_argument("--batch", type=int, default=500)
+    parser.add_argument("--seed", type=int, default=54)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # one core
+    faiss.omp_set_num_threads(1)  # OpenMP's threads would spin against each other on it
+    rng = np.random.default_rng(args.seed)
+    before = rss_bytes()
+    index, codes, load_s = load(args.hashes, rng)
+    planted = check_planted(index, codes, args.planted, rng)
+    del codes
+    loaded = rss_bytes()
+    result: dict[str, Any] = {
+        "hashes": args.hashes,
+        "load_s": load_s,
+        "rss_bytes": loaded,
+        "bytes_per_hash": (loaded - before) / args.hashes,
+        "planted": planted,
+    }
+    result["placing"] = place(Placer(index), rng, args.place, args.batch)
+    result["rss_after_placing_bytes"] = rss_bytes()
+    print(json.dumps(result, indent=1))
+    out = args.out or RESULTS / f"dedup-{args.hashes}.json"
+    out.write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
