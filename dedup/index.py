@@ -1,13 +1,12 @@
 """Every canonical image within a Hamming radius of a 64-bit perceptual hash, exactly.
 
-faiss' ``IndexBinaryMultiHash`` is multi-index hashing (Norouzi et al.; the tables of
-Manku et al., WWW 2007): the hash's bits cut into ``nhash`` blocks of ``bits`` bits, a
-table per block from its value to the images that have it. Two hashes within ``r`` bits
-differ in at most ``floor(r / nhash)`` bits of some block (pigeonhole), so looking up
-every value within ``nflip`` bits of each block, ``nflip = floor(r / nhash)``, finds all
-of them: a search is exact, never approximate. Three blocks of 21 bits (63 of the 64) and
-one flip for r = 4: 3 x 22 lookups a search, each of a table of 2^21 values, so at
-10^8 images about 48 images a value and some 3,200 candidates compared a search.
+Multi-index hashing (Norouzi et al.; the tables of Manku et al., WWW 2007): the hash's
+bits cut into three blocks of 21 bits, a table per block from its value to the images
+that have it. Two hashes within ``r`` bits differ in at most ``floor(r / 3)`` bits of some
+block (pigeonhole), so looking up every value within that many bits of each block finds
+all of them: a search is exact, never approximate. For r = 4, 3 x 22 lookups a search, at
+10^8 images about 48 images a value and some 3,200 candidates compared. The tables'
+layout is dedup/tables.py's.
 
 Only the canonical images of clusters are kept (the first seen of each; a duplicate is
 answered by its canonical and never searched for), each with what a placement needs of it
@@ -25,15 +24,10 @@ from typing import Any, Final
 import faiss
 import numpy as np
 
+from dedup.tables import BlockTables
+
 HASH_BITS: Final = 64
-# Three tables of 21 bits: at 10^8 canonical images, ~48 a value (a few thousand
-# candidates a search, compared in C), and 2^21 values a table (its fixed cost, a few
-# hundred MB in all). Two of 32 bits would hold ~1 image a value, each a hash-map node
-# and a vector of its own: several times the memory an image.
-NHASH: Final = 3
-BLOCK_BITS: Final = 21
 _GROW: Final = 1.5
-_LOAD_CHUNK: Final = 1 << 20
 # A row as the journal keeps it: 32 bytes.
 RECORD: Final = np.dtype(
     [
@@ -91,8 +85,7 @@ class NearIndex:
         if not 0 <= radius < HASH_BITS:
             raise ValueError(f"radius must be 0-63 bits, not {radius}")
         self.radius = radius
-        self._faiss = faiss.IndexBinaryMultiHash(HASH_BITS, NHASH, BLOCK_BITS)
-        self._faiss.nflip = radius // NHASH
+        self._tables = BlockTables(radius)
         self._sources: list[str] = []
         self._source_codes: dict[str, int] = {}
         self._size = 0
@@ -110,20 +103,12 @@ class NearIndex:
 
     def within(self, phashes: list[str]) -> list[list[tuple[int, int]]]:
         """For each hash, the (row, distance) of every canonical within the radius, first
-        seen first. One call for a batch: faiss searches them together."""
+        seen first. One call for a batch: the tables search them together."""
         if not phashes:
             return []
         if self._size == 0:
             return [[] for _ in phashes]
-        queries = np.stack([hash_bytes(p) for p in phashes])
-        # range_search keeps distances strictly below its radius.
-        limits, distances, rows = self._faiss.range_search(queries, self.radius + 1)
-        found = []
-        for i in range(len(phashes)):
-            start, end = limits[i], limits[i + 1]
-            pairs = zip(rows[start:end].tolist(), distances[start:end].tolist(), strict=True)
-            found.append(sorted(pairs))
-        return found
+        return self._tables.within(np.array([int(p, 16) for p in phashes], dtype=np.uint64))
 
     def add(self, phash: str, identifier: str, source: str, aspect: float, sha256: str) -> int:
         """Keep a canonical image; returns its row."""
@@ -135,7 +120,7 @@ class NearIndex:
         self._source_of[row] = self._code(source)
         self._aspect[row] = aspect
         self._sha[row] = int(sha256[:8], 16)
-        self._faiss.add(code.reshape(1, 8))
+        self._tables.add(np.array([int(phash, 16)], dtype=np.uint64))
         self._size = row + 1
         self._new.append((code, identity, self._source_of[row], self._aspect[row], self._sha[row]))
         return row
@@ -173,8 +158,8 @@ class NearIndex:
         index._sha = records["sha"].copy()
         if n and int(index._source_of.max()) >= len(sources):
             raise ValueError(f"a row names source {int(index._source_of.max())} of {len(sources)}")
-        for start in range(0, n, _LOAD_CHUNK):
-            index._faiss.add(np.ascontiguousarray(records["phash"][start : start + _LOAD_CHUNK]))
+        hashes = np.ascontiguousarray(records["phash"]).view(">u8").reshape(-1)
+        index._tables.add(hashes.astype(np.uint64))
         index._size = n
         return index
 

@@ -1,0 +1,160 @@
+"""Multi-index hashing laid out for 10^8 hashes: sorted tables, searched a batch at a time.
+
+The same pigeonhole as faiss' ``IndexBinaryMultiHash`` (dedup/index.py's docstring):
+three blocks of 21 bits (bits 63-43, 42-22, 21-1), and every value within
+``radius // 3`` bits of each block looked up, so a search is exact for any
+``radius``. The layout is what differs. Each table is the row numbers sorted by their block value
+(4 bytes a row) and where each value's run starts (2^21 + 1 offsets); the hashes are one
+array in row order (8 bytes): 20 bytes a row in all, where faiss' hash maps of vectors
+took 89. A batch's lookups, candidates and distances are whole-array numpy operations.
+
+The rows added since the tables were last built are kept apart, in a small faiss index
+(fast while it is small), and merged into the tables once there are ``merge_at`` of them:
+a merge places each table's new rows after the old ones of their value, in one pass.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Final
+
+import faiss
+import numpy as np
+
+BLOCKS: Final = 3
+BLOCK_BITS: Final = 21
+_VALUES: Final = 1 << BLOCK_BITS
+_MASK: Final = np.uint64(_VALUES - 1)
+_SHIFTS: Final = tuple(np.uint64(64 - BLOCK_BITS * (t + 1)) for t in range(BLOCKS))
+MERGE_AT: Final = 1 << 20
+
+
+def _flips(nflip: int) -> np.ndarray:
+    """Every 21-bit mask of at most ``nflip`` bits."""
+    masks = [0]
+    for _ in range(nflip):
+        masks = sorted({m | (1 << b) for m in masks for b in range(BLOCK_BITS)} | set(masks))
+    return np.array(masks, dtype=np.uint32)
+
+
+def as_bytes(codes: np.ndarray) -> np.ndarray:
+    """uint64 hashes as faiss' 8 bytes each, most significant first."""
+    return codes.astype(">u8").view(np.uint8).reshape(-1, 8)
+
+
+class BlockTables:
+    def __init__(self, radius: int, merge_at: int = MERGE_AT) -> None:
+        self.radius = radius
+        self.merge_at = merge_at
+        self._flip_masks = _flips(radius // BLOCKS)
+        self._codes = np.zeros(0, dtype=np.uint64)
+        self._size = 0
+        self._built = 0  # rows in the tables; those past it are in _recent
+        self._order = [np.zeros(0, dtype=np.uint32) for _ in range(BLOCKS)]
+        self._starts = [np.zeros(_VALUES + 1, dtype=np.int64) for _ in range(BLOCKS)]
+        self._recent = self._new_recent()
+
+    def __len__(self) -> int:
+        return self._size
+
+    def add(self, codes: np.ndarray) -> None:
+        """Append rows (uint64 hashes) in order."""
+        codes = np.asarray(codes, dtype=np.uint64)
+        if self._size + len(codes) > len(self._codes):
+            grown = np.zeros(max(self._size + len(codes), int(len(self._codes) * 1.5)), np.uint64)
+            grown[: self._size] = self._codes[: self._size]
+            self._codes = grown
+        self._codes[self._size : self._size + len(codes)] = codes
+        self._size += len(codes)
+        if self._size - self._built >= self.merge_at:
+            self._merge()
+        else:
+            self._recent.add(as_bytes(codes))
+
+    def within(self, queries: np.ndarray) -> list[list[tuple[int, int]]]:
+        """For each uint64 query, the (row, distance) of every row within the radius,
+        sorted by row."""
+        queries = np.asarray(queries, dtype=np.uint64)
+        q_all, r_all, d_all = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)], [np.zeros(0)]
+        if self._built:
+            for t in range(BLOCKS):
+                q, r, d = self._table_hits(t, queries)
+                q_all.append(q)
+                r_all.append(r)
+                d_all.append(d)
+        if self._size > self._built and len(queries):
+            limits, distances, rows = self._recent.range_search(as_bytes(queries), self.radius + 1)
+            q_all.append(np.repeat(np.arange(len(queries)), np.diff(limits).astype(np.int64)))
+            r_all.append(rows.astype(np.int64) + self._built)
+            d_all.append(distances)
+        q = np.concatenate(q_all)
+        r = np.concatenate(r_all)
+        d = np.concatenate(d_all).astype(np.int64)
+        # A row found in several tables is one hit; sorted by query, then row.
+        key = q * (1 << 40) + r
+        key, first = np.unique(key, return_index=True)
+        q, r, d = q[first], r[first], d[first]
+        bounds = np.searchsorted(q, np.arange(len(queries) + 1))
+        return [
+            list(zip(r[a:b].tolist(), d[a:b].tolist(), strict=True))
+            for a, b in itertools.pairwise(bounds)
+        ]
+
+    def _table_hits(self, t: int, queries: np.ndarray) -> tuple[np.ndarray, ...]:
+        starts, order = self._starts[t], self._order[t]
+        values = ((queries >> _SHIFTS[t]) & _MASK).astype(np.uint32)
+        probes = (values[:, None] ^ self._flip_masks[None, :]).ravel()
+        low, high = starts[probes], starts[probes + 1]
+        counts = high - low
+        total = int(counts.sum())
+        if total == 0:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0)
+        owner = np.repeat(np.arange(len(probes)) // len(self._flip_masks), counts)
+        # The k-th candidate of a probe is at low + k.
+        begins = np.cumsum(counts) - counts
+        positions = np.arange(total) - np.repeat(begins - low, counts)
+        rows = order[positions].astype(np.int64)
+        distances = np.bitwise_count(self._codes[rows] ^ queries[owner])
+        near = distances <= self.radius
+        return owner[near], rows[near], distances[near]
+
+    def _merge(self) -> None:
+        """Put every row past the tables into them, and empty the recent index."""
+        new_rows = np.arange(self._built, self._size, dtype=np.uint32)
+        new_codes = self._codes[self._built : self._size]
+        for t in range(BLOCKS):
+            values = ((new_codes >> _SHIFTS[t]) & _MASK).astype(np.int64)
+            self._order[t], self._starts[t] = _merged(
+                self._order[t], self._starts[t], values, new_rows
+            )
+        self._built = self._size
+        self._recent = self._new_recent()
+
+    def _new_recent(self) -> faiss.IndexBinaryMultiHash:
+        recent = faiss.IndexBinaryMultiHash(64, BLOCKS, BLOCK_BITS)
+        recent.nflip = self.radius // BLOCKS
+        return recent
+
+
+def _merged(
+    order: np.ndarray, starts: np.ndarray, values: np.ndarray, rows: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """A table with ``rows`` (of block ``values``) added after the old rows of each value."""
+    by_value = np.argsort(values, kind="stable")
+    added = np.bincount(values, minlength=_VALUES)
+    before = np.concatenate(([0], np.cumsum(added)))  # new rows in lower values
+    new_starts = starts + before
+    merged = np.empty(len(order) + len(rows), dtype=np.uint32)
+    old_counts = np.diff(starts)
+    # An old row moves up by the new rows of lower values, a run of values at a time (the
+    # temporary arrays a sixteenth of the table); a new one goes after the old rows of
+    # its value, in the order added.
+    step = _VALUES // 16
+    for first in range(0, _VALUES, step):
+        low, high = int(starts[first]), int(starts[first + step])
+        shift = np.repeat(before[first : first + step], old_counts[first : first + step])
+        merged[np.arange(low, high) + shift] = order[low:high]
+    sorted_values = values[by_value]
+    rank = np.arange(len(rows)) - before[sorted_values]
+    merged[new_starts[sorted_values] + old_counts[sorted_values] + rank] = rows[by_value]
+    return merged, new_starts

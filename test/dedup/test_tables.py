@@ -1,0 +1,40 @@
+"""The block tables find what a scan finds, whether the rows are in the tables, in the
+recent index, or merged in many times (dedup/tables.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dedup.tables import BlockTables
+
+
+def near(rng, codes, n, radius):
+    queries = codes[rng.integers(0, len(codes), n)].copy()
+    for i in range(n):
+        for bit in rng.choice(64, size=i % (radius + 2), replace=False):
+            queries[i] ^= np.uint64(1) << np.uint64(int(bit))
+    return queries
+
+
+@pytest.mark.parametrize(("merge_at", "radius"), [(7, 4), (1000, 4), (10**9, 4), (500, 6)])
+def test_a_search_finds_every_row_within_the_radius_and_no_other(merge_at, radius):
+    rng = np.random.default_rng(merge_at + radius)
+    codes = rng.integers(0, 2**64, size=3000, dtype=np.uint64)
+    tables = BlockTables(radius, merge_at=merge_at)
+    for start in range(0, len(codes), 50):
+        tables.add(codes[start : start + 50])
+    queries = near(rng, codes, 300, radius)
+    found = tables.within(queries)
+    for query, hits in zip(queries, found, strict=True):
+        distances = np.bitwise_count(codes ^ query)
+        assert hits == [(int(r), int(distances[r])) for r in np.nonzero(distances <= radius)[0]]
+    assert len(tables) == len(codes)
+
+
+def test_an_empty_table_and_an_empty_batch_find_nothing():
+    tables = BlockTables(4)
+    assert tables.within(np.array([1, 2], dtype=np.uint64)) == [[], []]
+    tables.add(np.array([5], dtype=np.uint64))
+    assert tables.within(np.zeros(0, dtype=np.uint64)) == []
+    assert tables.within(np.array([5, 7], dtype=np.uint64)) == [[(0, 0)], [(0, 1)]]
