@@ -89,8 +89,12 @@ async def _partitions(
 ) -> list[TopicPartition] | None:
     """Every partition of the input topic, once it exists (the workers create it)."""
     while not stop.is_set():
-        await consumer._client.force_metadata_update()
-        found = consumer.partitions_for_topic(METADATA_TOPIC)
+        # topics() asks the broker for fresh metadata; partitions_for_topic reads it.
+        found = (
+            consumer.partitions_for_topic(METADATA_TOPIC)
+            if (METADATA_TOPIC in await consumer.topics())
+            else None
+        )
         if found:
             return [TopicPartition(METADATA_TOPIC, p) for p in sorted(found)]
         log.info("waiting_for_topic", topic=METADATA_TOPIC)

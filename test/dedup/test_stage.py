@@ -121,3 +121,12 @@ async def test_a_journal_that_cannot_be_written_publishes_and_commits_nothing(
     with pytest.raises(OSError):
         await s.handle({TP: records(corpus(random.Random(3), 10))})
     assert producer.sent == [] and consumer.commits == []
+
+
+def test_a_radius_past_10_bits_is_refused_with_its_name():
+    from dedup.settings import DedupSettings
+    from image_crawler.config import ConfigError
+
+    assert DedupSettings.from_env({"DEDUP_RADIUS": "6"}).radius == 6
+    with pytest.raises(ConfigError, match="DEDUP_RADIUS"):
+        DedupSettings.from_env({"DEDUP_RADIUS": "11"})
