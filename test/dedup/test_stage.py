@@ -12,8 +12,10 @@ from aiokafka import TopicPartition
 
 from dedup.journal import Journal
 from dedup.placement import Placer
+from dedup.settings import DedupSettings
 from dedup.stage import Stage
 from image_crawler import contract as c
+from image_crawler.config import ConfigError
 from test.dedup.test_placement import corpus
 
 TP = TopicPartition(c.METADATA_TOPIC, 0)
@@ -124,9 +126,6 @@ async def test_a_journal_that_cannot_be_written_publishes_and_commits_nothing(
 
 
 def test_a_radius_past_10_bits_is_refused_with_its_name():
-    from dedup.settings import DedupSettings
-    from image_crawler.config import ConfigError
-
     assert DedupSettings.from_env({"DEDUP_RADIUS": "6"}).radius == 6
     with pytest.raises(ConfigError, match="DEDUP_RADIUS"):
         DedupSettings.from_env({"DEDUP_RADIUS": "11"})
