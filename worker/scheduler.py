@@ -91,6 +91,11 @@ UNWRITTEN_KEEP_S: Final = 120.0
 # goes in the same write), not at the next commit: a worker frozen or killed then costs
 # what it finished in that time, not in a commit interval; at most 50 writes a second.
 RECORD_DELAY_S: Final = 0.02
+# How long a digest of a message crawled here is also kept in memory: a copy checked in
+# Redis before the digest's write landed (the write in flight, or the poll's check made
+# before it and the copy started later, after waiting for its host up to PARK_AFTER_S)
+# is still known for one. About 150 bytes a digest: 18 MB at 1,000 images a second.
+CRAWLED_KEEP_S: Final = 120.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -218,6 +223,9 @@ class Scheduler:
         # and those of the last poll's records found to be of messages crawled lately.
         self._copies = ledger
         self._crawled: dict[TopicPartition, set[str]] = {}
+        # All crawled here in the last CRAWLED_KEEP_S, written or not, each with when.
+        self._recent: dict[TopicPartition, dict[str, float]] = {}
+        self._recent_pruned = 0.0
         # The digests of the messages read here and not yet ended (running, waiting for
         # their host), per partition, each with its offset: a copy read meanwhile (in the
         # same poll, or while its first waits) is one too. Not a message being parked:
@@ -388,7 +396,7 @@ class Scheduler:
         if self._copies.window_s <= 0:
             return False
         first = self._reading.get(tp, {}).get(found, offset)
-        crawled = found in self._seen.get(tp, ()) or found in self._crawled.get(tp, ())
+        crawled = found in self._seen.get(tp, ()) or found in self._recent.get(tp, ())
         if first == offset and not crawled:
             return False
         self.copies_skipped += 1
@@ -621,8 +629,9 @@ class Scheduler:
                 self.finished += finished
                 self._note_finished(tp, offset, value)
             found = digest(value)
-            if finished:
+            if finished and self._copies.window_s > 0:
                 self._crawled.setdefault(tp, set()).add(found)
+                self._recent.setdefault(tp, {})[found] = time.monotonic()
             if waits is None:  # back to its host's queue: still to be crawled here
                 self._ended_reading(tp, offset, found)
             if (until_ms := self._late.pop((tp, offset), None)) is not None:
@@ -1035,11 +1044,23 @@ class Scheduler:
         crawled, self._crawled = self._crawled, {}
         if not crawled or self._copies.window_s <= 0:
             return
+        now = time.monotonic()
+        if now - self._recent_pruned >= CRAWLED_KEEP_S / 10:
+            self._prune_recent(now - CRAWLED_KEEP_S)
+            self._recent_pruned = now
         try:
             async with asyncio.timeout(LEDGER_TIMEOUT_S):
                 await self._copies.record(crawled)
         except (RedisError, TimeoutError) as e:
             log.warning("crawled_record_failed", error=repr(e), partitions=len(crawled))
+
+    def _prune_recent(self, kept_since: float) -> None:
+        for tp in list(self._recent):
+            recent = {d: t for d, t in self._recent[tp].items() if t >= kept_since}
+            if recent:
+                self._recent[tp] = recent
+            else:
+                del self._recent[tp]
 
     async def _load_finished(self, assigned: set[TopicPartition]) -> None:
         """Read what the partitions' previous owners finished past their commits."""

@@ -98,10 +98,12 @@ async def test_every_image_is_placed_in_its_cluster_and_a_sigkill_costs_no_answe
     env = {"KAFKA_HOSTS": kafka.bootstrap, "DEDUP_STATE_DIR": str(tmp_path / "state")}
     placements = Placements(kafka.bootstrap)
     reader = asyncio.create_task(placements.read())
+    started: list[CrawlerProcess] = []
     try:
         await feed(kafka.bootstrap, first)
         await produce(kafka.bootstrap, c.METADATA_TOPIC, [b'{"not": "a resolution"}'])
         stage = CrawlerProcess("dedup", env, tmp_path / "dedup-1.log")
+        started.append(stage)
         ids = {i.identifier for i in first}
         await wait_for(lambda: ids <= placements.seen.keys(), 60, 0.1, "the first placements")
         assert stage.events("unparseable"), stage.tail()
@@ -112,6 +114,7 @@ async def test_every_image_is_placed_in_its_cluster_and_a_sigkill_costs_no_answe
         second = photographs(rng, 150, originals, 60, copy_of)
         await feed(kafka.bootstrap, second)
         again = CrawlerProcess("dedup", env, tmp_path / "dedup-2.log")
+        started.append(again)
         ids |= {i.identifier for i in second}
         await wait_for(lambda: ids <= placements.seen.keys(), 60, 0.1, "the second placements")
         loaded = again.wait_for_event("dedup_started", 10)
@@ -126,3 +129,5 @@ async def test_every_image_is_placed_in_its_cluster_and_a_sigkill_costs_no_answe
         assert again.wait(20) == 0, again.tail()
     finally:
         reader.cancel()
+        for process in started:  # a failed assertion leaves none running
+            process.stop()
