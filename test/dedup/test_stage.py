@@ -51,21 +51,25 @@ class FakeProducer:
         return done
 
 
+def resolution(image) -> bytes:
+    """The resolution message a worker would publish of ``image``."""
+    message = c.ResolutionMessage(
+        image.identifier,
+        image.width,
+        image.height,
+        1000,
+        90,
+        sha256=image.sha256,
+        phash=image.phash,
+        source=image.source,
+    )
+    return message.to_json()
+
+
 def records(images, start=0):
-    out = []
-    for n, image in enumerate(images):
-        message = c.ResolutionMessage(
-            image.identifier,
-            image.width,
-            image.height,
-            1000,
-            90,
-            sha256=image.sha256,
-            phash=image.phash,
-            source=image.source,
-        )
-        out.append(Record(c.METADATA_TOPIC, 0, start + n, message.to_json()))
-    return out
+    return [
+        Record(c.METADATA_TOPIC, 0, start + n, resolution(image)) for n, image in enumerate(images)
+    ]
 
 
 def stage(tmp_path):

@@ -13,6 +13,7 @@ from aiokafka import AIOKafkaConsumer
 from dedup.placement import Image
 from image_crawler import contract as c
 from test.dedup.test_placement import flipped, image, random_phash
+from test.dedup.test_stage import resolution
 from test.harness.processes import CrawlerProcess
 from test.harness.services import create_topics, produce, wait_for
 
@@ -33,20 +34,6 @@ def photographs(
         else:
             images.append(image(i, random_phash(rng)))
     return images
-
-
-def resolution(image: Image) -> bytes:
-    message = c.ResolutionMessage(
-        image.identifier,
-        image.width,
-        image.height,
-        1000,
-        90,
-        sha256=image.sha256,
-        phash=image.phash,
-        source=image.source,
-    )
-    return message.to_json()
 
 
 async def feed(bootstrap: str, images: list[Image]) -> None:
