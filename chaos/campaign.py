@@ -8,8 +8,9 @@ import contextlib
 import dataclasses
 import json
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
@@ -18,12 +19,14 @@ from chaos import checks, plan
 from chaos.faults import Faults
 from chaos.ledger import OUTPUT_TOPICS, Ledger, feed, read_outputs
 from chaos.stack import BUCKET, Census, Stack
+from crawlctl.commands import controls
 from image_crawler import contract as c
 from image_crawler.lifecycle import cancel_and_wait
 from test.harness.services import create_topics, list_keys
 
 # The halted source is halted from this share of the fault period to its end.
 HALT_FROM: float = 0.3
+T = TypeVar("T")
 INBOUND_PARTITIONS = 4
 
 
@@ -109,9 +112,16 @@ class Campaign:
 
     async def _halt_during(self, start: float, until: float) -> None:
         await asyncio.sleep(max(0.0, start - time.time()))
-        await self._redis_retrying("SADD", c.HALTED_SET, plan.HALTED_SOURCE)
+        # As an operator halts (`image-crawler halt`): SADD halted, and the source's pace
+        # rate set to 0 so that workers stop within their pacing horizon. The SADD alone
+        # waits for the monitor's next loop, up to its period (1 s) or longer while it is
+        # slow after a Redis fault: seed 1864445941 saw a request 0.587 s into a halt
+        # made 1 s after a Redis restart.
+        assert self.redis is not None
+        redis = self.redis
+        await self._retrying(lambda: controls.halt(redis, plan.HALTED_SOURCE))
         self.halt.start = time.time()
-        say(f"halted {plan.HALTED_SOURCE} (SADD halted)")
+        say(f"halted {plan.HALTED_SOURCE} (image-crawler halt: SADD halted, SET pace_rate 0)")
         while time.time() < until:
             await asyncio.sleep(5.0)
             await self._look_at_halt("look")
@@ -129,12 +139,16 @@ class Campaign:
         if not member:
             say(f"{plan.HALTED_SOURCE} is not in halted any more ({why})")
 
-    async def _redis_retrying(self, *command: str, timeout_s: float = 120.0) -> Any:
+    async def _redis_retrying(self, *command: str) -> Any:
         assert self.redis is not None
+        redis = self.redis
+        return await self._retrying(lambda: redis.execute_command(*command))
+
+    async def _retrying(self, call: Callable[[], Awaitable[T]], timeout_s: float = 120.0) -> T:
         deadline = time.monotonic() + timeout_s
         while True:
             try:
-                return await self.redis.execute_command(*command)
+                return await call()
             except (RedisError, OSError):
                 if time.monotonic() > deadline:
                     raise
