@@ -88,6 +88,7 @@ from worker.politeness.robots import ROBOTS_PENDING, RobotsGuard
 from worker.politeness.signals import NO_SIGNALS, Signals
 from worker.settings import WorkerSettings
 from worker.sinks.base import DependencyError, MetadataSink, Outage, ThumbnailStore
+from worker.sinks.gate import FinishGate
 from worker.stats import StatsRecorder
 
 log = get_logger(__name__)
@@ -107,6 +108,9 @@ _NOT_ASKED: Final = frozenset(
 # A store or broker that fails (rather than hangs: see worker.sinks.base) is tried again
 # at once, nearly: most failures are a dropped connection, and the URL waits meanwhile.
 DEPENDENCY_RETRY_BASE_S: Final = 0.1
+# The calls that finishing an image needs: while one fails or hangs, no request starts
+# (worker/sinks/gate.py).
+FINISHING_OPS: Final = frozenset({"s3_put", "publish"})
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -206,6 +210,7 @@ class Pipeline:
         self._rng = rng or random.Random()
         self._metrics: dict[str, SourceMetrics] = {}
         self._outages: dict[str, Outage] = {}
+        self.gate = FinishGate()
 
     def host_key(self, source: str, raw: bytes | None) -> HostKey | None:
         """The politeness key of a message's URL, for the scheduler's queues; None for a
@@ -307,6 +312,7 @@ class Pipeline:
         could not be fetched; it has been waited for, and the URL may be tried again.
         """
         key = key_of(source, task.url, self._pacing_key)
+        await self.gate.wait_open()
         reserved = await self._reserved_slot(key, task)
         if isinstance(reserved, str):  # the host was given up: no request
             await self._record(source, reserved, key.host)
@@ -547,7 +553,17 @@ class Pipeline:
         """Run ``action`` until it succeeds: a dependency that is away stalls, never loses.
 
         A failure begins an outage of its service (``dependency_unavailable``), which the
-        first success of a call that saw it fail ends (``dependency_recovered``)."""
+        first success of a call that saw it fail ends (``dependency_recovered``). A call
+        of ``FINISHING_OPS`` is watched by the gate all along."""
+        if op not in FINISHING_OPS:
+            await self._retrying(op, action, lambda: None)
+            return
+        with self.gate.call(op) as failed:
+            await self._retrying(op, action, failed)
+
+    async def _retrying(
+        self, op: str, action: Callable[[], Awaitable[None]], failed: Callable[[], None]
+    ) -> None:
         retry: Backoff | None = None  # made at the first failure: most calls have none
         outage: Outage | None = None
         while True:
@@ -563,6 +579,7 @@ class Pipeline:
                     retry = Backoff(
                         base_s=min(DEPENDENCY_RETRY_BASE_S, cap_s), cap_s=cap_s, rng=self._rng
                     )
+                    failed()
                 wait_s = retry.next_s()
                 outage = self._outage(e.service)
                 outage.report(op=op, error=str(e), retry_in_s=round(wait_s, 3))

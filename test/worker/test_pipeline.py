@@ -336,6 +336,42 @@ async def test_a_store_that_is_away_stalls_the_url_instead_of_losing_it():
     assert json.loads(c.ResolutionMessage(**p["sink"].messages[c.METADATA_TOPIC][0]).to_json())
 
 
+class AwayStore(FakeStore):
+    """Fails every put until ``back`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.back = asyncio.Event()
+        self.tries = 0
+
+    async def put(self, key: str, data: bytes) -> None:
+        self.tries += 1
+        if not self.back.is_set():
+            self.failures = 1
+        await super().put(key, data)
+
+
+async def test_no_request_starts_while_a_store_that_is_away_holds_a_fetched_image():
+    # A fetched image waits for the store in memory; another fetched meanwhile would be
+    # requested twice if the worker died before the store came back.
+    image = jpeg_with_exif()
+    urls = ["http://origin.test/a.jpg", "http://origin.test/b.jpg"]
+    store = AwayStore()
+    pipeline, p = make({u: FetchResult("200", body=image.body) for u in urls}, store=store)
+    with capture_logs() as logs:
+        first = asyncio.ensure_future(pipeline.handle("example", task("u-1", urls[0]), TOPIC))
+        await wait_for(lambda: store.tries >= 2, 5, what="the store failing")
+        second = asyncio.ensure_future(pipeline.handle("example", task("u-2", urls[1]), TOPIC))
+        await wait_for(lambda: any(e["event"] == "requests_held" for e in logs), 5)
+        assert p["fetcher"].requests == urls[:1]
+        store.back.set()
+        endings = await asyncio.wait_for(asyncio.gather(first, second), 5)
+    assert [e.destination for e in endings] == [CRAWLED, CRAWLED]
+    assert p["fetcher"].requests == urls
+    assert set(store.objects) == {"u-1.jpg", "u-2.jpg"}
+    assert any(e["event"] == "requests_resumed" for e in logs)
+
+
 @pytest.mark.parametrize("body_kind", ["image", "broken"])
 async def test_the_body_is_released_once_its_message_is_finished(body_kind):
     body = jpeg_with_exif().body if body_kind == "image" else b"not an image"
