@@ -8,6 +8,9 @@ read back at start; its input offsets are committed as group ``deduplication``. 
 that is empty while offsets are committed (the folder lost) reads the topic again from
 its start, so that the clusters are rebuilt rather than started again half way.
 
+The placements per source and kind go to Redis too (dedup/counts.py), for operators;
+Redis away never stops the stage.
+
 SIGTERM or SIGINT ends the batch in hand (placed, synced, published, committed), then the
 clients stop and the process exits 0; a journal that cannot be written exits 1.
 """
@@ -67,7 +70,12 @@ async def run(settings: DedupSettings, stop: asyncio.Event) -> int:
         if len(index) == 0 and any(await _committed(consumer, partitions)):
             log.warning("journal_empty_offsets_committed", action="reading the topic again")
             await consumer.seek_to_beginning(*partitions)
-        stage = Stage(consumer, producer, journal, Placer(index))
+        redis = settings.redis.client(
+            socket_timeout=settings.redis_timeout_s,
+            socket_connect_timeout=settings.redis_timeout_s,
+        )
+        stack.push_async_callback(redis.aclose)
+        stage = Stage(consumer, producer, journal, Placer(index), redis)
         log.info(
             "dedup_started",
             canonicals=len(index),

@@ -13,7 +13,9 @@ from image_crawler.config import (
     DeprecatedSetting,
     KafkaSettings,
     MetricsSettings,
+    RedisSettings,
     deprecated_settings,
+    env_float,
     env_int,
     env_str,
 )
@@ -26,6 +28,10 @@ MAX_RADIUS: Final = 10
 @dataclasses.dataclass(frozen=True, slots=True)
 class DedupSettings:
     kafka: KafkaSettings = dataclasses.field(default_factory=KafkaSettings)
+    # Where the placement counts are copied for operators (PLACEMENTS_HASH): never
+    # needed by the stage itself, which runs on without it.
+    redis: RedisSettings = dataclasses.field(default_factory=RedisSettings)
+    redis_timeout_s: float = 5.0
     # The journal's folder (dedup/journal.py): the stage's whole state.
     state_dir: Path = Path("dedup-state")
     # Near: perceptual hashes at most this many bits apart (of 64).
@@ -45,6 +51,8 @@ class DedupSettings:
             raise ConfigError(f"DEDUP_RADIUS must be 0-{MAX_RADIUS} bits, got {radius}")
         return cls(
             kafka=KafkaSettings.from_env(env),
+            redis=RedisSettings.from_env(env),
+            redis_timeout_s=env_float(env, "REDIS_TIMEOUT_S", default.redis_timeout_s, minimum=0.1),
             state_dir=Path(env_str(env, "DEDUP_STATE_DIR", str(default.state_dir))),
             radius=radius,
             batch_size=env_int(env, "DEDUP_BATCH_SIZE", default.batch_size, minimum=1),

@@ -225,6 +225,16 @@ FINISHED_PREFIX: Final = "finished:"
 # are removed at each write; the key expires a window after its last one.
 CRAWLED_PREFIX: Final = "crawled:"
 
+# Beyond the original (issue 54): the deduplication stage's placements per source and
+# kind (DUPLICATE_KINDS: exact, near, unique), a hash of "{source}:{kind}" -> count, for
+# `image-crawler status`, the monitor's dashboard and its /metrics. The stage HSETs
+# absolute values it keeps in its own durable state (dedup/counts.py), never HINCRBY: an
+# input read again after a crash is placed again, and counted once. Written after each
+# batch, and whole after a restart or an outage; Redis away delays it, never the stage.
+# One hash, as RECHECKS_HASH and for its reason; a source an older worker did not name
+# is "" (the field ":exact"). A source name never holds ":", so a field splits at its last.
+PLACEMENTS_HASH: Final = "dedup_placements"
+
 LAST_N_STATUSES: Final = 50
 # (key prefix, window length in seconds) of the time-based sliding windows.
 STATUS_WINDOWS: Final[tuple[tuple[str, float], ...]] = (
@@ -320,6 +330,18 @@ def source_and_check(field: str) -> tuple[str, str]:
     """The (source, status) a field of RECHECKS_HASH counts."""
     source, _, status = field.rpartition(":")
     return source, status
+
+
+def placements_field(source: str, kind: str) -> str:
+    """The field of PLACEMENTS_HASH that counts ``source``'s images placed as ``kind``
+    (one of DUPLICATE_KINDS)."""
+    return f"{source}:{kind}"
+
+
+def source_and_kind(field: str) -> tuple[str, str]:
+    """The (source, kind) a field of PLACEMENTS_HASH counts."""
+    source, _, kind = field.rpartition(":")
+    return source, kind
 
 
 def urls_lost_key(source: str) -> str:
