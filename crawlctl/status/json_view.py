@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from typing import Any, Final
 
 from crawlctl.status.hosts import (
@@ -23,6 +24,7 @@ from crawlctl.status.model import (
     DEFAULT_SORT,
     CrawlStatus,
     SourceStatus,
+    duplicates,
     host_totals,
     override_rps,
     sort_sources,
@@ -71,6 +73,18 @@ def source_json(source: SourceStatus) -> dict[str, Any]:
         "robots_exempt": source.robots_exempt,
         "crawl_delay_s": source.crawl_delay_s,
         "hosts": source.hosts.counted() if source.hosts is not None else None,
+        **placements_json(source.placements),
+    }
+
+
+def placements_json(placements: Mapping[str, int]) -> dict[str, Any]:
+    """The deduplication stage's placements by kind (``{}``: none), the duplicates
+    (exact and near) and their share of those placed (null: none placed)."""
+    found = duplicates(placements)
+    return {
+        "placements": dict(placements),
+        "duplicates": found.count,
+        "duplicate_share": found.share,
     }
 
 
@@ -148,6 +162,7 @@ def status_json(
             "paused": _pause_json(status.paused),
             "dns": _crawl_dns_json(status),
             "dns_errors": status.dns_errors,
+            **placements_json(status.placements),
         },
         "sources": [source_json(source) for source in shown],
         "dns_workers": [_report_json(report, status.now_s) for report in status.dns_reports],

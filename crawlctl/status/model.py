@@ -21,7 +21,9 @@ found deleted unread (``urls_lost:``). Its hosts: how many were asked about in t
 minute, and of them how many are paced below its rate, backed off and halted, counted
 from its host index (``host_index:``, ``image_crawler.host_index``) in a second call.
 The workers' DNS figures (``dns_workers``, ``image_crawler.dns_stats``), each worker's and
-their sum, are read in the first call: a few fields a worker, nothing per host.
+their sum, are read in the first call: a few fields a worker, nothing per host. So are
+the deduplication stage's placements by kind (the hash ``dedup_placements``, field
+``{source}:{kind}``), whose ``exact`` and ``near`` are the source's duplicates.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from image_crawler.contract import (
     CRAWL_DELAY_PREFIX,
     CRAWL_PAUSED_KEY,
     DNS_WORKERS_HASH,
+    DUPLICATE_KINDS,
     HALTED_SET,
     INBOUND_SOURCES_SET,
     LAST_50_PREFIX,
@@ -52,6 +55,7 @@ from image_crawler.contract import (
     PACE_HALTED,
     PACE_NEXT_PREFIX,
     PACE_RATE_PREFIX,
+    PLACEMENTS_HASH,
     RATES_HASH,
     RECHECK_STATUSES,
     RECHECKS_HASH,
@@ -65,6 +69,7 @@ from image_crawler.contract import (
     Status,
     eta_s,
     source_and_check,
+    source_and_kind,
 )
 from image_crawler.dns_stats import DnsFigures, DnsReport, crawl_dns, parse_reports
 from image_crawler.error_reasons import reason_keys
@@ -96,6 +101,7 @@ _ARGV: Final = (
     RECHECKS_HASH,
     CRAWL_PAUSED_KEY,
     DNS_WORKERS_HASH,
+    PLACEMENTS_HASH,
 )
 # Every per-status error counter, resize_errors:{source}:{status}; source names and
 # statuses hold no ':'.
@@ -148,6 +154,9 @@ class SourceStatus:
     rechecks: Mapping[str, int] = dataclasses.field(default_factory=dict)
     # Its hosts by state, from its host index; None when it has none.
     hosts: HostCounts | None = None
+    # The deduplication stage's placements by kind (``dedup_placements``'s
+    # ``{source}:{kind}``), the kinds it has had, in DUPLICATE_KINDS order.
+    placements: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -167,6 +176,9 @@ class CrawlStatus:
     paused: CrawlPause | None = None
     # Each worker's DNS figures as it last reported them (``dns_workers``), by name.
     dns_reports: tuple[DnsReport, ...] = ()
+    # Every source's placements (``dedup_placements``) summed by kind, in
+    # DUPLICATE_KINDS order; those of sources in no set too.
+    placements: Mapping[str, int] = dataclasses.field(default_factory=dict)
     # Redis's clock at the read (Unix s), by which the reports' ages are told; None:
     # unreadable. The moment of a read, not part of the state: left out of ``==``.
     now_s: float | None = dataclasses.field(default=None, compare=False)
@@ -274,6 +286,49 @@ def rechecks_by_source(fields: Mapping[str, Any]) -> dict[str, dict[str, int]]:
     return {source: _in_check_order(statuses) for source, statuses in found.items()}
 
 
+def _in_kind_order(counts: Mapping[str, int]) -> dict[str, int]:
+    return {kind: counts[kind] for kind in DUPLICATE_KINDS if counts.get(kind)}
+
+
+def placements_by_source(fields: Mapping[str, Any]) -> dict[str, dict[str, int]]:
+    """The hash ``dedup_placements``'s ``{"flickr:near": "2", ...}`` -> ``{"flickr":
+    {"near": 2}}``, each source's kinds in the order of DUPLICATE_KINDS. Fields that are
+    not one of those kinds, and counts that are not a positive integer, are left out; a
+    source an older worker did not name is ``""``."""
+    found: dict[str, dict[str, int]] = {}
+    for field, value in fields.items():
+        source, kind = source_and_kind(field)
+        count = _count(value)
+        if kind in DUPLICATE_KINDS and count:
+            found.setdefault(source, {})[kind] = count
+    return {source: _in_kind_order(kinds) for source, kinds in found.items()}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Duplicates:
+    """Of the images placed, the duplicates (exact and near) and their share (None:
+    none placed)."""
+
+    exact: int
+    near: int
+    placed: int
+
+    @property
+    def count(self) -> int:
+        return self.exact + self.near
+
+    @property
+    def share(self) -> float | None:
+        return self.count / self.placed if self.placed else None
+
+
+def duplicates(placements: Mapping[str, int]) -> Duplicates:
+    """``placements`` (kind -> count) as duplicates of all placed."""
+    return Duplicates(
+        placements.get("exact", 0), placements.get("near", 0), sum(placements.values())
+    )
+
+
 def _pairs(flat: Any) -> dict[str, Any]:
     # HGETALL's [field, value, field, value, ...] as a dict.
     items = _strings(flat)
@@ -290,6 +345,7 @@ def _source(
     robots_exempt: bool,
     reasons: Mapping[str, int],
     rechecks: Mapping[str, int],
+    placements: Mapping[str, int],
 ) -> SourceStatus:
     pacing = _pacing(raw.get("rate"))
     pace_next = _float(raw.get("pace_next"))
@@ -315,6 +371,7 @@ def _source(
         errors_by_reason=reasons,
         urls_lost=_count(raw.get("lost")) or 0,
         rechecks=rechecks,
+        placements=placements,
     )
 
 
@@ -331,6 +388,7 @@ def parse_status(payload: str | bytes, reason_keys: Sequence[str] = ()) -> Crawl
     listed = counts if isinstance(counts, list) else []
     reasons = reasons_by_source(dict(zip(reason_keys, listed, strict=False)))
     rechecks = rechecks_by_source(_pairs(data.get("rechecks")))
+    placements = placements_by_source(_pairs(data.get("placements")))
     raw_sources = data.get("sources")
     sources = tuple(
         _source(
@@ -342,18 +400,13 @@ def parse_status(payload: str | bytes, reason_keys: Sequence[str] = ()) -> Crawl
             robots_exempt=name in exempt,
             reasons=reasons.get(name, {}),
             rechecks=rechecks.get(name, {}),
+            placements=placements.get(name, {}),
         )
         for name, raw in sorted((raw_sources if isinstance(raw_sources, dict) else {}).items())
         if isinstance(raw, dict)
     )
     totals = data.get("totals") or {}
     measured_at = _float(data.get("backlog_at"))
-    total_reasons: Counter[str] = Counter()
-    for by_status in reasons.values():
-        total_reasons.update(by_status)
-    total_rechecks: Counter[str] = Counter()
-    for by_status in rechecks.values():
-        total_rechecks.update(by_status)
     return CrawlStatus(
         sources=sources,
         num_resized=_int(totals.get("num_resized")) or 0,
@@ -361,12 +414,20 @@ def parse_status(payload: str | bytes, reason_keys: Sequence[str] = ()) -> Crawl
         num_split=_int(totals.get("num_split")) or 0,
         num_malformed=_int(totals.get("num_malformed")) or 0,
         backlog_age_s=None if measured_at is None or now is None else now - measured_at,
-        errors_by_reason=_by_count(total_reasons),
-        rechecks=_in_check_order(total_rechecks),
+        errors_by_reason=_by_count(_summed(reasons)),
+        rechecks=_in_check_order(_summed(rechecks)),
+        placements=_in_kind_order(_summed(placements)),
         paused=_pause(data.get("paused")),
         dns_reports=parse_reports(_pairs(data.get("dns"))),
         now_s=now,
     )
+
+
+def _summed(by_source: Mapping[str, Mapping[str, int]]) -> Counter[str]:
+    total: Counter[str] = Counter()
+    for counts in by_source.values():
+        total.update(counts)
+    return total
 
 
 def _pause(value: Any) -> CrawlPause | None:

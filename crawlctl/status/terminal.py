@@ -40,6 +40,7 @@ from crawlctl.status.model import (
     SourceStatus,
     Totals,
     View,
+    duplicates,
     host_totals,
     sort_sources,
     source_eta,
@@ -58,6 +59,7 @@ from image_crawler.contract import (
     PACE_HALTED,
     PACE_RECOVERING,
     PACE_STOPPED,
+    PLACEMENTS_HASH,
     URLS_LOST,
 )
 from image_crawler.dns_stats import DnsFigures
@@ -297,6 +299,35 @@ def _hosts(source: SourceStatus) -> RenderableType:
     return Group(Text(first), _Cut(Text(troubled, style=style, no_wrap=True, overflow="ellipsis")))
 
 
+def duplicates_text(placements: Mapping[str, int]) -> str:
+    """``"12 (4.1%)"``, the images placed as exact or near copies and their share of
+    those placed, then ``"10 exact, 2 near"`` on a second line (when there are any);
+    ``"-"`` for none placed."""
+    found = duplicates(placements)
+    if found.share is None:
+        return "-"
+    kinds = f"\n{found.exact} exact, {found.near} near" if found.count else ""
+    return f"{found.count} ({found.share:.1%}){kinds}"
+
+
+def _duplicates(source: SourceStatus) -> RenderableType:
+    first, _, kinds = duplicates_text(source.placements).partition("\n")
+    if not kinds:
+        return Text(first)
+    return Group(Text(first), _Cut(Text(kinds, style="dim", no_wrap=True, overflow="ellipsis")))
+
+
+def duplicates_line(status: CrawlStatus) -> str | None:
+    """The caption's duplicates, of every source; None before the stage placed any."""
+    found = duplicates(status.placements)
+    if found.share is None:
+        return None
+    return (
+        f"duplicates: {found.count} of {found.placed} images placed ({found.share:.1%}): "
+        f"{found.exact} exact, {found.near} near (the deduplication stage, {PLACEMENTS_HASH})"
+    )
+
+
 def backlog_line(status: CrawlStatus, total: Totals) -> str:
     """The caption's backlog and ETA: the total, how old the measurement is, the crawl's
     ETA and the sources that will not drain."""
@@ -346,6 +377,8 @@ _RIGHT: Final = {"justify": "right", "no_wrap": True}
 RECHECKS_COLUMN: Final = "re-checks"
 # Shown only when a source has a host index.
 HOSTS_COLUMN: Final = "hosts"
+# Shown only once the deduplication stage has placed images.
+DUPLICATES_COLUMN: Final = "duplicates"
 _COLUMNS: Final = (
     _Column("source", lambda s: s.name, {"no_wrap": True}),
     _Column("backlog", _backlog, _RIGHT),
@@ -357,6 +390,7 @@ _COLUMNS: Final = (
     # The reasons are cut, not wrapped: the caption and --json have them whole.
     _Column("errors", _errors, {"justify": "right"}),
     _Column(RECHECKS_COLUMN, lambda s: _histogram(s.rechecks)),
+    _Column(DUPLICATES_COLUMN, _duplicates, {"justify": "right"}),
     _Column("last 50 statuses", lambda s: _histogram(s.last_statuses)),
     _Column("state", _state),
     _Column(HOSTS_COLUMN, _hosts),
@@ -364,13 +398,22 @@ _COLUMNS: Final = (
 )
 # What a terminal too narrow for every column goes without, first to last: the backlog,
 # ETA, rates, errors and state are what a long crawl is watched for.
-NARROW_HIDES: Final = ("last 50 statuses", RECHECKS_COLUMN, "pace_rate", "robots", HOSTS_COLUMN)
+NARROW_HIDES: Final = (
+    "last 50 statuses",
+    RECHECKS_COLUMN,
+    DUPLICATES_COLUMN,
+    "pace_rate",
+    "robots",
+    HOSTS_COLUMN,
+)
 # Wide enough for any cell: measured within it, a cell's widths are its own.
 UNLIMITED_WIDTH: Final = 100_000
 
 
 def _columns(status: CrawlStatus, hidden: Collection[str] = ()) -> list[_Column]:
     unused = [] if status.rechecks else [RECHECKS_COLUMN]
+    if all(not source.placements for source in status.sources):
+        unused.append(DUPLICATES_COLUMN)
     if all(source.hosts is None for source in status.sources):
         unused.append(HOSTS_COLUMN)
     return [c for c in _COLUMNS if c.header not in hidden and c.header not in unused]
@@ -441,6 +484,9 @@ def _caption(
             f"re-checks: {_histogram(status.rechecks)} (images of earlier crawls asked again; "
             "changed: crawled again, gone: 404 or 410)"
         )
+    found = duplicates_line(status)
+    if found is not None:
+        lines.append(found)
     hosts = host_totals(status.sources)
     if hosts is not None:
         lines.append(

@@ -46,6 +46,7 @@ async def test_the_json_has_every_field_with_numbers_as_numbers(redis: Redis) ->
         "effective_rps", "configured_rps", "backlog", "backlog_age_s", "backlog_stale",
         "eta_s", "eta_source", "stalled_sources", "stalled_backlog", "unknown_eta_sources",
         "errors_by_reason", "rechecks", "urls_lost", "hosts", "paused", "dns", "dns_errors",
+        "placements", "duplicates", "duplicate_share",
     }  # fmt: skip
     assert set(document) == {"version", "general", "sources", "dns_workers"}
     # No worker reports its resolver: no figures, not zeros.
@@ -104,6 +105,10 @@ async def test_each_source_in_the_json_has_every_field(redis: Redis) -> None:
         "robots_exempt": False,
         "crawl_delay_s": None,
         "hosts": {"active": 3, "paced": 1, "backed_off": 1, "halted": 0},
+        # The deduplication stage placed none of its images (dedup_placements).
+        "placements": {},
+        "duplicates": 0,
+        "duplicate_share": None,
     }
     assert by_name["flickr"]["hosts"] is None  # no host index
     assert 40 < by_name["busy"]["next_slot_in_s"] <= 42

@@ -345,6 +345,7 @@ async def read_plainly(redis: Redis) -> CrawlStatus:
     reason_keys = sorted(str(key) for key in await redis.keys(f"{c.RESIZE_ERRORS}:*:*"))
     reasons = [await ask("GET", key) for key in reason_keys]
     rechecks = await ask("HGETALL", c.RECHECKS_HASH, absent={})
+    placements = await ask("HGETALL", c.PLACEMENTS_HASH, absent={})
     totals = {
         key: await ask("GET", key)
         for key in (c.NUM_RESIZED, c.RESIZE_ERRORS, c.NUM_SPLIT, c.NUM_MALFORMED)
@@ -357,6 +358,7 @@ async def read_plainly(redis: Redis) -> CrawlStatus:
         "robots_exempt": exempt,
         "reasons": reasons,
         "rechecks": [item for pair in rechecks.items() for item in pair],
+        "placements": [item for pair in placements.items() for item in pair],
         "backlog_at": await ask("GET", c.BACKLOG_AT),
         "totals": totals,
         "now": [str(seconds), str(microseconds)],
@@ -490,6 +492,22 @@ LATER = "4102444800.500000"  # a pace_next far ahead of any clock the test runs 
         pytest.param(
             commands(("SET", c.BACKLOG_HASH, "not-a-hash"), ("SADD", c.BACKLOG_AT, "x")),
             id="backlog-wrong-types",
+        ),
+        pytest.param(
+            commands(
+                ("SADD", c.INBOUND_SOURCES_SET, "flickr", "odd"),
+                ("HSET", c.PLACEMENTS_HASH, c.placements_field("flickr", "near"), "3"),
+                ("HSET", c.PLACEMENTS_HASH, c.placements_field("flickr", "unique"), "40"),
+                ("HSET", c.PLACEMENTS_HASH, c.placements_field("odd", "teapot"), "3"),
+                ("HSET", c.PLACEMENTS_HASH, c.placements_field("odd", "exact"), "many"),
+                ("HSET", c.PLACEMENTS_HASH, c.placements_field("nowhere", "exact"), "2"),
+                ("HSET", c.PLACEMENTS_HASH, c.placements_field("", "exact"), "1"),
+            ),
+            id="placements",
+        ),
+        pytest.param(
+            commands(("SADD", c.INBOUND_SOURCES_SET, "a"), ("SET", c.PLACEMENTS_HASH, "x")),
+            id="placements-wrong-type",
         ),
     ],
 )

@@ -9,7 +9,8 @@
 -- "robots_exempt": [...], "reasons": [the count of each of KEYS, in order, or false],
 -- "rechecks": [field, count, ...] (HGETALL of the hash rechecks), "backlog_at": ...,
 -- "totals": {...}, "now": [seconds, microseconds], "paused": crawl_paused or false,
--- "dns": [worker, report, ...] (HGETALL of the hash dns_workers)}. A key of the wrong
+-- "dns": [worker, report, ...] (HGETALL of the hash dns_workers), "placements": [field,
+-- count, ...] (HGETALL of the hash dedup_placements)}. A key of the wrong
 -- type reads as absent rather than failing the view. "now" is Redis's clock, not the operator's: the
 -- workers write pace_next from Redis's TIME, so only that clock compares with it.
 local inbound, halted_set, temp_set, rates_hash = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
@@ -18,7 +19,7 @@ local override_prefix, alias_prefix, split, malformed = ARGV[9], ARGV[10], ARGV[
 local pace_next_prefix, exempt_set, crawl_delay_prefix = ARGV[13], ARGV[14], ARGV[15]
 local disallowed_status, backlog_hash, backlog_at = ARGV[16], ARGV[17], ARGV[18]
 local lost_prefix, no_index_status, rechecks_hash = ARGV[19], ARGV[20], ARGV[21]
-local paused_key, dns_hash = ARGV[22], ARGV[23]
+local paused_key, dns_hash, placements_hash = ARGV[22], ARGV[23], ARGV[24]
 
 local function call(...)
   local reply = redis.pcall(...)
@@ -87,6 +88,7 @@ return cjson.encode({
   backlog_at = call('GET', backlog_at), now = redis.call('TIME'),
   paused = call('GET', paused_key),
   dns = call('HGETALL', dns_hash) or {},
+  placements = call('HGETALL', placements_hash) or {},
   totals = {
     num_resized = call('GET', resized), resize_errors = call('GET', errors),
     num_split = call('GET', split), num_malformed = call('GET', malformed),
