@@ -51,6 +51,7 @@ from crawlctl.console import (
     out,
 )
 from crawlctl.dataset.layout import OUTPUT_FORMATS, Layout
+from crawlctl.dataset.outcomes import DEDUP_MODES
 from crawlctl.dataset.plan import plan_list
 from crawlctl.dataset.rows import INPUT_FORMATS, ListColumns, parquet_types, read_list
 from crawlctl.dataset.run import Dataset, DownloadRun
@@ -175,6 +176,12 @@ def crawl_options(download: argparse.ArgumentParser) -> None:
         download, "shards-in-flight", type=int, default=DEFAULT_WINDOW, metavar="N",
         help=f"shards sent and not yet written, at most (default: {DEFAULT_WINDOW})",
     )  # fmt: skip
+    _option(
+        download, "dedup", choices=DEDUP_MODES,
+        help="keep the first image of each cluster only (exact: the same bytes; near: also "
+        "the same photograph re-encoded or resized, docs/deduplication.md); the others are "
+        "rows of status duplicate, with the key of the kept one in duplicate_of",
+    )  # fmt: skip
 
 
 def image_options(download: argparse.ArgumentParser) -> None:
@@ -249,7 +256,7 @@ def _options(
         "number_sample_per_shard": args.number_sample_per_shard,
         "output_format": args.output_format,
         "encoding": encoding.to_obj(),
-    }
+    } | ({} if args.dedup is None else {"dedup": args.dedup})
 
 
 def run(args: argparse.Namespace) -> int:
@@ -279,7 +286,7 @@ def run(args: argparse.Namespace) -> int:
             if cluster is None or s3 is None
             else S3Images(client, s3.bucket)
         )
-        dataset = Dataset(destination, info, layout, fmt, encoding, images)
+        dataset = Dataset(destination, info, layout, fmt, encoding, images, args.dedup)
         if len(destination.complete()) == info.shards:
             out(f"download: {destination} is whole: {info.shards} shard(s) of {info.rows} rows")
             state.clear_crawl()
@@ -471,6 +478,11 @@ async def _crawl_on(
         return EXIT_FAILED
     finally:
         await redis.aclose()
+    if dataset.dedup is not None:
+        note(
+            "download: --dedup: each image ends with its placement by the cluster's "
+            "deduplication stage (docker-compose.yml's dedup service), which must run"
+        )
     stop = asyncio.Event()
     download = DownloadRun(
         dataset, state, cluster.kafka, window=args.shards_in_flight, stop=stop, note=note
@@ -513,5 +525,7 @@ def _summary(download: DownloadRun, dataset: Dataset) -> None:
         f"  shards      {tally.shards_written} of {dataset.info.shards} written to "
         f"{dataset.destination} ({dataset.fmt.output_format})"
     )
+    if dataset.dedup is not None:
+        out(f"  duplicates  {tally.duplicates} ({dataset.dedup}), not in the shards")
     for status, count in tally.failed.most_common():
         out(f"  failed      {count} {status}")

@@ -29,6 +29,9 @@ OUTPUT_FORMATS: Final = ("files", "webdataset", "parquet")
 SUCCESS: Final = "success"
 FAILED_TO_DOWNLOAD: Final = "failed_to_download"
 FAILED_TO_RESIZE: Final = "failed_to_resize"
+# Ours beside them (``--dedup``): an image of a cluster whose kept image is another row;
+# ``duplicate_of`` is that row's key, and the image is not in the shards.
+DUPLICATE: Final = "duplicate"
 # The statuses of an image that came but gave no image (img2dataset: failed_to_resize),
 # with img2dataset's own error messages for its filters.
 _IMAGE_STATUSES: Final[dict[str, str | None]] = {
@@ -65,6 +68,7 @@ RESERVED_COLUMNS: Final = frozenset(
         "etag",
         "last_modified",
         "crawl_status",
+        "duplicate_of",
     }
 )
 
@@ -139,14 +143,31 @@ class InputRow:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Duplicate:
+    """An image's cluster kept another row (``key``): ``kind`` exact or near, and the
+    Hamming ``distance`` of their perceptual hashes (image_duplicates' placement)."""
+
+    key: str
+    kind: str
+    distance: int
+
+    def words(self) -> str:
+        if self.kind == "exact":
+            return f"an exact duplicate of {self.key}"
+        return f"a near duplicate of {self.key} ({self.distance} bits)"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Ending:
     """How a row ended: ``status`` the crawler's (``"200"`` for an image), and for an
-    image its resolution message and EXIF (None: none); ``detail`` a failure's words."""
+    image its resolution message and EXIF (None: none); ``detail`` a failure's words;
+    ``duplicate``, with ``--dedup``, the row its cluster kept when that is another."""
 
     status: str
     resolution: ResolutionMessage | None = None
     exif: Mapping[str, Any] | None = None
     detail: str | None = None
+    duplicate: Duplicate | None = None
 
     @property
     def crawled(self) -> bool:
@@ -160,6 +181,8 @@ class Ending:
             obj["exif"] = dict(self.exif)
         if self.detail is not None:
             obj["detail"] = self.detail
+        if self.duplicate is not None:
+            obj["duplicate"] = dataclasses.asdict(self.duplicate)
         return obj
 
     @classmethod
@@ -172,6 +195,7 @@ class Ending:
             else ResolutionMessage.from_json(json.dumps(resolution)),
             exif=obj.get("exif"),
             detail=obj.get("detail"),
+            duplicate=None if obj.get("duplicate") is None else Duplicate(**obj["duplicate"]),
         )
 
 
@@ -180,12 +204,15 @@ def verdict(ending: Ending, skip_opted_out: bool = True) -> tuple[str, str | Non
 
     An image whose server reserved its use (X-Robots-Tag noai or noimageai, TDMRep,
     robots.txt Content Signals) is a failure, ``OptedOut``, unless ``skip_opted_out`` is
-    False (img2dataset's ``--disallowed_header_directives '[]'``)."""
+    False (img2dataset's ``--disallowed_header_directives '[]'``). An image whose
+    cluster kept another row is a ``duplicate``, with the crawler's status of its crawl."""
     resolution = ending.resolution
     if resolution is not None:
         if resolution.opt_outs and skip_opted_out:
             said = ", ".join(name for name in OPT_OUTS if name in resolution.opt_outs)
             return FAILED_TO_DOWNLOAD, f"the server opted out: {said}", OPTED_OUT
+        if ending.duplicate is not None:
+            return DUPLICATE, ending.duplicate.words(), ending.status
         return SUCCESS, None, ending.status
     status = ending.status
     if status in _IMAGE_STATUSES:
@@ -201,7 +228,8 @@ def _worded(status: str, detail: str | None) -> str:
 def record(row: InputRow, key: str, ending: Ending, skip_opted_out: bool = True) -> dict[str, Any]:
     """The row's record, its ``.json`` in the shard and its row of the Parquet file:
     img2dataset's fields in its order, then the crawler's (``phash``, ``opt_outs``,
-    ``tdm_policy``, ``etag``, ``last_modified`` and ``crawl_status``). ``width`` and
+    ``tdm_policy``, ``etag``, ``last_modified``, ``crawl_status`` and, with ``--dedup``,
+    ``duplicate_of``, the key of the row a duplicate's cluster kept). ``width`` and
     ``height`` are the stored image's, the ``original_`` ones the downloaded one's; ``exif``
     is a JSON string, as img2dataset writes it, of the EXIF message's tags."""
     status, error_message, crawl_status = verdict(ending, skip_opted_out)
@@ -231,4 +259,5 @@ def record(row: InputRow, key: str, ending: Ending, skip_opted_out: bool = True)
     obj["etag"] = crawled.etag if crawled is not None else None
     obj["last_modified"] = crawled.last_modified if crawled is not None else None
     obj["crawl_status"] = crawl_status
+    obj["duplicate_of"] = ending.duplicate.key if ending.duplicate is not None else None
     return obj

@@ -24,8 +24,8 @@ from typing import Any, Final
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from crawlctl.commands.produce import SendSettings, send_images
-from crawlctl.dataset.layout import SUCCESS, Ending, Layout, verdict
-from crawlctl.dataset.outcomes import OUTCOME_TOPICS, Joiner
+from crawlctl.dataset.layout import DUPLICATE, SUCCESS, Ending, Layout, verdict
+from crawlctl.dataset.outcomes import Joiner, Keeper, outcome_topics
 from crawlctl.dataset.shards import ShardFormat, ShardRow
 from crawlctl.dataset.state import DatasetState, RunInfo
 from crawlctl.dataset.stores import Destination, Images
@@ -41,7 +41,8 @@ RATE_WINDOW_S: Final = 60.0
 @dataclasses.dataclass(frozen=True, slots=True)
 class Dataset:
     """What a download makes, where, and how its rows are sent; where the workers'
-    images are read from."""
+    images are read from; ``dedup``, the clusters whose first image alone is kept
+    (``exact``, ``near``; None: every image)."""
 
     destination: Destination
     info: RunInfo
@@ -49,6 +50,7 @@ class Dataset:
     fmt: ShardFormat
     encoding: Encoding
     images: Images
+    dedup: str | None = None
 
 
 class Tally:
@@ -58,6 +60,7 @@ class Tally:
         self.total = total
         self.ended = 0
         self.images = 0
+        self.duplicates = 0
         self.failed: collections.Counter[str] = collections.Counter()
         self.shards_written = 0
         self.began = time.monotonic()
@@ -68,6 +71,8 @@ class Tally:
         self.ended += 1
         if status == SUCCESS:
             self.images += 1
+        elif status == DUPLICATE:
+            self.duplicates += 1
         else:
             self.failed[crawl_status] += 1
         self._recent.append(time.monotonic() if now is None else now)
@@ -86,8 +91,10 @@ class Tally:
         eta = f"ETA {left / rate:.0f} s" if rate > 0 and left else "ETA -"
         reasons = ", ".join(f"{s} {n}" for s, n in self.failed.most_common(4))
         failed = sum(self.failed.values())
+        duplicates = f", {self.duplicates} duplicates" if self.duplicates else ""
         return (
-            f"{self.ended}/{self.total} rows ended: {self.images} images, {failed} failed"
+            f"{self.ended}/{self.total} rows ended: {self.images} images{duplicates}, "
+            f"{failed} failed"
             + (f" ({reasons})" if reasons else "")
             + f"; {rate:.1f} rows/s; {eta}"
         )
@@ -96,6 +103,7 @@ class Tally:
         """A shard an earlier run wrote, from its stats file."""
         self.ended += stats["count"]
         self.images += stats["successes"]
+        self.duplicates += stats.get("duplicates", 0)
         for status, count in stats.get("crawl_statuses", {}).items():
             if status not in ("200", "304"):
                 self.failed[status] += count
@@ -124,7 +132,13 @@ class DownloadRun:
         self._failed = failed
         self._note = note
         self.tally = Tally(dataset.info.rows)
-        self._joiner = Joiner(dataset.info.key_of)
+        key_of = dataset.info.key_of
+        self._keeper = (
+            None if dataset.dedup is None else Keeper(dataset.dedup, key_of, state.load_kept())
+        )
+        self._kept_saved = 0 if self._keeper is None else len(self._keeper.kept)
+        self._topics = outcome_topics(dataset.dedup)
+        self._joiner = Joiner(key_of, self._keeper)
         self._complete = dataset.destination.complete()
         # Each shard in flight: the keys of its rows not ended yet.
         self._pending: dict[int, set[str]] = {}
@@ -145,7 +159,7 @@ class DownloadRun:
             auto_offset_reset="earliest",
             metadata_max_age_ms=1000,
         )
-        consumer.subscribe(list(OUTCOME_TOPICS))
+        consumer.subscribe(list(self._topics))
         await consumer.start()
         try:
             if not self._next and not self.state.sent():
@@ -175,7 +189,7 @@ class DownloadRun:
         await consumer.topics()  # the cluster's metadata, the output topics' partitions
         partitions = [
             TopicPartition(topic, p)
-            for topic in OUTCOME_TOPICS
+            for topic in self._topics
             for p in consumer.partitions_for_topic(topic) or ()
         ]
         if partitions:
@@ -243,6 +257,11 @@ class DownloadRun:
 
     def _checkpoint(self) -> None:
         self.state.flush()
+        keeper = self._keeper
+        # Before the offsets, as the endings that rest on it; it only grows.
+        if keeper is not None and len(keeper.kept) != self._kept_saved:
+            self.state.save_kept(keeper.kept)
+            self._kept_saved = len(keeper.kept)
         self.state.save_offsets(self._next)
 
     async def _fill_window(self) -> None:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from crawlctl.dataset.layout import (
+    DUPLICATE,
     FAILED_TO_DOWNLOAD,
     FAILED_TO_RESIZE,
     SUCCESS,
@@ -65,7 +66,8 @@ class ShardRow:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ShardStats:
-    """A shard's ``_stats.json``: img2dataset's counts, and the crawler's statuses."""
+    """A shard's ``_stats.json``: img2dataset's counts, and the crawler's statuses and
+    ``duplicates`` (``--dedup``'s rows not kept)."""
 
     count: int
     successes: int
@@ -75,6 +77,7 @@ class ShardStats:
     end_time: float
     status_dict: Mapping[str, int]
     crawl_statuses: Mapping[str, int]
+    duplicates: int = 0
 
     def to_obj(self) -> dict[str, Any]:
         return {
@@ -87,6 +90,7 @@ class ShardStats:
             "end_time": self.end_time,
             "status_dict": dict(self.status_dict),
             "crawl_statuses": dict(self.crawl_statuses),
+            "duplicates": self.duplicates,
         }
 
 
@@ -170,7 +174,9 @@ def _stats(records: Sequence[Mapping[str, Any]], start_time: float, end_time: fl
     crawl: collections.Counter[str] = collections.Counter()
     for obj in records:
         statuses[obj["status"]] += 1
-        status_dict[obj["error_message"] or SUCCESS] += 1
+        # One entry for every duplicate, not one per kept row its words name.
+        duplicate = obj["status"] == DUPLICATE
+        status_dict[DUPLICATE if duplicate else (obj["error_message"] or SUCCESS)] += 1
         crawl[obj["crawl_status"]] += 1
     return ShardStats(
         count=len(records),
@@ -181,6 +187,7 @@ def _stats(records: Sequence[Mapping[str, Any]], start_time: float, end_time: fl
         end_time=end_time,
         status_dict=dict(status_dict),
         crawl_statuses=dict(crawl),
+        duplicates=statuses[DUPLICATE],
     )
 
 
@@ -272,6 +279,7 @@ def parquet_schema(fmt: ShardFormat, records: Sequence[Mapping[str, Any]] = ()) 
         pa.field("etag", text),
         pa.field("last_modified", text),
         pa.field("crawl_status", text),
+        pa.field("duplicate_of", text),
     ]
     if fmt.output_format == "parquet":
         fields.append(pa.field(fmt.extension, pa.binary()))

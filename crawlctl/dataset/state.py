@@ -10,6 +10,8 @@
 - ``ended/{shard}.jsonl``: how each row ended, appended as endings come and flushed to
   disk before the consumed offsets are (``offsets.json``, renamed into place): a crash
   loses no ending, and one read again is the same row twice, which a key keeps once.
+- ``kept.json`` (``--dedup`` on a shared cluster): for each cluster whose canonical is
+  another crawl's image, the row of this run it keeps; saved with the offsets.
 
 Once a shard is written whole (its stats file is in the output folder) its files here
 are deleted: the state holds the shards in flight, not the dataset.
@@ -192,6 +194,14 @@ class DatasetState:
             return {}
         return {(t, p): o for t, p, o in json.loads(path.read_text())}
 
+    def save_kept(self, kept: Mapping[str, str]) -> None:
+        """``--dedup``'s rows kept for other crawls' canonicals (outcomes.Keeper)."""
+        _write_atomically(self.root / "kept.json", json.dumps(kept) + "\n")
+
+    def load_kept(self) -> dict[str, str]:
+        path = self.root / "kept.json"
+        return json.loads(path.read_text()) if path.exists() else {}
+
     # --- a shard written ------------------------------------------------------------------
 
     def forget(self, shard: int) -> None:
@@ -223,6 +233,7 @@ class DatasetState:
             "ended",
             "staging",
             "offsets.json",
+            "kept.json",
             "sources.json",
         ):
             path = self.root / name

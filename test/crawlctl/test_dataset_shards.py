@@ -106,6 +106,7 @@ def test_a_record_has_img2dataset_s_fields_in_its_order_then_the_crawler_s() -> 
         "license", "similarity", "caption", "url", "key", "status", "error_message",
         "width", "height", "original_width", "original_height", "exif", "sha256",
         "phash", "opt_outs", "tdm_policy", "etag", "last_modified", "crawl_status",
+        "duplicate_of",
     ]  # fmt: skip
     assert (obj["width"], obj["height"], obj["original_width"]) == (256, 256, 1024)
     assert json.loads(obj["exif"]) == {"0x13b": "Ann"}
