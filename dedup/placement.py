@@ -15,8 +15,8 @@ canonical placed again finds itself.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
-from typing import Final, Literal
+from collections.abc import Callable, Sequence
+from typing import Final, Literal, Protocol
 
 from dedup.index import Canonical, NearIndex, pairs_within, popcount
 
@@ -67,55 +67,98 @@ def aspects_agree(aspect: float, image: Image) -> bool:
     return abs(ours - aspect) <= (ASPECT_TOLERANCE + rounding) * max(ours, aspect)
 
 
+class Canonicals(Protocol):
+    """Where the canonicals are kept, as ``placements`` uses them: a NearIndex in one
+    process (Placer), or shards (dedup/shards.py). Keys are in the order kept: of two
+    canonicals, the earlier has the smaller key."""
+
+    @property
+    def radius(self) -> int: ...
+
+    def within(self, phashes: list[str]) -> list[list[tuple[int, int]]]:
+        """For each hash, the (key, distance) of every canonical within the radius."""
+        ...
+
+    def keep(self, image: Image) -> int:
+        """Keep an image as a canonical; returns its key."""
+        ...
+
+    def canonical(self, key: int) -> Canonical: ...
+
+
 class Placer:
     """Places images in order, keeping each new canonical in ``index``."""
 
     def __init__(self, index: NearIndex) -> None:
         self.index = index
 
-    def place(self, images: Sequence[Image]) -> list[Placement]:
-        """Place a batch, in order: the index is searched once for all of them, and the
-        batch once against itself (in C, not pair by pair), so that each is also compared
-        with the canonicals the batch added before it."""
-        positions = [n for n, i in enumerate(images) if _clusterable(i)]
-        hashes = [images[n].phash or "" for n in positions]
-        found = dict(zip(positions, self.index.within(hashes), strict=True))
-        among = dict(zip(positions, pairs_within(hashes, self.index.radius), strict=True))
-        row_at: dict[int, int] = {}  # batch position -> row, of the batch's canonicals
-        placements = []
-        for n, image in enumerate(images):
-            if n not in found:
-                placements.append(Placement(image.identifier, image.source, "unique"))
-                continue
-            earlier = [(row_at[positions[j]], d) for j, d in among[n] if positions[j] in row_at]
-            placement = self._placed(image, found[n] + earlier)
-            if placement is None:
-                row_at[n] = self.index.add(
-                    image.phash or "",
-                    image.identifier,
-                    image.source,
-                    image.width / image.height,
-                    image.sha256 or "0" * 64,
-                )
-                placement = Placement(image.identifier, image.source, "unique")
-            placements.append(placement)
-        return placements
+    @property
+    def radius(self) -> int:
+        return self.index.radius
 
-    def _placed(self, image: Image, candidates: list[tuple[int, int]]) -> Placement | None:
-        """The placement among the canonicals within the radius, or None: a canonical."""
-        near: tuple[Canonical, int] | None = None
-        sha_prefix = int(image.sha256[:8], 16) if image.sha256 else None
-        for row, distance in sorted(candidates):
-            canonical = self.index.canonical(row)
-            if canonical.identifier == image.identifier:
-                return Placement(image.identifier, image.source, "unique")  # placed again
-            if distance == 0 and canonical.sha_prefix == sha_prefix:
-                return _duplicate(image, canonical, "exact", 0)
-            if near is None and aspects_agree(canonical.aspect, image):
-                near = (canonical, distance)
-        if near is None:
-            return None
-        return _duplicate(image, near[0], "near", near[1])
+    def within(self, phashes: list[str]) -> list[list[tuple[int, int]]]:
+        return self.index.within(phashes)
+
+    def keep(self, image: Image) -> int:
+        return self.index.add(
+            image.phash or "",
+            image.identifier,
+            image.source,
+            image.width / image.height,
+            image.sha256 or "0" * 64,
+        )
+
+    def canonical(self, key: int) -> Canonical:
+        return self.index.canonical(key)
+
+    def place(self, images: Sequence[Image]) -> list[Placement]:
+        return placements(images, self)
+
+
+def placements(images: Sequence[Image], canonicals: Canonicals) -> list[Placement]:
+    """Place a batch, in order: the canonicals are searched once for all of them, and the
+    batch once against itself (in C, not pair by pair), so that each is also compared
+    with the canonicals the batch kept before it."""
+    positions = [n for n, i in enumerate(images) if _clusterable(i)]
+    hashes = [images[n].phash or "" for n in positions]
+    found = dict(zip(positions, canonicals.within(hashes), strict=True))
+    among = dict(zip(positions, pairs_within(hashes, canonicals.radius), strict=True))
+    key_at: dict[int, int] = {}  # batch position -> key, of the batch's canonicals
+    placed = []
+    for n, image in enumerate(images):
+        if n not in found:
+            placed.append(Placement(image.identifier, image.source, "unique"))
+            continue
+        # int(): faiss' flat range search gives its distances as floats, and a near copy
+        # found within the batch would be published with "distance": 4.0.
+        earlier = [(key_at[positions[j]], int(d)) for j, d in among[n] if positions[j] in key_at]
+        placement = placement_among(image, found[n] + earlier, canonicals.canonical)
+        if placement is None:
+            key_at[n] = canonicals.keep(image)
+            placement = Placement(image.identifier, image.source, "unique")
+        placed.append(placement)
+    return placed
+
+
+def placement_among(
+    image: Image, candidates: list[tuple[int, int]], canonical_of: Callable[[int], Canonical]
+) -> Placement | None:
+    """The placement among the canonicals within the radius, (key, distance) each, or
+    None: a canonical. The earliest is taken, by key: wherever the candidates were found,
+    the same ones give the same answer."""
+    near: tuple[Canonical, int] | None = None
+    sha_prefix = int(image.sha256[:8], 16) if image.sha256 else None
+    for key, distance in sorted(candidates):
+        canonical = canonical_of(key)
+        if canonical.identifier == image.identifier:
+            return Placement(image.identifier, image.source, "unique")  # placed again
+        if distance == 0 and canonical.sha_prefix == sha_prefix:
+            return _duplicate(image, canonical, "exact", 0)
+        if near is None and aspects_agree(canonical.aspect, image):
+            near = (canonical, distance)
+    if near is None:
+        return None
+    return _duplicate(image, near[0], "near", near[1])
 
 
 def _clusterable(image: Image) -> bool:
