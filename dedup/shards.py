@@ -43,7 +43,7 @@ import numpy as np
 from dedup.index import HASH_BITS, Canonical
 from dedup.placement import Image, Placement, placements
 
-# Each image's copy on a shard: 32 bytes here, 20 more in the shard's tables.
+# Each canonical's copy on a shard: 32 bytes here, 36 more in the shard's tables.
 STORED: Final = np.dtype(
     [
         ("seq", "<u8"),
