@@ -27,6 +27,10 @@ import numpy as np
 from dedup.tables import BlockTables
 
 HASH_BITS: Final = 64
+# The front of a row's identifier bytes that names an identifier kept whole: no UUID of
+# the spelling uuid.UUID writes has it (its variant bits say so), and one that did would
+# be kept whole too.
+_NAMED: Final = b"\xff" * 8
 _GROW: Final = 1.5
 # A row as the journal keeps it: 32 bytes.
 RECORD: Final = np.dtype(
@@ -94,6 +98,11 @@ class NearIndex:
         # float16: 3 significant digits, far finer than the tolerance it is compared at.
         self._aspect = np.zeros(0, dtype=np.float16)
         self._sha = np.zeros(0, dtype=np.uint32)
+        # Identifiers that are not a UUID in its canonical spelling (a dataset's
+        # ``{run}-{key}``, anything a producer sent), kept whole: a row's 16 bytes are
+        # then _NAMED and the name's number.
+        self._names: list[str] = []
+        self._names_taken = 0
         # What take_new has not yet handed to the journal.
         self._sources_taken = 0
         self._new: list[tuple[Any, ...]] = []
@@ -115,7 +124,7 @@ class NearIndex:
         row = self._size
         self._reserve(row + 1)
         code = hash_bytes(phash)
-        identity = np.frombuffer(uuid.UUID(identifier).bytes, dtype=np.uint8)
+        identity = np.frombuffer(self._identity(identifier), dtype=np.uint8)
         self._identifiers[row] = identity
         self._source_of[row] = self._code(source)
         self._aspect[row] = aspect
@@ -128,11 +137,34 @@ class NearIndex:
     def canonical(self, row: int) -> Canonical:
         return Canonical(
             row=row,
-            identifier=str(uuid.UUID(bytes=self._identifiers[row].tobytes())),
+            identifier=self._identifier(self._identifiers[row].tobytes()),
             source=self._sources[self._source_of[row]],
             aspect=float(self._aspect[row]),
             sha_prefix=int(self._sha[row]),
         )
+
+    def _identity(self, identifier: str) -> bytes:
+        """An identifier's 16 bytes: a UUID's own, or the number of its name."""
+        try:
+            parsed = uuid.UUID(identifier)
+        except ValueError:
+            parsed = None
+        if parsed is not None and str(parsed) == identifier and not parsed.bytes.startswith(_NAMED):
+            return parsed.bytes
+        self._names.append(identifier)
+        return _NAMED + (len(self._names) - 1).to_bytes(8, "little")
+
+    def _identifier(self, identity: bytes) -> str:
+        if identity.startswith(_NAMED):
+            return self._names[int.from_bytes(identity[8:], "little")]
+        return str(uuid.UUID(bytes=identity))
+
+    def take_names(self) -> list[str]:
+        """The identifiers kept whole since the last call (the journal writes them before
+        the rows that name them)."""
+        names = self._names[self._names_taken :]
+        self._names_taken = len(self._names)
+        return names
 
     def take_new(self) -> tuple[list[str], np.ndarray]:
         """The sources named and the rows added since the last call, as the journal
@@ -145,9 +177,14 @@ class NearIndex:
         return sources, records
 
     @classmethod
-    def of_records(cls, radius: int, sources: list[str], records: np.ndarray) -> NearIndex:
-        """An index of journaled rows, in their order (all taken)."""
+    def of_records(
+        cls, radius: int, sources: list[str], records: np.ndarray, names: list[str] | None = None
+    ) -> NearIndex:
+        """An index of journaled rows, in their order (all taken), and the identifiers
+        they name (``take_names``)."""
         index = cls(radius)
+        index._names = list(names or [])
+        index._names_taken = len(index._names)
         index._sources = list(sources)
         index._source_codes = {s: i for i, s in enumerate(sources)}
         index._sources_taken = len(sources)
