@@ -42,16 +42,18 @@ def register(subcommands: Subcommands) -> None:
     up = subcommands.add_parser(
         "up",
         parents=[stack_options()],
-        help="run a crawl on loopback: broker, redis-server, monitor, workers",
+        help="run a crawl on loopback: broker, redis-server, monitor, workers, dedup",
         description=(
-            "Start a tansu broker, a redis-server, the crawl monitor and N workers on "
-            "127.0.0.1, print where they listen and how to feed them, and wait. Ctrl-C or "
-            "SIGTERM stops them in order (workers, monitor, broker and redis-server) and "
-            "exits 0; a process that dies meanwhile stops everything with exit status 1. "
-            "Thumbnails go to a local folder (THUMBNAIL_STORE=local). The data folder "
-            "keeps the work across any stop, a crash or a SIGKILL included: the broker's "
-            "topics (DATA/broker, a SeaweedFS), Redis's state (append-only file) and the "
-            "outputs (DATA/outputs/TOPIC.jsonl); the next start goes on where it stopped."
+            "Start a tansu broker, a redis-server, the crawl monitor, N workers and the "
+            "deduplication stage on 127.0.0.1, print where they listen and how to feed "
+            "them, and wait. Ctrl-C or SIGTERM stops them in order (workers, monitor and "
+            "deduplication, broker and redis-server) and exits 0; a process that dies "
+            "meanwhile stops everything with exit status 1. Thumbnails go to a local "
+            "folder (THUMBNAIL_STORE=local). The data folder keeps the work across any "
+            "stop, a crash or a SIGKILL included: the broker's topics (DATA/broker, a "
+            "SeaweedFS), Redis's state (append-only file), the deduplication journal "
+            "(DATA/dedup) and the outputs (DATA/outputs/TOPIC.jsonl, image_duplicates "
+            "among them); the next start goes on where it stopped."
         ),
     )
     up.add_argument(
@@ -154,7 +156,10 @@ def with_stack(
             code = EXIT_FAILED
         finally:
             with signals_to(_still_stopping):
-                note("stopping: workers, then the monitor, then the broker and redis-server")
+                note(
+                    "stopping: workers, then the monitor and the deduplication stage, "
+                    "then the broker and redis-server"
+                )
                 statuses = stack.stop()
     return _stopped(stack, statuses, code)
 
@@ -186,6 +191,7 @@ def describe(stack: LocalStack) -> None:
         out(f"  broker      {bootstrap}    (KAFKA_HOSTS, tansu, stored in {settings.broker_dir})")
         out(f"  redis       {redis_url}    (REDIS_URL, append-only file in {settings.redis_dir})")
         out(f"  outputs     {settings.outputs_dir}    (TOPIC.jsonl, appended as they come)")
+        out(f"  dedup       {settings.dedup_state_dir}    (DEDUP_STATE_DIR, the stage's journal)")
     else:
         out(f"  broker      {bootstrap}    (KAFKA_HOSTS, tansu, in memory)")
         out(f"  redis       {redis_url}    (REDIS_URL)")
@@ -197,7 +203,9 @@ def describe(stack: LocalStack) -> None:
         port = stack.monitor.env["METRICS_PORT"]
         out(f"  dashboard   http://{LOOPBACK}:{port}/    (and its /metrics)")
     workers = ", ".join(w.env["METRICS_PORT"] for w in stack.workers)
-    out(f"  metrics     workers' /metrics on {LOOPBACK} ports {workers}")
+    dedup = stack.dedup
+    also = f"; dedup's on {dedup.env['METRICS_PORT']}" if dedup is not None else ""
+    out(f"  metrics     workers' /metrics on {LOOPBACK} ports {workers}{also}")
     redis_cli = redis_cli_binary() or "redis-cli"
     out("feed it (JSON lines of url, uuid, source; the source must be in the sources file):")
     out(f"  {PROG} produce urls.jsonl --kafka {bootstrap}")

@@ -1,12 +1,13 @@
 """The crawl's outputs in files that outlive the broker: ``DATA/outputs/{topic}.jsonl``.
 
 While the stack runs, a thread of ``up`` follows ``image_metadata_updates``, ``link_rot``,
-``crawl_errors`` and ``link_checks`` from their start, in no consumer group, and appends
-each message to its topic's file as one line (the message's JSON as it is). It follows
-them as they are written rather than reading them once at stop: the files can be read
-(``tail -f``) during the crawl, and what is in them survives a SIGKILL of ``up`` or a
-dead broker, which a read at stop would lose. At a clean stop, once the workers and the
-monitor have stopped, it reads each topic to its end and closes the files.
+``crawl_errors``, ``link_checks`` and ``image_duplicates`` (the deduplication stage's
+placements) from their start, in no consumer group, and appends each message to its
+topic's file as one line (the message's JSON as it is). It follows them as they are
+written rather than reading them once at stop: the files can be read (``tail -f``) during
+the crawl, and what is in them survives a SIGKILL of ``up`` or a dead broker, which a read
+at stop would lose. At a clean stop, once the workers, the monitor and the deduplication
+stage have stopped, it reads each topic to its end and closes the files.
 
 The broker keeps its topics across runs (``stack``), so the archive keeps its place in
 them: ``positions.json`` beside the files, each partition's next offset, written (after
@@ -45,13 +46,20 @@ from crawlctl.localstack import topics as topic_io
 from crawlctl.localstack.files import append_whole, cut_to_last_line
 from image_crawler.contract import (
     CRAWL_ERRORS_TOPIC,
+    DUPLICATES_TOPIC,
     LINK_CHECKS_TOPIC,
     LINK_ROT_TOPIC,
     METADATA_TOPIC,
 )
 from image_crawler.retry import Backoff
 
-OUTPUT_TOPICS: Final = (METADATA_TOPIC, LINK_ROT_TOPIC, CRAWL_ERRORS_TOPIC, LINK_CHECKS_TOPIC)
+OUTPUT_TOPICS: Final = (
+    METADATA_TOPIC,
+    LINK_ROT_TOPIC,
+    CRAWL_ERRORS_TOPIC,
+    LINK_CHECKS_TOPIC,
+    DUPLICATES_TOPIC,
+)
 # How often the topics' partitions are looked up again: a topic appears when a worker
 # first writes to it.
 REFRESH_S: Final = 1.0

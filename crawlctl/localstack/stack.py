@@ -1,32 +1,37 @@
 """A whole crawl on one machine: ``image-crawler up`` (and the stack under ``demo``).
 
 ``LocalStack`` starts, on loopback, a tansu broker, a redis-server, ``python -m
-crawl_monitor`` and N ``python -m worker`` processes, each logging to a file under the
-data folder, and stops them in order: workers first (SIGTERM, they hand back or finish
-their work), then the monitor, then the broker and redis-server. The crawler's processes
-get the environment of the contract (``KAFKA_HOSTS``, ``REDIS_URL``...), with thumbnails
-written to a local folder instead of S3.
+crawl_monitor``, N ``python -m worker`` processes and (persistent stacks) ``python -m
+dedup``, each logging to a file under the data folder, and stops them in order: workers
+first (SIGTERM, they hand back or finish their work), then the monitor and the
+deduplication stage, then the broker and redis-server. The crawler's processes get the
+environment of the contract (``KAFKA_HOSTS``, ``REDIS_URL``...), with thumbnails written
+to a local folder instead of S3.
 
 A persistent stack (``up``'s) keeps its work in the data folder across any stop, a crash
 or a ``kill -9`` included: the broker's topics, offsets and groups (``broker/``, a
 SeaweedFS that tansu's ``s3://`` engine writes to, ``objects.ObjectStore``),
-redis-server's append-only file (``redis/``), and the outputs (``outputs/``, archived as
-they come). A stop saves nothing of its own: the next start finds the queue where the
-broker left it. A ``spool.jsonl`` left by an earlier version (whose broker kept its
-topics in memory and spooled them at a clean stop) is restored once, at the next start.
-The folder's layout is ``StackSettings``'s. The demo's stack is not persistent: its
-broker is in memory.
+redis-server's append-only file (``redis/``), the deduplication stage's journal
+(``dedup/``) and the outputs (``outputs/``, archived as they come). A stop saves nothing
+of its own: the next start finds the queue where the broker left it. A ``spool.jsonl``
+left by an earlier version (whose broker kept its topics in memory and spooled them at a
+clean stop) is restored once, at the next start. The folder's layout is
+``StackSettings``'s. The demo's stack is not persistent: its broker is in memory, and it
+runs no deduplication stage (whose journal would outlive the broker's topics, and whose
+answers only the archive keeps; the demo measures the crawl).
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Set
 from pathlib import Path
 from typing import Any, Final
 
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError
 from redis import Redis
 
@@ -56,6 +61,16 @@ STOP_MARGIN_S: Final = 15.0
 DEFAULT_SHUTDOWN_GRACE_S: Final = 10.0
 DEFAULT_SOURCES_POLL_S: Final = 1.0
 DEFAULT_MONITOR_METRICS_PORT: Final = 9100
+# On SIGTERM the deduplication stage ends the batch in hand (placed, synced, published with
+# acks=all, committed) before it exits: seconds on the local broker, which writes each
+# produce and commit to S3.
+DEDUP_STOP_TIMEOUT_S: Final = 30.0
+# image_metadata_updates as the broker makes a topic on first use (KafkaBroker), made
+# before the deduplication stage starts: the stage looks for its input's partitions only
+# in metadata it refreshes every 5 minutes (aiokafka's metadata_max_age_ms), so a topic
+# the workers create after its start was placed from up to 5 minutes late.
+METADATA_PARTITIONS: Final = 4
+TOPIC_ALREADY_EXISTS: Final = 36  # Kafka's error code
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -87,6 +102,11 @@ class StackSettings:
     def broker_dir(self) -> Path:
         """The broker's storage (SeaweedFS's volumes and filer)."""
         return self.data_dir / "broker"
+
+    @property
+    def dedup_state_dir(self) -> Path:
+        """The deduplication stage's journal (``DEDUP_STATE_DIR``), its whole state."""
+        return self.data_dir / "dedup"
 
     @property
     def spool_path(self) -> Path:
@@ -206,6 +226,7 @@ class LocalStack:
         )
         self.monitor: ModuleProcess | None = None
         self.workers: list[ModuleProcess] = []
+        self.dedup: ModuleProcess | None = None
         self.env: dict[str, str] = {}
         self.archive: OutputArchive | None = None
         # What the last start restored and the last stop saved (None: not done).
@@ -220,7 +241,8 @@ class LocalStack:
 
     @property
     def crawler_processes(self) -> list[ModuleProcess]:
-        return ([self.monitor] if self.monitor is not None else []) + self.workers
+        monitor = [self.monitor] if self.monitor is not None else []
+        return monitor + self.workers + ([self.dedup] if self.dedup is not None else [])
 
     @property
     def services(self) -> list[Child]:
@@ -235,8 +257,9 @@ class LocalStack:
         """Start everything, in order, and return once each process is up.
 
         The broker and redis-server answer requests; the monitor and every worker have
-        logged that they started. Raises ``ServiceError`` (``ChildExited`` when a process
-        died meanwhile) after stopping whatever had started.
+        logged that they started, and so has the deduplication stage.
+        Raises ``ServiceError`` (``ChildExited`` when a process died meanwhile) after
+        stopping whatever had started.
         """
         settings = self.settings
         try:
@@ -264,32 +287,51 @@ class LocalStack:
                 self._start_archive()
                 self.disk = self._disk_guard(reserve_bytes)
             self.env = crawler_env(settings, self.broker.bootstrap, self.redis.url, os.environ)
-            self.monitor = ModuleProcess(
-                "monitor",
-                "crawl_monitor",
-                {**self.env, **metrics_env(monitor_metrics_port(os.environ))},
-                settings.log_dir / "monitor.log",
-            )
-            self.workers = [
-                ModuleProcess(
-                    f"worker-{i}",
-                    "worker",
-                    {**self.env, **metrics_env(free_port())},
-                    settings.log_dir / f"worker-{i}.log",
-                )
-                for i in range(1, settings.workers + 1)
-            ]
-            marks = {}
-            for process in self.crawler_processes:
-                marks[process.name] = _log_size(process.log_path)
-                process.pass_fds = self._lock_fds()
-                process.start()
-            self._wait_started(self.monitor, "monitor_started", marks["monitor"])
-            for worker in self.workers:
-                self._wait_started(worker, "worker_started", marks[worker.name])
+            self._start_crawlers()
         except BaseException:
             self.stop()
             raise
+
+    def _start_crawlers(self) -> None:
+        """Start the monitor, the workers and the deduplication stage; return once each
+        has logged that it is up."""
+        settings = self.settings
+        self.monitor = ModuleProcess(
+            "monitor",
+            "crawl_monitor",
+            {**self.env, **metrics_env(monitor_metrics_port(os.environ))},
+            settings.log_dir / "monitor.log",
+        )
+        self.workers = [
+            ModuleProcess(
+                f"worker-{i}",
+                "worker",
+                {**self.env, **metrics_env(free_port())},
+                settings.log_dir / f"worker-{i}.log",
+            )
+            for i in range(1, settings.workers + 1)
+        ]
+        if settings.persistent:
+            _create_topic(self.broker.bootstrap, contract.METADATA_TOPIC, METADATA_PARTITIONS)
+            # The stack's folder, whatever the operator's DEDUP_STATE_DIR: the journal
+            # must stay with the broker whose topics and offsets it answered.
+            state = {"DEDUP_STATE_DIR": str(settings.dedup_state_dir)}
+            self.dedup = ModuleProcess(
+                "dedup",
+                "dedup",
+                {**self.env, **state, **metrics_env(free_port())},
+                settings.log_dir / "dedup.log",
+            )
+        marks = {}
+        for process in self.crawler_processes:
+            marks[process.name] = _log_size(process.log_path)
+            process.pass_fds = self._lock_fds()
+            process.start()
+        self._wait_started(self.monitor, {"monitor_started"}, marks["monitor"])
+        for worker in self.workers:
+            self._wait_started(worker, {"worker_started"}, marks[worker.name])
+        if self.dedup is not None:
+            self._wait_started(self.dedup, {"dedup_started"}, marks["dedup"])
 
     def _restore(self) -> None:
         """Put the URLs an earlier version spooled at its last stop back in the broker."""
@@ -329,11 +371,13 @@ class LocalStack:
         if self.disk is not None:
             self.disk.check()
 
-    def _wait_started(self, process: ModuleProcess, event: str, offset: int) -> None:
+    def _wait_started(self, process: ModuleProcess, events: Set[str], offset: int) -> None:
+        """Wait until ``process`` has logged one of ``events`` past byte ``offset``."""
+
         def started() -> bool:
             if not process.running:
                 raise ChildExited(process)
-            return any(e.get("event") == event for e in read_events(process.log_path, offset))
+            return any(e.get("event") in events for e in read_events(process.log_path, offset))
 
         try:
             wait_until(
@@ -357,11 +401,17 @@ class LocalStack:
             worker.terminate()
         for worker in self.workers:
             statuses[worker.name] = worker.wait(grace_s)
+        # The stage ends the batch in hand; what it has not read yet it places at the next
+        # start, read again from its commit.
+        for process in (self.monitor, self.dedup):
+            if process is not None:
+                process.terminate()
         if self.monitor is not None:
-            self.monitor.terminate()
             statuses[self.monitor.name] = self.monitor.wait(
                 contract.MONITOR_STOP_GRACE_S + STOP_MARGIN_S
             )
+        if self.dedup is not None:
+            statuses[self.dedup.name] = self.dedup.wait(DEDUP_STOP_TIMEOUT_S + STOP_MARGIN_S)
         self._archive_last()
         # The broker's storage stops last: the broker writes to it until it exits.
         for service in (self.broker, self.redis):
@@ -395,6 +445,26 @@ class LocalStack:
         self.notify(f"outputs of this run archived in {archived.folder}: {counts}")
         if archived.error is not None:
             self.notify(f"the outputs archive may miss the last messages: {archived.error}")
+
+
+def _create_topic(bootstrap: str, topic: str, partitions: int) -> None:
+    """Create ``topic`` unless it exists. Raises ``ServiceError``."""
+
+    async def create() -> Any:
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+        await admin.start()
+        try:
+            return await admin.create_topics([NewTopic(topic, partitions, 1)])
+        finally:
+            await admin.close()
+
+    try:
+        response = asyncio.run(create())
+    except KafkaError as e:
+        raise ServiceError(f"could not create {topic}: {e!r}") from e
+    for name, code, message, *_ in getattr(response, "topic_errors", []):
+        if code not in (0, TOPIC_ALREADY_EXISTS):
+            raise ServiceError(f"could not create {name}: error {code} {message}")
 
 
 def _device(path: Path) -> int | None:

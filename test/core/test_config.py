@@ -423,6 +423,7 @@ ENVIRONMENT_USERS: dict[str, str | None] = {
     "crawlctl/commands/up.py:_sources_file": "image-crawler",
     "crawlctl/commands/download.py:_s3_settings": "image-crawler",
     "crawlctl/localstack/stack.py:LocalStack.start": "image-crawler",
+    "crawlctl/localstack/stack.py:LocalStack._start_crawlers": "image-crawler",
     "crawlctl/localstack/processes.py:ModuleProcess.start": None,
     "crawlctl/localstack/services.py:KafkaBroker._env": None,
     "crawlctl/localstack/objects.py:ObjectStore._env": None,

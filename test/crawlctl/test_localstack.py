@@ -176,11 +176,17 @@ def test_a_local_stack_starts_in_order_notices_a_death_and_stops_cleanly(
     )
     try:
         stack.start()
-        assert [p.name for p in stack.crawler_processes] == ["monitor", "worker-1", "worker-2"]
+        assert [p.name for p in stack.crawler_processes] == [
+            "monitor",
+            "worker-1",
+            "worker-2",
+            "dedup",
+        ]
         assert all(child.running for child in stack.children)
         assert stack.exited() == []
         logs = sorted(p.name for p in (tmp_path / "data" / "logs").iterdir() if p.is_file())
         assert logs == [
+            "dedup.log",
             "kafka.log",
             "monitor.log",
             "objects.log",
@@ -202,6 +208,7 @@ def test_a_local_stack_starts_in_order_notices_a_death_and_stops_cleanly(
         statuses = stack.stop()
         assert statuses["worker-1"] == 0
         assert statuses["monitor"] == 0
+        assert statuses["dedup"] == 0
         assert statuses["worker-2"] == -signal.SIGKILL
         assert all(gone(pid) for pid in pids if pid is not None)
     finally:
@@ -213,8 +220,12 @@ def test_a_local_stack_starts_in_order_notices_a_death_and_stops_cleanly(
     assert statuses["objects"] in (0, -signal.SIGKILL)  # see ObjectStore.stop_timeout_s
     assert any((data / "broker").iterdir())
     assert (data / "redis" / "appendonly.aof").is_file()
+    assert stack.dedup is not None
+    assert stack.dedup.env["DEDUP_STATE_DIR"] == str(data / "dedup")
+    assert (data / "dedup").is_dir()
     assert sorted(p.name for p in (data / "outputs").iterdir()) == [
         "crawl_errors.jsonl",
+        "image_duplicates.jsonl",
         "image_metadata_updates.jsonl",
         "link_checks.jsonl",
         "link_rot.jsonl",
@@ -468,6 +479,7 @@ def test_the_archive_follows_the_outputs_into_files_and_reads_them_to_the_end(
         c.LINK_ROT_TOPIC: 4,
         c.CRAWL_ERRORS_TOPIC: 0,
         c.LINK_CHECKS_TOPIC: 3,
+        c.DUPLICATES_TOPIC: 0,
     }
     metadata = (folder / "image_metadata_updates.jsonl").read_text().splitlines()
     assert sorted(json.loads(line)["identifier"] for line in metadata) == sorted(
