@@ -24,6 +24,11 @@ with a ``urls.{source}`` topic for the backlog):
   ``image_crawler.contract.RECHECK_STATUSES``): re-checks of earlier crawls ended
   (the hash ``rechecks``, field ``{source}:{status}``), a series only for the statuses a
   source has had;
+- ``crawler_source_dedup_placements_total`` (labels ``source`` and ``kind``: ``exact``,
+  ``near``, ``unique``): the deduplication stage's images placed, each counted once (the
+  hash ``dedup_placements``, field ``{source}:{kind}``; ``exact`` and ``near`` are the
+  duplicates), a series only for the kinds a source has had. Named apart from the
+  stage's own ``dedup_images_placed_total``, so that a sum over both never counts twice;
 - ``crawler_source_hosts`` (labels ``source`` and ``state``: ``active``, ``paced``,
   ``backed_off``, ``halted``): how many of a source's hosts were asked about in the last
   minute, and of them how many were paced below the source's rate, backed off and halted
@@ -275,7 +280,18 @@ def _counters(counters: Counters, known: Collection[str]) -> list[Metric]:
     )
     split.add_metric([], counters.num_split)
     rechecks = _rechecks(counters)
-    return [successes, errors, no_index, dns_errors, rechecks, total_successes, total_errors, split]
+    placements = _placements(counters)
+    return [
+        successes,
+        errors,
+        no_index,
+        dns_errors,
+        rechecks,
+        placements,
+        total_successes,
+        total_errors,
+        split,
+    ]
 
 
 def _rechecks(counters: Counters) -> Metric:
@@ -289,6 +305,19 @@ def _rechecks(counters: Counters) -> Metric:
         for status, count in by_status.items():
             rechecks.add_metric([source, status], count)
     return rechecks
+
+
+def _placements(counters: Counters) -> Metric:
+    placements = CounterMetricFamily(
+        "crawler_source_dedup_placements",
+        "Images of a source the deduplication stage placed, by kind: exact, near (the "
+        "duplicates), unique (hash dedup_placements, field {source}:{kind}).",
+        labels=["source", "kind"],
+    )
+    for source, by_kind in sorted(counters.placements.items()):
+        for kind, count in by_kind.items():
+            placements.add_metric([source, kind], count)
+    return placements
 
 
 def _hosts(hosts: Mapping[str, HostCounts]) -> Metric:

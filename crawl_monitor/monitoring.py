@@ -55,11 +55,13 @@ from crawl_monitor.backlog import Backlog
 from crawl_monitor.policy.decision import RegulatorSnapshot
 from crawl_monitor.policy.rates import next_tick_at
 from image_crawler.contract import (
+    DUPLICATE_KINDS,
     NUM_RESIZED,
     NUM_SPLIT,
     PACE_BACKOFF,
     PACE_FLOOR,
     PACE_RECOVERING,
+    PLACEMENTS_HASH,
     RECHECK_STATUSES,
     RECHECKS_HASH,
     RESIZE_ERRORS,
@@ -70,6 +72,7 @@ from image_crawler.contract import (
     num_resized_key,
     resize_errors_key,
     source_and_check,
+    source_and_kind,
 )
 from image_crawler.logs import get_logger
 from image_crawler.retry import sleep_unless_stopped
@@ -97,6 +100,9 @@ class Counters:
     # Re-checks ended, by status in the order of RECHECK_STATUSES, of the sources that
     # have any (the hash rechecks, field {source}:{status}; a status with none is left out).
     rechecks: Mapping[str, Mapping[str, int]] = dataclasses.field(default_factory=dict)
+    # The deduplication stage's placements, by kind in the order of DUPLICATE_KINDS, of
+    # the sources that have any (the hash dedup_placements, field {source}:{kind}).
+    placements: Mapping[str, Mapping[str, int]] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -272,8 +278,24 @@ def _in_check_order(counts: Mapping[str, int]) -> dict[str, int]:
     return {status: counts[status] for status in RECHECK_STATUSES if status in counts}
 
 
-# Where read_counters's pipeline answers the rechecks hash.
+def _placements(sources: list[str], fields: Mapping[str, Any]) -> dict[str, dict[str, int]]:
+    """The non-zero counts of ``fields`` (PLACEMENTS_HASH's) of the known ``sources``, by
+    source name, each source's in the order of DUPLICATE_KINDS; others left out."""
+    known = set(sources)
+    found: dict[str, dict[str, int]] = {}
+    for field, value in fields.items():
+        source, kind = source_and_kind(field)
+        if source in known and kind in DUPLICATE_KINDS and (count := _int(value)) > 0:
+            found.setdefault(source, {})[kind] = count
+    return {
+        source: {kind: found[source][kind] for kind in DUPLICATE_KINDS if kind in found[source]}
+        for source in sorted(found)
+    }
+
+
+# Where read_counters's pipeline answers the rechecks and placements hashes.
 _RECHECKS_REPLY: Final = 7
+_PLACEMENTS_REPLY: Final = 8
 
 
 def _counts(sources: list[str], values: list[Any]) -> dict[str, int]:
@@ -284,8 +306,8 @@ def _counts(sources: list[str], values: list[Any]) -> dict[str, int]:
 async def read_counters(redis: aioredis.Redis, sources: list[str]) -> Counters:
     """Global and per-source counters in one pipelined round trip.
 
-    A ``rechecks`` key that is no hash reads as no re-checks, as a per-source key of
-    another type reads as 0; the other counters' errors are raised.
+    A ``rechecks`` or ``dedup_placements`` key that is no hash reads as none, as a
+    per-source key of another type reads as 0; the other counters' errors are raised.
     """
     async with redis.pipeline(transaction=False) as pipe:
         pipe.get(NUM_RESIZED)
@@ -297,6 +319,7 @@ async def read_counters(redis: aioredis.Redis, sources: list[str]) -> Counters:
             pipe.mget([resize_errors_key(s, Status.NO_INDEX) for s in sources])
             pipe.mget([resize_errors_key(s, Status.DNS_ERROR) for s in sources])
             pipe.hgetall(RECHECKS_HASH)
+            pipe.hgetall(PLACEMENTS_HASH)
         replies = await pipe.execute(raise_on_error=False)
     for reply in replies[:_RECHECKS_REPLY]:
         if isinstance(reply, Exception):
@@ -306,6 +329,7 @@ async def read_counters(redis: aioredis.Redis, sources: list[str]) -> Counters:
     no_index: dict[str, int] = {}
     dns_errors: dict[str, int] = {}
     rechecks: dict[str, dict[str, int]] = {}
+    placements: dict[str, dict[str, int]] = {}
     if sources:
         successful = _counts(sources, replies[3])
         errors = _counts(sources, replies[4])
@@ -313,6 +337,8 @@ async def read_counters(redis: aioredis.Redis, sources: list[str]) -> Counters:
         dns_errors = _counts(sources, replies[6])
         fields = replies[_RECHECKS_REPLY]
         rechecks = _rechecks(sources, fields if isinstance(fields, Mapping) else {})
+        fields = replies[_PLACEMENTS_REPLY]
+        placements = _placements(sources, fields if isinstance(fields, Mapping) else {})
     return Counters(
         num_resized=_int(replies[0]),
         resize_errors=_int(replies[1]),
@@ -322,6 +348,7 @@ async def read_counters(redis: aioredis.Redis, sources: list[str]) -> Counters:
         no_index=no_index,
         dns_errors=dns_errors,
         rechecks=rechecks,
+        placements=placements,
     )
 
 

@@ -37,6 +37,7 @@ from test.harness.services import create_topics, produce, wait_for
 
 AT_RATE = "at its configured rate"
 RECHECKS = "crawler_source_rechecks_total"
+PLACEMENTS = "crawler_source_dedup_placements_total"
 HOSTS = "crawler_source_hosts"
 
 
@@ -64,12 +65,12 @@ def samples_of(view: MonitorView) -> list[Sample]:
 
 
 def scrape(view: MonitorView) -> dict[tuple[str, str | None], float]:
-    """Every sample of a scrape but those labelled by status or state: (name, source
-    label or None) -> value."""
+    """Every sample of a scrape but those labelled by status, state or kind: (name,
+    source label or None) -> value."""
     return {
         (sample.name, sample.labels.get("source")): sample.value
         for sample in samples_of(view)
-        if "status" not in sample.labels and "state" not in sample.labels
+        if not {"status", "state", "kind"} & sample.labels.keys()
     }
 
 
@@ -106,6 +107,7 @@ FULL = MonitorView(
         dns_errors={"flickr": 3},
         # "slow" has had no re-check: no series at all, not four zeros.
         rechecks={"flickr": {"unchanged": 40, "changed": 2}, "met": {"gone": 5, "failed": 1}},
+        placements={"flickr": {"exact": 10, "near": 2, "unique": 970}, "met": {"unique": 30}},
     ),
     leading=True,
     # Only the sources with a host index: "met" and "phylopic" have none.
@@ -182,9 +184,20 @@ def test_every_metric_of_a_full_view():
         ("slow", "backed_off"): 1,
         ("slow", "halted"): 0,
     }
+    placements = {
+        (sample.labels["source"], sample.labels["kind"]): sample.value
+        for sample in samples_of(FULL)
+        if sample.name == PLACEMENTS
+    }
+    assert placements == {
+        ("flickr", "exact"): 10,
+        ("flickr", "near"): 2,
+        ("flickr", "unique"): 970,
+        ("met", "unique"): 30,
+    }
     names = {n for n, _ in samples}
     assert names == set(per_source) | set(totals)
-    assert {sample.name for sample in samples_of(FULL)} == names | {rechecks, HOSTS}
+    assert {sample.name for sample in samples_of(FULL)} == names | {rechecks, HOSTS, PLACEMENTS}
     # No series carries a host: a source's are four, whatever its number of hosts.
     assert {tuple(sorted(s.labels)) for s in samples_of(FULL) if s.name == HOSTS} == {
         ("source", "state")

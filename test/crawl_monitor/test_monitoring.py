@@ -313,9 +313,11 @@ async def test_a_seeded_redis_is_reported(redis):
     }
 
 
-async def test_the_counters_are_three_gets_four_mgets_and_one_hgetall(redis):
-    """Whatever the number of sources: the re-checks cost one HGETALL, not a key each."""
+async def test_the_counters_are_three_gets_four_mgets_and_two_hgetalls(redis):
+    """Whatever the number of sources: the re-checks and the deduplication stage's
+    placements cost one HGETALL each, not a key each."""
     await redis.hset(c.RECHECKS_HASH, c.rechecks_field("source0007", c.CHECK_GONE), 3)
+    await redis.hset(c.PLACEMENTS_HASH, c.placements_field("source0008", "near"), 2)
     await redis.set(c.resize_errors_key("source0009", c.Status.DNS_ERROR), 4)
     await redis.config_resetstat()
     counters = await read_counters(redis, [f"source{i:04}" for i in range(1000)])
@@ -324,9 +326,10 @@ async def test_the_counters_are_three_gets_four_mgets_and_one_hgetall(redis):
     assert {name: calls.get(name) for name in ("get", "mget", "hgetall")} == {
         "get": 3,
         "mget": 4,
-        "hgetall": 1,
+        "hgetall": 2,
     }
     assert counters.rechecks == {"source0007": {"gone": 3}}
+    assert counters.placements == {"source0008": {"near": 2}}
     assert counters.dns_errors == {"source0009": 4}
 
 
@@ -335,6 +338,27 @@ async def test_without_known_sources_the_rechecks_are_not_read(redis):
     await redis.config_resetstat()
     assert (await read_counters(redis, [])).rechecks == {}
     assert "cmdstat_hgetall" not in await redis.info("commandstats")
+
+
+async def test_the_placements_of_known_sources_are_read_in_the_order_of_the_kinds(redis):
+    await redis.hset(
+        c.PLACEMENTS_HASH,
+        mapping={
+            c.placements_field("flickr", "unique"): 278,
+            c.placements_field("flickr", "near"): 2,
+            c.placements_field("flickr", "exact"): 10,
+            c.placements_field("met", "teapot"): 4,  # no kind of the contract
+            c.placements_field("met", "near"): "many",  # no count
+            c.placements_field("met", "exact"): 0,  # none: left out
+            c.placements_field("stranger", "near"): 7,  # no known source
+        },
+    )
+    counters = await read_counters(redis, ["flickr", "met"])
+    assert counters.placements == {"flickr": {"exact": 10, "near": 2, "unique": 278}}
+    assert list(counters.placements["flickr"]) == list(c.DUPLICATE_KINDS)
+    await redis.delete(c.PLACEMENTS_HASH)
+    await redis.set(c.PLACEMENTS_HASH, "not-a-hash")
+    assert (await read_counters(redis, ["flickr"])).placements == {}
 
 
 async def test_a_rechecks_hash_of_another_type_reads_as_no_rechecks(redis):

@@ -80,6 +80,7 @@ COLUMNS = [
     "errors",
     "noIndex",
     "rechecks",
+    "duplicates",
     "hosts",
     "state",
 ]
@@ -196,6 +197,28 @@ def fmt_rechecks(values: Mapping[str, float]) -> str:
     return " · ".join(f"{fmt_int(counts[s])} {s}" for s in order if counts.get(s, 0) > 0)
 
 
+# The metric of the deduplication stage's placements by kind, and the key its samples get
+# among a source's values.
+PLACEMENTS = "crawler_source_dedup_placements_total"
+PLACEMENT_KEY = "placements:"
+DUPLICATE_KINDS = ("exact", "near")
+
+
+def fmt_duplicates(values: Mapping[str, float]) -> str:
+    """``"10 exact · 2 near (4.1 %)"``: the duplicates of ``values``' ``placements:{kind}``
+    keys, the kinds with any, and their share of all placed; "0 (0.0 %)" for none of
+    them; "" before any placement."""
+    counts = {
+        k.removeprefix(PLACEMENT_KEY): v for k, v in values.items() if k.startswith(PLACEMENT_KEY)
+    }
+    placed = sum(v for v in counts.values() if v > 0)
+    if not placed:
+        return ""
+    found = sum(max(counts.get(k, 0), 0) for k in DUPLICATE_KINDS)
+    kinds = [f"{fmt_int(counts[k])} {k}" for k in DUPLICATE_KINDS if counts.get(k, 0) > 0]
+    return f"{' · '.join(kinds) or '0'} ({half_up(100 * found / placed, 1)} %)"
+
+
 # The metric of host counts by state, and the key its samples get among a source's values.
 HOSTS = "crawler_source_hosts"
 HOST_KEY = "hosts:"
@@ -241,6 +264,7 @@ def expected_row(source: str, values: Mapping[str, float]) -> list[str]:
         fmt_int(values.get("errors")),
         fmt_int(values.get("no_index")),
         fmt_rechecks(values),
+        fmt_duplicates(values),
         fmt_hosts(values),
         state,
     ]
@@ -269,6 +293,9 @@ def per_source(text: str) -> tuple[dict[str, dict[str, float]], dict[str, float]
         for sample in family.samples:
             if sample.name == RECHECKS:
                 key = RECHECK_KEY + sample.labels["status"]
+                sources.setdefault(sample.labels["source"], {})[key] = sample.value
+            elif sample.name == PLACEMENTS:
+                key = PLACEMENT_KEY + sample.labels["kind"]
                 sources.setdefault(sample.labels["source"], {})[key] = sample.value
             elif sample.name == HOSTS:
                 key = HOST_KEY + sample.labels["state"]
@@ -431,6 +458,8 @@ class SourceState:
     rechecks: dict[str, int] = dataclasses.field(default_factory=dict)
     # state -> count (active, paced, backed_off, halted); empty: no host index.
     hosts: dict[str, int] = dataclasses.field(default_factory=dict)
+    # kind -> count (exact, near, unique); empty: the stage placed none of its images.
+    placements: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 class MadeUpMonitor:
@@ -476,6 +505,13 @@ class MadeUpMonitor:
             for status, count in state.rechecks.items():
                 rechecks.add_metric([source, status], count)
         yield rechecks
+        placements = CounterMetricFamily(
+            PLACEMENTS.removesuffix("_total"), "made up: placements", labels=["source", "kind"]
+        )
+        for source, state in self.sources.items():
+            for kind, count in state.placements.items():
+                placements.add_metric([source, kind], count)
+        yield placements
         hosts = GaugeMetricFamily(HOSTS, "made up: hosts", labels=["source", "state"])
         for source, state in self.sources.items():
             for name, count in state.hosts.items():
@@ -550,6 +586,12 @@ def thousand_sources() -> dict[str, SourceState]:
     }
     # A status the page does not know yet comes after the contract's.
     sources["source0010"].rechecks["moved"] = 2
+    # Placements: one in four sources placed by the deduplication stage; some with no
+    # duplicate at all, some with no unique image.
+    for i in range(0, 996, 4):
+        sources[f"source{i:04d}"].placements = {
+            kind: n for kind, n in (("exact", i % 3), ("near", i % 5), ("unique", i % 7 * 10)) if n
+        }
     # Hosts: one in seven sources has a host index.
     for i in range(0, 996, 7):
         sources[f"source{i:04d}"].hosts = {
@@ -677,6 +719,12 @@ async def test_a_thousand_sources_show_as_metrics_says_and_throughput_follows_th
             "110 unchanged · 2 changed · 1 gone · 2 moved"
         )
         assert expected["source0011"][COLUMNS.index("rechecks")] == ""
+        duplicates = COLUMNS.index("duplicates")
+        assert expected["source0004"][duplicates] == "1 exact · 4 near (11.1 %)"
+        assert expected["source0012"][duplicates] == "2 near (3.8 %)"
+        assert expected["source0028"][duplicates] == "1 exact · 3 near (100.0 %)"
+        assert expected["source0060"][duplicates] == "0 (0.0 %)"
+        assert expected["source0105"][duplicates] == expected["source0000"][duplicates] == ""
 
         # 500 successes and 100 errors a reading, until the page shows a rate (five
         # readings): the throughput is their sum per second.
@@ -1060,6 +1108,15 @@ async def _dns_matches(tab: Tab, port: int, workers: int = 1) -> dict[str, Any] 
     return page
 
 
+PLACED = {
+    c.placements_field("flickr", "exact"): 1203,
+    c.placements_field("flickr", "near"): 97,
+    c.placements_field("flickr", "unique"): 3700,
+    c.placements_field("met", "unique"): 20,
+    c.placements_field("stranger", "near"): 5,  # no known source: no row
+}
+
+
 async def test_during_a_real_crawl_the_page_shows_what_the_monitor_measures(
     kafka, redis, redis_url, origin, tab: Tab, tmp_path: Path
 ) -> None:
@@ -1102,6 +1159,8 @@ async def test_during_a_real_crawl_the_page_shows_what_the_monitor_measures(
                 },
             },
         )
+        # The deduplication stage's counts, as it writes them (dedup/counts.py).
+        await redis.hset(c.PLACEMENTS_HASH, mapping=PLACED)
         crawl.monitor = CrawlerProcess(
             "crawl_monitor",
             {
@@ -1146,6 +1205,9 @@ async def test_during_a_real_crawl_the_page_shows_what_the_monitor_measures(
         assert rows["wikimedia"][rechecks] == ""
         assert page["totals"]["rechecks"] == "2,022"
         assert page["subs"]["rechecks"] == "1,960 unchanged · 52 changed · 7 gone · 3 failed"
+        duplicates = COLUMNS.index("duplicates")
+        assert rows["flickr"][duplicates] == "1,203 exact · 97 near (26.0 %)"
+        assert (rows["met"][duplicates], rows["wikimedia"][duplicates]) == ("0 (0.0 %)", "")
         # Each source's URLs are on one host of the local origin, which the workers' pacing
         # script indexed: one active host, as /metrics says.
         assert sources["flickr"][f"{HOST_KEY}active"] == 1
