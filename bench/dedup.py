@@ -3,9 +3,10 @@
 Loads N random 64-bit hashes (32 bits set each, as imagehash's pHash) as canonicals in
 one bulk load, with ``--planted`` near-duplicates of random ones at 0-4 bits; checks that
 every planted copy finds its original; then places ``--place`` more images through the
-stage's placement (dedup/placement.py) one core, alone and in batches of ``--batch``,
-and reports the memory (the process's resident set, /proc/self/status) per hash, the
-placements a second and each placement's p99. Writes ``--out`` as JSON.
+stage's placement (dedup/placement.py) on one core, alone and in batches of each of
+``--batches``, and reports the memory (the process's resident set, /proc/self/status)
+per hash, the placements a second and each placement's p99 (in a batch, the batch's:
+its answer comes with the others'). Writes ``--out`` as JSON.
 """
 
 from __future__ import annotations
@@ -80,32 +81,48 @@ def check_planted(
     return {"planted": planted, "missed": missed, "by_distance": np.bincount(distances).tolist()}
 
 
-def place(placer: Placer, rng: np.random.Generator, count: int, batch: int) -> dict[str, Any]:
+def place(
+    placer: Placer, rng: np.random.Generator, count: int, batches: list[int]
+) -> dict[str, Any]:
+    """``count`` more images placed: a fifth alone, the rest shared among the batch sizes.
+    A placement in a batch is answered when its batch is: its latency is the batch's."""
     codes = random_hashes(rng, count)
     images = [
         Image(str(uuid.UUID(bytes=rng.bytes(16))), "bench", 1500, 1000, "0" * 64, c.tobytes().hex())
         for c in codes
     ]
+    alone = count // 5
     latencies = []
-    half = count // 2
     started = time.perf_counter()
-    for one in images[:half]:
+    for one in images[:alone]:
         t = time.perf_counter()
         placer.place([one])
         latencies.append(time.perf_counter() - t)
     alone_s = time.perf_counter() - started
-    started = time.perf_counter()
-    for start in range(half, count, batch):
-        placer.place(images[start : start + batch])
-    batched_s = time.perf_counter() - started
-    return {
-        "alone_per_s": half / alone_s,
+    result: dict[str, Any] = {
+        "alone_per_s": alone / alone_s,
         "alone_p50_ms": float(np.percentile(latencies, 50) * 1000),
         "alone_p99_ms": float(np.percentile(latencies, 99) * 1000),
-        "batched_per_s": (count - half) / batched_s,
-        "batched_ms_per_image": batched_s / (count - half) * 1000,
-        "batch": batch,
+        "batched": [],
     }
+    share = (count - alone) // len(batches)
+    for n, batch in enumerate(batches):
+        mine = images[alone + n * share : alone + (n + 1) * share]
+        times = []
+        for start in range(0, len(mine), batch):
+            t = time.perf_counter()
+            placer.place(mine[start : start + batch])
+            times.append(time.perf_counter() - t)
+        result["batched"].append(
+            {
+                "batch": batch,
+                "images": len(mine),
+                "per_s": len(mine) / sum(times),
+                "batch_p50_ms": float(np.percentile(times, 50) * 1000),
+                "batch_p99_ms": float(np.percentile(times, 99) * 1000),
+            }
+        )
+    return result
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -113,7 +130,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--hashes", type=int, default=100_000_000)
     parser.add_argument("--planted", type=int, default=10_000)
     parser.add_argument("--place", type=int, default=200_000)
-    parser.add_argument("--batch", type=int, default=500)
+    parser.add_argument("--batches", default="100,200,500", help="batch sizes, comma separated")
     parser.add_argument("--seed", type=int, default=54)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
@@ -132,7 +149,8 @@ def main(argv: list[str] | None = None) -> None:
         "bytes_per_hash": (loaded - before) / args.hashes,
         "planted": planted,
     }
-    result["placing"] = place(Placer(index), rng, args.place, args.batch)
+    batches = [int(b) for b in args.batches.split(",")]
+    result["placing"] = place(Placer(index), rng, args.place, batches)
     result["rss_after_placing_bytes"] = rss_bytes()
     print(json.dumps(result, indent=1))
     out = args.out or RESULTS / f"dedup-{args.hashes}.json"

@@ -38,3 +38,16 @@ def test_an_empty_table_and_an_empty_batch_find_nothing():
     tables.add(np.array([5], dtype=np.uint64))
     assert tables.within(np.zeros(0, dtype=np.uint64)) == []
     assert tables.within(np.array([5, 7], dtype=np.uint64)) == [[(0, 0)], [(0, 1)]]
+
+
+def test_a_batch_whose_queries_each_match_thousands_of_rows_finds_them_all():
+    # Every one of 4,000 rows is within the radius of both queries: runs far longer than
+    # a random table's, probed by more than one flip mask each.
+    rng = np.random.default_rng(7)
+    base = rng.integers(0, 2**64, dtype=np.uint64)
+    codes = np.array([base ^ (np.uint64(1) << np.uint64(i % 64)) for i in range(4000)])
+    tables = BlockTables(4, merge_at=100)
+    tables.add(codes)
+    found = tables.within(np.array([base, base ^ np.uint64(3)], dtype=np.uint64))
+    assert found[0] == [(r, 1) for r in range(4000)]
+    assert found[1] == [(r, 1 if r % 64 in (0, 1) else 3) for r in range(4000)]
