@@ -22,6 +22,7 @@ import contextlib
 
 import faiss
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
 
 from dedup.journal import Journal
 from dedup.metrics import CANONICALS, REGISTRY
@@ -63,7 +64,12 @@ async def run(settings: DedupSettings, stop: asyncio.Event) -> int:
         starts = [("consumer", consumer.start), ("producer", producer.start)]
         if not await start_kafka_clients(starts, stop):
             return 0
-        partitions = await _partitions(consumer, stop)
+        admin = AIOKafkaAdminClient(**settings.kafka.client_options())
+        await admin.start()
+        try:
+            partitions = await _partitions(admin, stop)
+        finally:
+            await admin.close()
         if partitions is None:
             return 0
         consumer.assign(partitions)
@@ -93,18 +99,24 @@ async def run(settings: DedupSettings, stop: asyncio.Event) -> int:
 
 
 async def _partitions(
-    consumer: AIOKafkaConsumer, stop: asyncio.Event
+    admin: AIOKafkaAdminClient, stop: asyncio.Event
 ) -> list[TopicPartition] | None:
-    """Every partition of the input topic, once it exists (the workers create it)."""
+    """Every partition of the input topic, once it exists (the workers create it).
+
+    Asked of an admin client: a consumer's ``partitions_for_topic`` knows only the topics
+    of its own metadata, which on Apache Kafka never gains one created after it started
+    (the compose stack's dedup starts before any image is crawled)."""
     while not stop.is_set():
-        # topics() asks the broker for fresh metadata; partitions_for_topic reads it.
-        found = (
-            consumer.partitions_for_topic(METADATA_TOPIC)
-            if (METADATA_TOPIC in await consumer.topics())
-            else None
-        )
+        found = [
+            TopicPartition(METADATA_TOPIC, p["partition"])
+            # Every topic's, not the one by name: a broker that creates the topics it is
+            # asked about would create this one with its default partitions.
+            for topic in await admin.describe_topics()
+            if topic["topic"] == METADATA_TOPIC and not topic["error_code"]
+            for p in topic["partitions"]
+        ]
         if found:
-            return [TopicPartition(METADATA_TOPIC, p) for p in sorted(found)]
+            return sorted(found)
         log.info("waiting_for_topic", topic=METADATA_TOPIC)
         await sleep_unless_stopped(stop, TOPIC_WAIT_S)
     return None

@@ -12,11 +12,14 @@ The steps, each timed, each a failure that stops the check with the reason:
 4. The plan's URLs fed to ``inbound_images`` with ``image-crawler produce``, in a one-off
    container; once a third of them have ended, ``stop worker``: each worker exits 0
    within its grace period; ``start worker``; every uuid ends in
-   ``image_metadata_updates``, ``link_rot`` or ``crawl_errors``, as the plan expects.
+   ``image_metadata_updates``, ``link_rot`` or ``crawl_errors``, as the plan expects; the
+   deduplication stage placed every image in ``image_duplicates``, each sample's copies
+   (the same bytes under other URLs and sources) in one cluster.
 5. Every thumbnail read back with the crawler's keys; those keys refused the rest.
    Prometheus scrapes the monitor and the three workers (``up`` is 1 for each).
-6. A source halted with redis-cli; ``down`` and ``up``: it is still halted, and the
-   output topics still hold every uuid's end.
+6. A source halted with redis-cli; ``down`` and ``up``: it is still halted, the output
+   topics still hold every uuid's end, and the deduplication stage read its journal back
+   from its volume.
 7. A summary line; ``down -v``, every container removed, the engine stopped.
 """
 
@@ -189,6 +192,7 @@ class Check:
         self._check_loopback("while crawling")
         ended = t.step("crawl to the end", self._outcomes)
         self._check_ends(ended)
+        t.step("deduplication", self._check_placements)
         t.step("thumbnails and keys", self._check_s3)
         t.step("prometheus targets", self._check_prometheus)
         t.step("down and up", self._down_and_up)
@@ -272,6 +276,28 @@ class Check:
             )
         self.figures["ends"] = dict(Counter(ended.values()))
 
+    def _check_placements(self) -> None:
+        """Every image placed; the plan serves each sample many times, and its copies
+        share one cluster (or, a hash too plain to cluster, are each their own)."""
+        command = ["python", f"{TOOLS_MOUNT}/placements.py", f"{RUN_MOUNT}/plan.json"]
+        mounts = {Path(__file__).resolve().parent: TOOLS_MOUNT, self.run_dir: RUN_MOUNT}
+        result = json.loads(self.stack.tool(mounts, *command).strip().splitlines()[-1])
+        placed: dict[str, list[str | None]] = result["placed"]
+        ok = [i for i in self.plan.items if i.expected == planning.OK and i.sample is not None]
+        missing = [i.uuid for i in ok if i.uuid not in placed]
+        if missing:
+            raise CheckError(f"{len(missing)} of {len(ok)} images not placed: {missing[:5]}")
+        roots: dict[str, set[str]] = {}
+        copies = Counter(i.sample.name for i in ok if i.sample is not None)
+        for item in ok:
+            if item.sample is not None:
+                roots.setdefault(item.sample.name, set()).add(placed[item.uuid][1] or item.uuid)
+        split = {name: len(r) for name, r in roots.items() if 1 < len(r) < copies[name]}
+        kinds = Counter(str(kind) for kind, _ in placed.values())
+        if split or not kinds["exact"]:
+            raise CheckError(f"copies not clustered (sample: clusters) {split}; kinds {kinds}")
+        self.figures["placements"] = dict(kinds)
+
     def _check_s3(self) -> None:
         crawler = probes.s3_client(
             self.keys["S3_CRAWLER_ACCESS_KEY"], self.keys["S3_CRAWLER_SECRET_KEY"]
@@ -309,7 +335,27 @@ class Check:
         again = self._outcomes()
         if len(again) != len(self.plan.items):
             raise CheckError(f"after down and up the output topics hold {len(again)} ends")
-        self.figures["after down and up"] = f"{HALTED_SOURCE} still halted, {len(again)} ends kept"
+        canonicals = self._dedup_canonicals()
+        self.figures["after down and up"] = (
+            f"{HALTED_SOURCE} still halted, {len(again)} ends kept, "
+            f"{canonicals} canonical images read back by the deduplication stage"
+        )
+
+    def _dedup_canonicals(self) -> int:
+        """The canonicals the new dedup container read back from its volume's journal."""
+        found: list[int] = []
+
+        def started() -> bool:
+            for container in self.stack.containers("dedup"):
+                found.extend(
+                    e["canonicals"] for e in self.stack.log_events(container, "dedup_started")
+                )
+            return bool(found)
+
+        probes.wait_until(started, timeout_s=60, what="the dedup service's dedup_started")
+        if not found[0]:
+            raise CheckError("after down and up the deduplication stage read no journal back")
+        return found[0]
 
     def _check_loopback(self, when: str) -> None:
         networks = self.engine.docker(
@@ -345,6 +391,7 @@ class Check:
             f"{self.figures.get('sockets on loopback')} sockets seen, all on loopback; "
             f"{self.figures.get('targets up')} Prometheus targets up; "
             f"workers stopped in {self.figures.get('workers stopped')}; "
+            f"placements {self.figures.get('placements')}; "
             f"{self.figures.get('after down and up')}; "
             f"total {self.timings.total_s:.0f} s ({steps})"
         )

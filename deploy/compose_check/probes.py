@@ -35,6 +35,7 @@ STACK_PORTS = (
     8333, 9333, 8080, 8888, 18333, 19333, 18080, 18888,  # SeaweedFS
     8433, 9433, 8180, 8988, 18433, 19433, 18180, 18988,  # the Kafka stand-in's store
     9100, 9101, 9102, 9103,  # the monitor, the workers
+    9104,  # the deduplication stage
     9090,  # Prometheus
 )  # fmt: skip
 

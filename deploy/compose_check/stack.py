@@ -27,8 +27,17 @@ COMPOSE_FILE = ROOT / "docker-compose.yml"
 OVERRIDE_FILE = Path(__file__).resolve().parent / "docker-compose.check.yml"
 PROJECT = "image-crawler-check"
 # Everything but Grafana, which has no stand-in (see docs/production.md).
-SERVICES = ("kafka", "redis", "seaweedfs", "createbucket", "monitor", "worker", "prometheus")
-HEALTH_CHECKED = ("kafka", "redis", "seaweedfs", "monitor", "worker")
+SERVICES = (
+    "kafka",
+    "redis",
+    "seaweedfs",
+    "createbucket",
+    "monitor",
+    "worker",
+    "dedup",
+    "prometheus",
+)
+HEALTH_CHECKED = ("kafka", "redis", "seaweedfs", "monitor", "worker", "dedup")
 HEALTH_TIMEOUT_S = 240.0
 
 
