@@ -58,18 +58,31 @@ def test_a_torn_last_row_is_cut_and_the_rows_before_it_kept(tmp_path):
 
 
 def test_identifiers_that_are_not_uuids_are_kept_whole_and_read_back(tmp_path):
-    # A dataset's rows are {run}-{key}; a producer may send anything, or an uppercase
-    # UUID, which must come back as it was sent.
+    # A dataset's rows are {run}-{key}; a producer may send anything, or a UUID spelt
+    # otherwise than uuid.UUID spells it, which must come back as it was sent; and a UUID
+    # whose first 8 bytes are those that mark a name.
     rng = random.Random(11)
-    odd = ["abc123-000001", "B7C1E2D4-0000-4000-8000-000000000001", 'a "quoted"\nline', "ff"]
+    odd = [
+        "abc123-000001",
+        "B7C1E2D4-0000-4000-8000-000000000001",
+        'a "quoted"\nline',
+        "ff",
+        "{b7c1e2d4-0000-4000-8000-000000000001}",
+        "b7c1e2d4000040008000000000000001",
+        "b7c1e2d4-0000-4000-8000-000000000001\n",
+        "ffffffff-ffff-ffff-0000-000000000000",
+    ]
     images = [dataclasses.replace(image(n, random_phash(rng)), identifier=i) for n, i in
-              enumerate(odd)] + [image(9, random_phash(rng))]  # fmt: skip
+              enumerate(odd)] + [image(99, random_phash(rng))]  # fmt: skip
     journal = Journal(tmp_path)
     placer = Placer(journal.load(radius=4))
-    assert [p.kind for p in placer.place(images)] == ["unique"] * 5
+    assert [p.kind for p in placer.place(images)] == ["unique"] * len(images)
     journal.append(placer.index)
     loaded = Journal(tmp_path).load(radius=4)
-    assert [loaded.canonical(r).identifier for r in range(5)] == [*odd, images[4].identifier]
+    assert [loaded.canonical(r).identifier for r in range(len(images))] == [
+        *odd,
+        images[-1].identifier,
+    ]
     copy = dataclasses.replace(images[0], identifier="abc123-000002")
     (placed,) = Placer(loaded).place([copy])
     assert (placed.kind, placed.duplicate_of) == ("exact", "abc123-000001")

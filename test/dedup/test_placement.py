@@ -139,6 +139,10 @@ def test_a_batch_is_placed_as_the_same_images_one_by_one():
     together = Placer(NearIndex()).place(images)
     alone = Placer(NearIndex())
     assert [alone.place([i])[0] for i in images] == together
+    # A batch's canonicals are stored with the next search: those of the batch before
+    # are found in the tables, those of its own among the batch.
+    sevens = Placer(NearIndex())
+    assert [p for n in range(0, 300, 7) for p in sevens.place(images[n : n + 7])] == together
 
 
 def test_the_index_finds_every_canonical_within_the_radius_as_a_scan_does():
