@@ -144,6 +144,11 @@ class NearIndex:
         self._size = row + 1
         return row
 
+    def merge(self) -> None:
+        """Every row into the tables now (they are merged a million at a time anyway)."""
+        self._store()
+        self._tables.merge()
+
     def canonical(self, row: int) -> Canonical:
         if row >= self._stored:
             _, identity, source, aspect, sha = self._noted[row - self._stored]

@@ -20,6 +20,7 @@ a merge places each table's new rows after the old ones of their value, in one p
 from __future__ import annotations
 
 import itertools
+import threading
 from typing import Final
 
 import faiss
@@ -118,8 +119,13 @@ class BlockTables:
         near = distances <= self.radius
         return owner[near], order[positions[near]].astype(np.int64), distances[near]
 
+    def merge(self) -> None:
+        """Put every row past the tables into them, and empty the recent index (done by
+        ``add`` every ``merge_at`` rows)."""
+        if self._size > self._built:
+            self._merge()
+
     def _merge(self) -> None:
-        """Put every row past the tables into them, and empty the recent index."""
         new_rows = np.arange(self._built, self._size, dtype=np.uint32)
         new_codes = np.concatenate(self._pending)
         self._pending = []
@@ -129,6 +135,9 @@ class BlockTables:
                 (self._order[t], self._codes[t]), self._starts[t], values, (new_rows, new_codes)
             )
         self._built = self._size
+        # Freeing a faiss index of a million rows takes a second (its hash maps' vectors),
+        # and faiss lets go of the GIL meanwhile: done beside the searches, not before them.
+        threading.Thread(target=_drop, args=([self._recent],), daemon=True).start()
         self._recent = self._new_recent()
 
     def _new_recent(self) -> faiss.IndexBinaryMultiHash:
@@ -144,27 +153,40 @@ def _merged(
     new: tuple[np.ndarray, np.ndarray],
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A table, its rows and their hashes (``old``), with ``new`` rows and hashes (of block
-    ``values``) added after the old rows of each value; and the runs' new starts."""
+    ``values``) added after the old rows of each value; and the runs' new starts.
+
+    In place: the old columns are grown (realloc, which moves a large block's pages
+    rather than copying them) and each old row moved up by the new rows of lower values,
+    from the top down, a run of values at a time; so a merge at 10^8 rows needs the new
+    rows and a 64th of a table beside the tables, not a second copy of one (1.2 GB)."""
     by_value = np.argsort(values, kind="stable")
     added = np.bincount(values, minlength=_VALUES)
     before = np.concatenate(([0], np.cumsum(added)))  # new rows in lower values
     new_starts = starts + before
     size = len(old[0]) + len(new[0])
-    merged = tuple(np.empty(size, dtype=column.dtype) for column in old)
+    merged = old
+    for column in merged:
+        # No view of a table's columns outlives a search (its results are copies).
+        column.resize(size, refcheck=False)
     old_counts = np.diff(starts)
-    # An old row moves up by the new rows of lower values, a run of values at a time (the
-    # temporary arrays a sixteenth of the table); a new one goes after the old rows of
-    # its value, in the order added.
-    step = _VALUES // 16
-    for first in range(0, _VALUES, step):
+    step = _VALUES // 64
+    for first in reversed(range(0, _VALUES, step)):
         low, high = int(starts[first]), int(starts[first + step])
+        if low == high or before[first + step - 1] == 0:
+            continue  # nothing in these runs, or nothing new below their end: in place
         shift = np.repeat(before[first : first + step], old_counts[first : first + step])
         target = np.arange(low, high) + shift
-        for into, column in zip(merged, old, strict=True):
-            into[target] = column[low:high]
+        # Every target is at or above its row and below the rows of higher values already
+        # moved; a copy, as the chunk may overlap where it goes.
+        for column in merged:
+            column[target] = column[low:high].copy()
     sorted_values = values[by_value]
     rank = np.arange(len(by_value)) - before[sorted_values]
     target = new_starts[sorted_values] + old_counts[sorted_values] + rank
     for into, column in zip(merged, new, strict=True):
         into[target] = column[by_value]
     return merged[0], merged[1], new_starts
+
+
+def _drop(holder: list[faiss.IndexBinaryMultiHash]) -> None:
+    holder.clear()

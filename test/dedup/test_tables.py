@@ -51,3 +51,23 @@ def test_a_batch_whose_queries_each_match_thousands_of_rows_finds_them_all():
     found = tables.within(np.array([base, base ^ np.uint64(3)], dtype=np.uint64))
     assert found[0] == [(r, 1) for r in range(4000)]
     assert found[1] == [(r, 1 if r % 64 in (0, 1) else 3) for r in range(4000)]
+
+
+def test_tables_merged_in_place_many_times_are_laid_out_as_tables_built_at_once():
+    # Long runs of few values in every chunk of the merge, so that rows move over each
+    # other's places; and some chunks empty.
+    rng = np.random.default_rng(12)
+    shifts = np.array([0, 17, 40, 41], dtype=np.uint64)[rng.integers(0, 4, 5000)]
+    codes = rng.integers(0, 2**64, size=5000, dtype=np.uint64) >> shifts
+    merged = BlockTables(4, merge_at=333)
+    for start in range(0, len(codes), 111):
+        merged.add(codes[start : start + 111])
+    merged.add(np.zeros(0, dtype=np.uint64))
+    at_once = BlockTables(4, merge_at=len(codes))
+    at_once.add(codes[:4995])
+    at_once.add(codes[4995:])
+    merged.merge()
+    for t in range(3):
+        assert np.array_equal(merged._starts[t], at_once._starts[t])
+        assert np.array_equal(merged._order[t], at_once._order[t])
+        assert np.array_equal(merged._codes[t], at_once._codes[t])
