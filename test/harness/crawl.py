@@ -366,16 +366,23 @@ class Backlog:
 
     @contextlib.asynccontextmanager
     async def kept(self, every_s: float = 1.0) -> AsyncIterator[None]:
+        # Stopped between top-ups, never cancelled inside one: a top-up cancelled mid-send
+        # left URLs in ``urls`` (so in ``uuids``) that never reached the topic, and a test
+        # waiting for them all to be crawled timed out (seen once in a suite run).
+        stop = asyncio.Event()
+
         async def keep() -> None:
-            while True:
+            while not stop.is_set():
                 await self.top_up()
-                await asyncio.sleep(every_s)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), every_s)
 
         task = asyncio.create_task(keep())
         try:
             yield
         finally:
-            await cancel_and_wait([task])
+            stop.set()
+            await task
 
     def uuids(self) -> set[str]:
         return {f"{self.source}-{i}" for i in range(len(self.urls))}
