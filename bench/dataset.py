@@ -146,6 +146,7 @@ def role(cmdline: Sequence[str]) -> str:
         ("redis-server", "redis-server"),
         ("-m crawl_monitor", "monitor"),
         ("-m worker", "worker"),
+        ("-m dedup", "dedup stage"),
         ("forkserver", "worker: image processes"),
         ("multiprocessing", "worker: image processes"),
         ("image-crawler download", "download"),
