@@ -4,12 +4,15 @@ The same pigeonhole as faiss' ``IndexBinaryMultiHash`` (dedup/index.py's docstri
 three blocks of 21 bits (bits 63-43, 42-22, 21-1), and every value within
 ``radius // 3`` bits of each block looked up, so a search is exact for any
 ``radius``. The layout is what differs. Each table is the rows sorted by their block
-value, each row's number (4 bytes) and its whole hash (8 bytes) side by side, and where
-each value's run starts (2^21 + 1 offsets): 36 bytes a row in all, where faiss' hash maps
-of vectors took 89. A hash is kept in each table, rather than once in row order, so that
-a probe's candidates are compared where they lie, one run of contiguous hashes, not
-gathered from all over memory one cache miss each (at 10^8 rows a search has some 3,200
-candidates in 66 runs). A batch's lookups, candidates and distances are whole-array
+value, each row's number (4 bytes) and its print (4 bytes: 32 of its hash's bits outside
+the block) side by side, and where each value's run starts (2^21 + 1 offsets of 4
+bytes); the whole hashes are kept once, in row order: 32 bytes a row in all, where faiss'
+hash maps of vectors took 89. A probe's candidates are compared where they lie, one run
+of contiguous prints, not gathered from all over memory one cache miss each (at 10^8
+rows a search has some 3,200 candidates in 66 runs); only a print within the radius has
+its whole hash read. Prints rather than whole hashes in the tables (36 bytes a row, and
+offsets of 8) took 0.36 GB less at 10^8 (5.78 GB resident, not 6.14) and placed as many a
+second. A batch's lookups, candidates and distances are whole-array
 numpy operations.
 
 The rows added since the tables were last built are kept apart, in a small faiss index
@@ -32,8 +35,20 @@ _VALUES: Final = 1 << BLOCK_BITS
 _MASK: Final = np.uint64(_VALUES - 1)
 _SHIFTS: Final = tuple(np.uint64(64 - BLOCK_BITS * (t + 1)) for t in range(BLOCKS))
 MERGE_AT: Final = 1 << 20
-_LINE: Final = 8  # hashes a cache line
+PRINT_BITS: Final = 32
+_PRINT_MASK: Final = np.uint64((1 << PRINT_BITS) - 1)
+_LINE: Final = 64 // 4  # prints a cache line
 _PREFETCH: Final = 256
+# Where each value's run starts, for a table of fewer rows than this: 4 bytes an offset,
+# not 8 (a row's number is 4 bytes anyway): the three tables' offsets take 25 MB, not 50.
+# Hoped to keep them in the 32 MB last-level cache; measured at 10^8 the same day, it
+# placed no faster (12,642 a second in batches of 100 against 13,462), and is kept for
+# the memory.
+_NARROW_ROWS: Final = 1 << 32
+
+
+def _offsets(starts: np.ndarray, rows: int) -> np.ndarray:
+    return starts.astype(np.uint32 if rows < _NARROW_ROWS else np.int64)
 
 
 def _flips(nflip: int) -> np.ndarray:
@@ -42,6 +57,14 @@ def _flips(nflip: int) -> np.ndarray:
     for _ in range(nflip):
         masks = sorted({m | (1 << b) for m in masks for b in range(BLOCK_BITS)} | set(masks))
     return np.array(masks, dtype=np.uint32)
+
+
+def prints(codes: np.ndarray, t: int) -> np.ndarray:
+    """Table ``t``'s print of each uint64 hash: the 32 bits above its block, wrapping
+    round past bit 63 (none of them in the block)."""
+    shift = _SHIFTS[t]
+    rotated = (codes >> shift) | (codes << (np.uint64(64) - shift))
+    return ((rotated >> np.uint64(BLOCK_BITS)) & _PRINT_MASK).astype(np.uint32)
 
 
 def as_bytes(codes: np.ndarray) -> np.ndarray:
@@ -58,8 +81,9 @@ class BlockTables:
         self._size = 0
         self._built = 0  # rows in the tables; those past it are in _recent
         self._order = [np.zeros(0, dtype=np.uint32) for _ in range(BLOCKS)]
-        self._codes = [np.zeros(0, dtype=np.uint64) for _ in range(BLOCKS)]
-        self._starts = [np.zeros(_VALUES + 1, dtype=np.int64) for _ in range(BLOCKS)]
+        self._prints = [np.zeros(0, dtype=np.uint32) for _ in range(BLOCKS)]
+        self._codes = np.zeros(0, dtype=np.uint64)  # every row's hash, in row order
+        self._starts = [np.zeros(_VALUES + 1, dtype=np.uint32) for _ in range(BLOCKS)]
         self._recent = self._new_recent()
 
     def __len__(self) -> int:
@@ -105,11 +129,11 @@ class BlockTables:
         ]
 
     def _table_hits(self, t: int, queries: np.ndarray) -> tuple[np.ndarray, ...]:
-        starts, order, codes = self._starts[t], self._order[t], self._codes[t]
+        starts, order, table = self._starts[t], self._order[t], self._prints[t]
         flips = len(self._flip_masks)
         values = ((queries >> _SHIFTS[t]) & _MASK).astype(np.uint32)
         probes = (values[:, None] ^ self._flip_masks[None, :]).ravel()
-        low = starts[probes]
+        low = starts[probes].astype(np.int64)
         counts = starts[probes + 1] - low
         ends = np.cumsum(counts)
         total = int(ends[-1])
@@ -124,17 +148,21 @@ class BlockTables:
         # which the hardware prefetches itself, and the array stays small.
         reach = min(int(counts.max()), _PREFETCH)
         lines = (low[None, :] + np.arange(0, reach, _LINE)[:, None]).ravel()
-        codes[np.minimum(lines, len(codes) - 1)]
+        table[np.minimum(lines, len(table) - 1)]
         # The k-th candidate of a probe is at low + k.
         positions = np.repeat(low - (ends - counts), counts)
         positions += np.arange(total)
-        found = codes[positions]
-        found ^= np.repeat(np.repeat(queries, flips), counts)
-        distances = np.bitwise_count(found)
-        near = np.flatnonzero(distances <= self.radius)
-        # A hit's probe is the run it lies in; its query, that probe's.
+        found = table[positions]
+        found ^= np.repeat(np.repeat(prints(queries, t), flips), counts)
+        near = np.flatnonzero(np.bitwise_count(found) <= self.radius)
+        # A hit's probe is the run it lies in; its query, that probe's. Its print is
+        # within the radius, so its whole hash is read (rarely: a random row's print is
+        # within 4 bits of a query's once in 100,000).
         owner = np.searchsorted(ends, near, side="right") // flips
-        return owner, order[positions[near]].astype(np.int64), distances[near]
+        rows = order[positions[near]]
+        distances = np.bitwise_count(self._codes[rows] ^ queries[owner])
+        hit = distances <= self.radius
+        return owner[hit], rows[hit].astype(np.int64), distances[hit]
 
     def merge(self) -> None:
         """Put every row past the tables into them, and empty the recent index (done by
@@ -148,9 +176,14 @@ class BlockTables:
         self._pending = []
         for t in range(BLOCKS):
             values = ((new_codes >> _SHIFTS[t]) & _MASK).astype(np.int64)
-            self._order[t], self._codes[t], self._starts[t] = _merged(
-                (self._order[t], self._codes[t]), self._starts[t], values, (new_rows, new_codes)
+            self._order[t], self._prints[t], self._starts[t] = _merged(
+                (self._order[t], self._prints[t]),
+                self._starts[t],
+                values,
+                (new_rows, prints(new_codes, t)),
             )
+        self._codes.resize(self._size, refcheck=False)
+        self._codes[self._built :] = new_codes
         self._built = self._size
         # Freeing a faiss index of a million rows takes a second (its hash maps' vectors),
         # and faiss lets go of the GIL meanwhile: done beside the searches, not before them.
@@ -175,10 +208,11 @@ def _merged(
     In place: the old columns are grown (realloc, which moves a large block's pages
     rather than copying them) and each old row moved up by the new rows of lower values,
     from the top down, a run of values at a time; so a merge at 10^8 rows needs the new
-    rows and a 64th of a table beside the tables, not a second copy of one (1.2 GB)."""
+    rows and a 64th of a table beside the tables, not a second copy of one (0.8 GB)."""
     by_value = np.argsort(values, kind="stable")
     added = np.bincount(values, minlength=_VALUES)
     before = np.concatenate(([0], np.cumsum(added)))  # new rows in lower values
+    starts = starts.astype(np.int64)
     new_starts = starts + before
     size = len(old[0]) + len(new[0])
     merged = old
@@ -202,7 +236,7 @@ def _merged(
     target = new_starts[sorted_values] + old_counts[sorted_values] + rank
     for into, column in zip(merged, new, strict=True):
         into[target] = column[by_value]
-    return merged[0], merged[1], new_starts
+    return merged[0], merged[1], _offsets(new_starts, size)
 
 
 def _drop(holder: list[faiss.IndexBinaryMultiHash]) -> None:

@@ -70,4 +70,5 @@ def test_tables_merged_in_place_many_times_are_laid_out_as_tables_built_at_once(
     for t in range(3):
         assert np.array_equal(merged._starts[t], at_once._starts[t])
         assert np.array_equal(merged._order[t], at_once._order[t])
-        assert np.array_equal(merged._codes[t], at_once._codes[t])
+        assert np.array_equal(merged._prints[t], at_once._prints[t])
+    assert np.array_equal(merged._codes, at_once._codes)
