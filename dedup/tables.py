@@ -10,10 +10,9 @@ bytes); the whole hashes are kept once, in row order: 32 bytes a row in all, whe
 hash maps of vectors took 89. A probe's candidates are compared where they lie, one run
 of contiguous prints, not gathered from all over memory one cache miss each (at 10^8
 rows a search has some 3,200 candidates in 66 runs); only a print within the radius has
-its whole hash read. Prints rather than whole hashes in the tables (36 bytes a row, and
-offsets of 8) took 0.36 GB less at 10^8 (5.78 GB resident, not 6.14) and placed as many a
-second. A batch's lookups, candidates and distances are whole-array
-numpy operations.
+its whole hash read. Row numbers, and so run starts, fit 4 bytes: a table holds fewer
+than 2^32 rows. A batch's lookups, candidates and distances are whole-array numpy
+operations.
 
 The rows added since the tables were last built are kept apart, in a small faiss index
 (fast while it is small), and merged into the tables once there are ``merge_at`` of them:
@@ -37,18 +36,8 @@ _SHIFTS: Final = tuple(np.uint64(64 - BLOCK_BITS * (t + 1)) for t in range(BLOCK
 MERGE_AT: Final = 1 << 20
 PRINT_BITS: Final = 32
 _PRINT_MASK: Final = np.uint64((1 << PRINT_BITS) - 1)
-_LINE: Final = 64 // 4  # prints a cache line
+_LINE: Final = 64 * 8 // PRINT_BITS  # prints a cache line
 _PREFETCH: Final = 256
-# Where each value's run starts, for a table of fewer rows than this: 4 bytes an offset,
-# not 8 (a row's number is 4 bytes anyway): the three tables' offsets take 25 MB, not 50.
-# Hoped to keep them in the 32 MB last-level cache; measured at 10^8 the same day, it
-# placed no faster (12,642 a second in batches of 100 against 13,462), and is kept for
-# the memory.
-_NARROW_ROWS: Final = 1 << 32
-
-
-def _offsets(starts: np.ndarray, rows: int) -> np.ndarray:
-    return starts.astype(np.uint32 if rows < _NARROW_ROWS else np.int64)
 
 
 def _flips(nflip: int) -> np.ndarray:
@@ -236,7 +225,7 @@ def _merged(
     target = new_starts[sorted_values] + old_counts[sorted_values] + rank
     for into, column in zip(merged, new, strict=True):
         into[target] = column[by_value]
-    return merged[0], merged[1], _offsets(new_starts, size)
+    return merged[0], merged[1], new_starts.astype(np.uint32)
 
 
 def _drop(holder: list[faiss.IndexBinaryMultiHash]) -> None:
