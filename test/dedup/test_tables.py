@@ -40,14 +40,19 @@ def test_an_empty_table_and_an_empty_batch_find_nothing():
     assert tables.within(np.array([5, 7], dtype=np.uint64)) == [[(0, 0)], [(0, 1)]]
 
 
-def test_a_batch_whose_queries_each_match_thousands_of_rows_finds_them_all():
+@pytest.mark.parametrize("merge_at", [100, 10**9])
+def test_a_batch_whose_queries_each_match_thousands_of_rows_finds_them_all(merge_at):
     # Every one of 4,000 rows is within the radius of both queries: runs far longer than
-    # a random table's, probed by more than one flip mask each.
+    # a random table's, probed by more than one flip mask each; in the tables, or (never
+    # merged) as chains thousands of rows long, added in batches of one and of many.
     rng = np.random.default_rng(7)
     base = rng.integers(0, 2**64, dtype=np.uint64)
     codes = np.array([base ^ (np.uint64(1) << np.uint64(i % 64)) for i in range(4000)])
-    tables = BlockTables(4, merge_at=100)
-    tables.add(codes)
+    tables = BlockTables(4, merge_at=merge_at)
+    tables.add(codes[:1])
+    tables.add(codes[1:3000])
+    for code in codes[3000:]:
+        tables.add(code[None])
     found = tables.within(np.array([base, base ^ np.uint64(3)], dtype=np.uint64))
     assert found[0] == [(r, 1) for r in range(4000)]
     assert found[1] == [(r, 1 if r % 64 in (0, 1) else 3) for r in range(4000)]
