@@ -21,7 +21,6 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import faiss
 import numpy as np
 
 from dedup.index import RECORD, NearIndex
@@ -138,7 +137,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # one core
-    faiss.omp_set_num_threads(1)  # OpenMP's threads would spin against each other on it
     rng = np.random.default_rng(args.seed)
     before = rss_bytes()
     index, codes, load_s = load(args.hashes, rng)

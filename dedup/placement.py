@@ -119,24 +119,28 @@ def placements(images: Sequence[Image], canonicals: Canonicals) -> list[Placemen
     """Place a batch, in order: the canonicals are searched once for all of them, and the
     batch once against itself (in C, not pair by pair), so that each is also compared
     with the canonicals the batch kept before it."""
-    positions = [n for n, i in enumerate(images) if _clusterable(i)]
-    hashes = [images[n].phash or "" for n in positions]
-    found = dict(zip(positions, canonicals.within(hashes), strict=True))
-    among = dict(zip(positions, pairs_within(hashes, canonicals.radius), strict=True))
-    key_at: dict[int, int] = {}  # batch position -> key, of the batch's canonicals
+    clusterable = [image for image in images if _clusterable(image)]
+    hashes = [image.phash or "" for image in clusterable]
+    found = canonicals.within(hashes)
+    among = pairs_within(hashes, canonicals.radius)
+    keys: list[int | None] = [None] * len(clusterable)  # of the batch's canonicals
     placed = []
-    for n, image in enumerate(images):
-        if n not in found:
+    k = 0  # the next clusterable image's place in them
+    for image in images:
+        if k == len(clusterable) or image is not clusterable[k]:
             placed.append(Placement(image.identifier, image.source, "unique"))
             continue
-        # int(): faiss' flat range search gives its distances as floats, and a near copy
-        # found within the batch would be published with "distance": 4.0.
-        earlier = [(key_at[positions[j]], int(d)) for j, d in among[n] if positions[j] in key_at]
-        placement = placement_among(image, found[n] + earlier, canonicals.canonical)
+        candidates = found[k]
+        if among[k]:
+            earlier = [(key, d) for j, d in among[k] if (key := keys[j]) is not None]
+            candidates = candidates + earlier
+        # Nothing within the radius (most images): a canonical, without a look.
+        placement = placement_among(image, candidates, canonicals.canonical) if candidates else None
         if placement is None:
-            key_at[n] = canonicals.keep(image)
+            keys[k] = canonicals.keep(image)
             placement = Placement(image.identifier, image.source, "unique")
         placed.append(placement)
+        k += 1
     return placed
 
 

@@ -28,7 +28,6 @@ import math
 import sys
 from typing import Any
 
-import faiss
 import numpy as np
 
 from dedup.shards import (
@@ -203,8 +202,6 @@ class ShardSettings:
 
 
 async def run(settings: ShardSettings, stop: asyncio.Event) -> int:
-    # One thread: faiss' OpenMP threads spin against the event loop (dedup/__main__.py).
-    faiss.omp_set_num_threads(1)
     shard = Shard()
     connections: set[asyncio.Task[None]] = set()
 
