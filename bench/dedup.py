@@ -4,7 +4,8 @@ Loads N random 64-bit hashes (32 bits set each, as imagehash's pHash) as canonic
 one bulk load, with ``--planted`` near-duplicates of random ones at 0-4 bits; checks that
 every planted copy finds its original; then places ``--place`` more images through the
 stage's placement (dedup/placement.py) on one core, alone and in batches of each of
-``--batches``, and reports the memory (the process's resident set, /proc/self/status)
+``--batches``, past ``--recent`` canonicals not yet in the tables (a steady crawl's
+average), and reports the memory (the process's resident set, /proc/self/status)
 per hash, the placements a second and each placement's p99 (in a batch, the batch's:
 its answer comes with the others'); then times a merge of the tables (one every
 MERGE_AT new canonicals, which the placements above are too few to meet) and spreads it
@@ -83,16 +84,19 @@ def check_planted(
     return {"planted": planted, "missed": missed, "by_distance": np.bincount(distances).tolist()}
 
 
+def images_of(rng: np.random.Generator, codes: np.ndarray) -> list[Image]:
+    return [
+        Image(str(uuid.UUID(bytes=rng.bytes(16))), "bench", 1500, 1000, "0" * 64, c.tobytes().hex())
+        for c in codes
+    ]
+
+
 def place(
     placer: Placer, rng: np.random.Generator, count: int, batches: list[int]
 ) -> dict[str, Any]:
     """``count`` more images placed: a fifth alone, the rest shared among the batch sizes.
     A placement in a batch is answered when its batch is: its latency is the batch's."""
-    codes = random_hashes(rng, count)
-    images = [
-        Image(str(uuid.UUID(bytes=rng.bytes(16))), "bench", 1500, 1000, "0" * 64, c.tobytes().hex())
-        for c in codes
-    ]
+    images = images_of(rng, random_hashes(rng, count))
     alone = count // 5
     latencies = []
     started = time.perf_counter()
@@ -133,6 +137,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--planted", type=int, default=10_000)
     parser.add_argument("--place", type=int, default=200_000)
     parser.add_argument("--batches", default="100,200,500", help="batch sizes, comma separated")
+    parser.add_argument(
+        "--recent",
+        type=int,
+        default=None,
+        help="canonicals added past the tables before placing (default: so many that the"
+        " placements meet half of MERGE_AT on the average, as a steady crawl does)",
+    )
     parser.add_argument("--seed", type=int, default=54)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
@@ -151,7 +162,16 @@ def main(argv: list[str] | None = None) -> None:
         "planted": planted,
     }
     batches = [int(b) for b in args.batches.split(",")]
-    result["placing"] = place(Placer(index), rng, args.place, batches)
+    # A steady crawl meets the recent rows (those past the tables) anywhere from none to
+    # MERGE_AT, half of that on the average: so many added first that the placements'
+    # middle meets that half.
+    recent = max(0, MERGE_AT // 2 - args.place // 2) if args.recent is None else args.recent
+    placer = Placer(index)
+    for start in range(0, recent, 10_000):
+        for image in images_of(rng, random_hashes(rng, min(10_000, recent - start))):
+            placer.keep(image)
+    result["recent_before_placing"] = recent
+    result["placing"] = place(placer, rng, args.place, batches)
     # The tables take the recent rows every MERGE_AT canonicals, moving every old row:
     # a cost the placements above never met (they are fewer), timed here and spread.
     started = time.perf_counter()
