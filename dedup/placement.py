@@ -119,15 +119,15 @@ def placements(images: Sequence[Image], canonicals: Canonicals) -> list[Placemen
     """Place a batch, in order: the canonicals are searched once for all of them, and the
     batch once against itself (in C, not pair by pair), so that each is also compared
     with the canonicals the batch kept before it."""
-    clusterable = [image for image in images if _clusterable(image)]
-    hashes = [image.phash or "" for image in clusterable]
+    clusterable = [_clusterable(image) for image in images]
+    hashes = [image.phash or "" for image, ok in zip(images, clusterable, strict=True) if ok]
     found = canonicals.within(hashes)
     among = pairs_within(hashes, canonicals.radius)
-    keys: list[int | None] = [None] * len(clusterable)  # of the batch's canonicals
+    keys: list[int | None] = [None] * len(hashes)  # of the batch's canonicals
     placed = []
-    k = 0  # the next clusterable image's place in them
-    for image in images:
-        if k == len(clusterable) or image is not clusterable[k]:
+    k = 0  # the next clusterable image's place among the hashes
+    for image, ok in zip(images, clusterable, strict=True):
+        if not ok:
             placed.append(Placement(image.identifier, image.source, "unique"))
             continue
         candidates = found[k]

@@ -63,7 +63,6 @@ class BlockTables:
         self.radius = radius
         self.merge_at = merge_at
         self._flip_masks = _flips(radius // BLOCKS)
-        self._pending: list[np.ndarray] = []  # the hashes of the rows past the tables
         self._size = 0
         self._built = 0  # rows in the tables; those past it are in _recent
         self._order = [np.zeros(0, dtype=np.uint32) for _ in range(BLOCKS)]
@@ -78,10 +77,9 @@ class BlockTables:
     def add(self, codes: np.ndarray) -> None:
         """Append rows (uint64 hashes) in order."""
         codes = np.array(codes, dtype=np.uint64)  # a copy: the caller's may change
-        self._pending.append(codes)
         self._size += len(codes)
         if self._size - self._built >= self.merge_at:
-            self._merge()
+            self._merge(codes)  # not chained first: a bulk load goes into the tables at once
         else:
             self._recent.add(codes)
 
@@ -158,10 +156,12 @@ class BlockTables:
         if self._size > self._built:
             self._merge()
 
-    def _merge(self) -> None:
+    def _merge(self, added: np.ndarray | None = None) -> None:
+        """The recent rows, and ``added`` after them, into the tables."""
         new_rows = np.arange(self._built, self._size, dtype=np.uint32)
-        new_codes = np.concatenate(self._pending)
-        self._pending = []
+        new_codes = self._recent.codes()
+        if added is not None:
+            new_codes = np.concatenate((new_codes, added))
         for t in range(BLOCKS):
             values = ((new_codes >> _SHIFTS[t]) & _MASK).astype(np.int64)
             self._order[t], self._prints[t], self._starts[t] = _merged(
@@ -191,6 +191,10 @@ class _Recent:
         self._before = np.zeros((BLOCKS, 0), dtype=np.uint32)
         self._codes = np.zeros(0, dtype=np.uint64)
         self._size = 0
+
+    def codes(self) -> np.ndarray:
+        """The rows' hashes, in order."""
+        return self._codes[: self._size]
 
     def add(self, codes: np.ndarray) -> None:
         first, count = self._size, len(codes)
